@@ -1,0 +1,28 @@
+# Two commands for a fresh clone: `make demo` and `make test`. Each sets itself up first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS ?= server,dev
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# No GPU: take the CPU build of PyTorch first, so nothing pulls the CUDA wheels.
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install --quiet torch==2.13.0; fi
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m agentgym.http.demo
+
+test: setup
+	$(BIN)/python -m pytest -m "not gpu" --doctest-modules agentgym tests
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,59 @@
+"""agentgym: text and tool environments plus turn-level RL trainers for LLM agents."""
+
+from __future__ import annotations
+
+from agentgym.core import INFO_KEYS, Env
+from agentgym.errors import (
+    AgentGymError,
+    ConfigError,
+    DuplicateEnv,
+    EnvContractError,
+    EnvCrashed,
+    EpisodeFinished,
+    RegistryError,
+    RemoteEnvError,
+    ResetNeeded,
+    SessionCapacityError,
+    SessionError,
+    UnknownEnv,
+    UnknownSession,
+    VersionNotFound,
+)
+from agentgym.guard import EpisodeGuard
+from agentgym.registry import EnvSpec, list_envs, make, register, spec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "INFO_KEYS",
+    "AgentGymError",
+    "ConfigError",
+    "DuplicateEnv",
+    "Env",
+    "EnvContractError",
+    "EnvCrashed",
+    "EnvSpec",
+    "EpisodeFinished",
+    "EpisodeGuard",
+    "RegistryError",
+    "RemoteEnvError",
+    "ResetNeeded",
+    "SessionCapacityError",
+    "SessionError",
+    "UnknownEnv",
+    "UnknownSession",
+    "VersionNotFound",
+    "__version__",
+    "check_env",
+    "list_envs",
+    "make",
+    "register",
+    "spec",
+]
+
+
+def check_env(*args, **kwargs):  # noqa: ANN002, ANN003 - re-exported lazily to keep import light
+    """See ``agentgym.checker.check_env``."""
+    from agentgym.checker import check_env as _check_env
+
+    return _check_env(*args, **kwargs)

@@ -1,0 +1,5 @@
+"""``python -m agentgym`` runs the command line."""
+
+from agentgym.cli import main
+
+main()

@@ -1,0 +1,110 @@
+"""The text-environment contract: ``Env`` (the base class) and the ``info`` keys it speaks.
+
+Changed in v0.1: first version of the contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium
+from gymnasium import spaces
+
+#: Keys an env may put in ``info``; ``state_key`` is required on every reset and step.
+INFO_KEYS: dict[str, str] = {
+    "state_key": "str, required: canonical id of the environment state (no counters, no history)",
+    "task_id": "str: which task this episode plays (set on reset; echoed on every step)",
+    "admissible_actions": "list[str]: the actions the env would accept now, where it knows them",
+    "invalid_action": "bool: the last action could not be parsed or applied",
+    "success": "bool: the episode ended with the task solved (distinct from reward)",
+    "answer": "privileged ground truth: trainers may read it, prompts must never show it",
+    "tools": "list[dict]: JSON-schema tool specs in OpenAI function format",
+    "instructions": "str: system text placed before the first observation",
+}
+
+#: The largest observation/action string the spaces admit (characters).
+MAX_TEXT_CHARS = 1_000_000
+
+
+def text_space() -> spaces.Text:
+    """A ``gymnasium.spaces.Text`` over all of Unicode, up to ``MAX_TEXT_CHARS`` characters."""
+    # Text's default charset is alphanumeric only; our observations are arbitrary prose, so the
+    # space is used for documentation and sampling is not meaningful.
+    return spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0)
+
+
+class Env(gymnasium.Env[str, str]):
+    """A text environment: observations and actions are strings.
+
+    Subclasses MUST implement:
+
+    - ``reset(*, seed=None, options=None) -> (observation, info)``. Call ``super().reset(seed=seed)``
+      first so ``self.np_random`` is seeded. With only a seed, the env picks the task from the seed;
+      ``options["task_id"]`` (when the env has named tasks) picks it explicitly.
+    - ``step(action) -> (observation, reward, terminated, truncated, info)``.
+      ``terminated`` means the episode reached a terminal state of the task (solved, failed, lost);
+      ``truncated`` means it was cut short from outside the task — by the turn budget
+      (``EnvSpec.max_turns``, applied by the wrapper ``make`` adds) or by the env's own limit.
+      An action the env cannot parse or apply is *not* an exception: return an observation that
+      explains why and ``info["invalid_action"] = True``.
+
+    Subclasses MUST honour:
+
+    - **Determinism.** The same ``seed`` + ``options`` + action sequence gives identical
+      observations, rewards and infos. Use ``self.np_random`` for every random choice.
+    - **``info["state_key"]``** on every reset and step: a string naming the environment state the
+      agent is in — not the rendered prompt, no step counter, no history. Two trajectories that
+      reach the same state must produce the same key (GiGPO's anchor groups rely on it).
+    - **JSON-safe infos.** Every ``info`` value must survive ``json.dumps`` (the HTTP service sends it).
+
+    Subclasses MAY provide (see ``INFO_KEYS`` for the optional ``info`` keys):
+
+    - ``expert_action() -> str | None``: the action an expert (solver, planner, walkthrough) takes in
+      the current state, or ``None`` where it has none. Used for SFT demos and as a baseline.
+    - ``snapshot() -> bytes`` and ``restore(data)``: capture and reinstate the *whole* episode state,
+      including ``self.np_random``. Set ``supports_snapshot = True`` when both exist. Without them,
+      ``agentgym.fork`` forks by deterministic replay; both paths must give identical continuations.
+    - ``close()``: release resources. Must be idempotent.
+
+    Attributes set by the framework: ``spec`` (the ``agentgym.EnvSpec`` the env was made from).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    #: True when the subclass implements ``snapshot``/``restore`` (fast fork without replay).
+    supports_snapshot: ClassVar[bool] = False
+    #: True when the subclass implements ``expert_action``.
+    has_expert: ClassVar[bool] = False
+
+    observation_space: spaces.Text = text_space()
+    action_space: spaces.Text = text_space()
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start a new episode. Subclasses call ``super().reset(seed=seed)`` to seed ``np_random``."""
+        super().reset(seed=seed)
+        return "", {"state_key": ""}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply one action; see the class docstring for the meaning of the five values."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step(action)")
+
+    def expert_action(self) -> str | None:
+        """The expert's action in the current state, or ``None`` where the env has no expert."""
+        return None
+
+    def snapshot(self) -> bytes:
+        """Capture the whole episode state (including ``np_random``) as bytes."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement snapshot(); fork by replay instead"
+        )
+
+    def restore(self, data: bytes) -> None:
+        """Reinstate a state captured by ``snapshot``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement restore(); fork by replay instead"
+        )
+
+    def render(self) -> str | None:
+        """Text rendering of the current state (``render_mode="ansi"``); default: nothing."""
+        return None

@@ -1,0 +1,147 @@
+"""The exception hierarchy: every error agentgym raises on purpose.
+
+    AgentGymError
+    ├── RegistryError
+    │   ├── UnknownEnv            no env registered under that id (suggests the nearest ids)
+    │   ├── DuplicateEnv          an id registered twice without ``override=True``
+    │   └── VersionNotFound       the name exists, that version does not (lists the versions)
+    ├── EnvContractError          an env broke the text-env contract (see ``agentgym.core.Env``)
+    │   ├── ResetNeeded           ``step``/``fork`` before the first ``reset``
+    │   └── EpisodeFinished       ``step`` after ``terminated`` or ``truncated``
+    ├── EnvCrashed                env code raised inside ``reset``/``step``; the episode is lost
+    ├── SessionError              HTTP service session problems
+    │   ├── UnknownSession        no such session id (never created, closed or reaped)
+    │   └── SessionCapacityError  the service is at ``max_sessions`` (HTTP 503, retry later)
+    ├── RemoteEnvError            transport problems talking to a service (wraps ``httpx`` errors)
+    │   ├── RemoteTimeout         a request or a step ran past its deadline (HTTP 504 or client-side)
+    │   ├── RequestRejected       the service refused the request as malformed (HTTP 413 / 422)
+    │   └── AuthenticationError   missing or wrong bearer token (HTTP 401)
+    └── ConfigError               a config or argument value is invalid; names the field to fix
+
+A remote env raises the same classes a local env does: the service sends ``{"error": {"type":
+"ResetNeeded", "message": ...}}`` and the client maps ``type`` back to the class with that name.
+"""
+
+from __future__ import annotations
+
+
+class AgentGymError(Exception):
+    """Base class of every error agentgym raises on purpose."""
+
+    #: HTTP status the service answers with when this error reaches a client.
+    http_status: int = 500
+
+
+class RegistryError(AgentGymError):
+    """Looking up or registering an env id failed."""
+
+    http_status = 404
+
+
+class UnknownEnv(RegistryError):
+    """No env is registered under the id."""
+
+
+class DuplicateEnv(RegistryError):
+    """The id is already registered; pass ``override=True`` to replace it."""
+
+    http_status = 409
+
+
+class VersionNotFound(RegistryError):
+    """The env name is registered, but not in the requested version."""
+
+
+class EnvContractError(AgentGymError):
+    """An env (or a caller) broke the text-env contract."""
+
+    http_status = 409
+
+
+class ResetNeeded(EnvContractError):
+    """``step`` or ``fork`` was called before ``reset``."""
+
+
+class EpisodeFinished(EnvContractError):
+    """``step`` was called after the episode terminated or was truncated; call ``reset``."""
+
+
+class EnvCrashed(AgentGymError):
+    """Env code raised an exception inside ``reset`` or ``step``.
+
+    The episode cannot continue; ``reset`` starts a new one. Over HTTP this is a 500 that fails
+    only the session whose env crashed.
+    """
+
+    http_status = 500
+
+
+class SessionError(AgentGymError):
+    """A session of the HTTP service could not be used."""
+
+    http_status = 404
+
+
+class UnknownSession(SessionError):
+    """No live session has that id: it was never created, was deleted, or was reaped when idle."""
+
+
+class SessionCapacityError(SessionError):
+    """The service already holds ``max_sessions`` sessions; retry after some are closed."""
+
+    http_status = 503
+
+
+class RemoteEnvError(AgentGymError):
+    """Talking to an env service failed at the transport level."""
+
+    http_status = 502
+
+
+class RemoteTimeout(RemoteEnvError):
+    """A request, or an env step on the service, ran past its deadline."""
+
+    http_status = 504
+
+
+class RequestRejected(RemoteEnvError):
+    """The service rejected the request as malformed (422) or too large (413)."""
+
+    http_status = 422
+
+
+class AuthenticationError(RemoteEnvError):
+    """The service wants a bearer token and got none or a wrong one."""
+
+    http_status = 401
+
+
+class ConfigError(AgentGymError):
+    """A configuration or argument value is invalid. The message names the field to fix."""
+
+    http_status = 422
+
+
+#: Every public exception class by name, so the HTTP client can map ``error.type`` back.
+ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
+    cls.__name__: cls
+    for cls in (
+        AgentGymError,
+        RegistryError,
+        UnknownEnv,
+        DuplicateEnv,
+        VersionNotFound,
+        EnvContractError,
+        ResetNeeded,
+        EpisodeFinished,
+        EnvCrashed,
+        SessionError,
+        UnknownSession,
+        SessionCapacityError,
+        RemoteEnvError,
+        RemoteTimeout,
+        RequestRejected,
+        AuthenticationError,
+        ConfigError,
+    )
+}

@@ -1,0 +1,18 @@
+"""Built-in environments, registered by id on import (``agentgym.envs``)."""
+
+from __future__ import annotations
+
+from agentgym.registry import register
+
+register(
+    "maze-v0",
+    "agentgym.envs.maze:MazeEnv",
+    description="Text gridworld maze generated from the seed; reach the goal. Expert: shortest path.",
+    max_turns=50,
+)
+register(
+    "sokoban-v0",
+    "agentgym.envs.sokoban:SokobanEnv",
+    description="Text Sokoban with generated solvable levels; push every box onto a goal. Expert: solver.",
+    max_turns=60,
+)

@@ -1,0 +1,1 @@
+"""Built-in algorithms, registered by name on import (``agentgym.trainers``)."""
