@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/python -m agentgym.http.demo
 
 test: setup
-	$(BIN)/python -m pytest -m "not gpu" --doctest-modules agentgym tests
+	$(BIN)/python -m pytest -m "not gpu" --doctest-modules agentgym envs trainers tests
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

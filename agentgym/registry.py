@@ -184,7 +184,7 @@ class Registry:
             raise ConfigError(f"max_turns of {id!r} must be a positive integer, got {max_turns!r}")
         spec = EnvSpec(id, entry_point, description, max_turns, dict(kwargs or {}))
         with self._lock:
-            if id in self._specs and not override:
+            if id in self._specs and not override and self._specs[id] != spec:
                 raise DuplicateEnv(f"env {id!r} is already registered; pass override=True to replace it")
             self._specs[id] = spec
         return spec

@@ -1,0 +1,63 @@
+"""GiGPO / GRPO / RLOO advantage time for 10k and 100k turns (target: GiGPO < 0.5 s at 100k, one core).
+
+    python benchmarks/estimators.py [--turns 10000 100000] [--repeats 5]
+
+Times the estimator call on pre-built groups (``TurnTable`` construction included, since every
+estimator call pays it) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from agentgym.algorithms import get_algorithm
+from agentgym.records import EpisodeGroup, Trajectory, Turn
+
+
+def build_groups(num_turns: int, group_size: int = 8, turns_per_trajectory: int = 20, seed: int = 0
+                 ) -> list[EpisodeGroup]:
+    """Maze-like batch: 50 states per task, sparse terminal rewards, 10% invalid actions."""
+    rng = np.random.default_rng(seed)
+    groups, made = [], 0
+    while made < num_turns:
+        trajectories = []
+        for _ in range(group_size):
+            length = min(turns_per_trajectory, num_turns - made) or 1
+            states = rng.integers(0, 50, size=length)
+            rewards = np.zeros(length)
+            rewards[-1] = float(rng.random() < 0.5)
+            invalid = rng.random(length) < 0.1
+            turns = [Turn([], [], [], float(r), f"s{s}", bool(i)) for s, r, i in zip(states, rewards, invalid)]
+            trajectories.append(Trajectory(turns, f"task{len(groups)}", len(groups)))
+            made += length
+            if made >= num_turns:
+                break
+        groups.append(EpisodeGroup(f"g{len(groups)}", f"task{len(groups)}", len(groups), trajectories))
+    return groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print("| estimator | turns | best s | median s |")
+    print("|---|---:|---:|---:|")
+    for num_turns in args.turns:
+        groups = build_groups(num_turns)
+        for name in ("gigpo", "grpo", "rloo"):
+            algo = get_algorithm(name)
+            algo_args = algo.make_args({})
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                algo.estimator(groups, algo_args)
+                times.append(time.perf_counter() - start)
+            print(f"| {name} | {num_turns:,} | {min(times):.4f} | {float(np.median(times)):.4f} |")
+
+
+if __name__ == "__main__":
+    main()
