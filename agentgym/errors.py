@@ -70,7 +70,9 @@ class EnvCrashed(AgentGymError):
     """Env code raised an exception inside ``reset`` or ``step``.
 
     The episode cannot continue; ``reset`` starts a new one. Over HTTP this is a 500 that fails
-    only the session whose env crashed.
+    only the session whose env crashed. A session whose step outlived the service's step timeout
+    is *poisoned* instead: its env may still be running, so every request answers ``EnvCrashed``
+    until the session is deleted and a new one created.
     """
 
     http_status = 500

@@ -116,6 +116,10 @@ class EpisodeGuard(Env):
             seed = int(self._seed_rng.integers(_SEED_BOUND))
         if options is not None and not isinstance(options, dict):
             raise ConfigError(f"options must be a dict or None, got {type(options).__name__}")
+        try:
+            options = copy.deepcopy(options)
+        except Exception as exc:  # e.g. recursion limit on absurdly nested options
+            raise ConfigError(f"options could not be copied ({type(exc).__name__}); send plain JSON data") from exc
         self._started = False
         self._over = False
         self._actions = []
@@ -147,7 +151,10 @@ class EpisodeGuard(Env):
     def expert_action(self) -> str | None:
         if not self._started:
             raise ResetNeeded("expert_action() needs a running episode; call reset() first")
-        return self.env.expert_action()
+        action = self._call("expert_action", self.env.expert_action, end_episode=False)
+        if action is not None and not isinstance(action, str):
+            raise EnvContractError(f"{type(self.env).__name__}.expert_action() must return a str or None")
+        return action
 
     def render(self) -> str | None:
         return self.env.render()
@@ -169,7 +176,7 @@ class EpisodeGuard(Env):
             "options": self._options,
             "actions": list(self._actions),
             "over": self._over,
-            "env": self.env.snapshot() if self.supports_snapshot else None,
+            "env": self._call("snapshot", self.env.snapshot, end_episode=False) if self.supports_snapshot else None,
         }
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -212,7 +219,7 @@ class EpisodeGuard(Env):
                 "fork() needs to build a second env; create envs with agentgym.make() (or pass "
                 "factory= to EpisodeGuard)"
             )
-        child = self._factory()
+        child = self._call("fork", self._factory, end_episode=False)
         if self.supports_snapshot and mode != "replay":
             child.restore(self.snapshot())
         else:
@@ -236,17 +243,19 @@ class EpisodeGuard(Env):
         if self._closed:
             raise EnvContractError("this env is closed; make a new one")
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], *, end_episode: bool = True) -> Any:
+        """Run env code; its exceptions become ``EnvCrashed`` (and end the episode when it mutates)."""
         try:
             return fn()
         except AgentGymError:
-            self._over = True
+            self._over = self._over or end_episode
             raise
         except Exception as exc:
-            self._over = True
+            self._over = self._over or end_episode
+            consequence = "the episode is lost, call reset() to start a new one" if end_episode else (
+                "the episode itself is unaffected")
             raise EnvCrashed(
-                f"{type(self.env).__name__}.{what}() raised {type(exc).__name__}: {exc}; "
-                "the episode is lost, call reset() to start a new one"
+                f"{type(self.env).__name__}.{what}() raised {type(exc).__name__}: {exc}; {consequence}"
             ) from exc
 
     def _contract_error(self, message: str) -> EnvContractError:

@@ -16,3 +16,7 @@ register(
     description="Text Sokoban with generated solvable levels; push every box onto a goal. Expert: solver.",
     max_turns=60,
 )
+
+from agentgym.envs.games import register_games  # noqa: E402  (after the built-ins above)
+
+register_games()

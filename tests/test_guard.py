@@ -135,3 +135,19 @@ def test_close_is_idempotent_and_final(counter: EpisodeGuard) -> None:
     counter.close()
     with pytest.raises(EnvContractError, match="closed"):
         counter.reset(seed=0)
+
+
+class FlakyExpertEnv(CounterEnv):
+    has_expert = True
+
+    def expert_action(self) -> str | None:
+        raise KeyError("no plan")
+
+
+def test_expert_crash_is_reported_without_ending_the_episode() -> None:
+    agentgym.register("test/flaky-expert-v0", FlakyExpertEnv, max_turns=5, override=True)
+    env = agentgym.make("test/flaky-expert-v0")
+    env.reset(seed=0)
+    with pytest.raises(EnvCrashed, match="unaffected"):
+        env.expert_action()
+    assert env.step("up")[0].startswith("value")  # the episode goes on

@@ -67,8 +67,9 @@ def test_duplicate_and_override() -> None:
     reg = Registry()
     reg._plugins_loaded = True
     reg.register("x/echo-v0", "agentgym.examples:EchoEnv")
+    reg.register("x/echo-v0", "agentgym.examples:EchoEnv")  # identical: a re-import, not a conflict
     with pytest.raises(DuplicateEnv, match="override=True"):
-        reg.register("x/echo-v0", "agentgym.examples:EchoEnv")
+        reg.register("x/echo-v0", "agentgym.examples:EchoEnv", max_turns=4)
     reg.register("x/echo-v0", "agentgym.examples:EchoEnv", kwargs={"target": "yo"}, override=True)
     env = reg.make("x/echo-v0")
     env.reset(seed=0)

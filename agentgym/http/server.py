@@ -1,0 +1,484 @@
+"""The env service: ``create_app`` builds the FastAPI app that serves registered envs over HTTP.
+
+Routes (all bodies JSON; every error is ``{"error": {"type", "message"}}``):
+
+    GET    /health                    liveness + capacity
+    GET    /envs                      registered (or served) env ids
+    GET    /envs/{env_id}             spec and request/response JSON schemas
+    POST   /sessions                  create a session → session_id
+    GET    /sessions/{id}             session state
+    DELETE /sessions/{id}             close it
+    POST   /sessions/{id}/reset       {seed?, options?} → observation, info, episode_seed
+    POST   /sessions/{id}/step        {action} → observation, reward, terminated, truncated, info
+    POST   /sessions/{id}/fork        {mode?} → a new session in the same state
+    POST   /sessions/{id}/expert      the expert's action in the current state
+    POST   /batch/step                many sessions' steps in one request (per-item results)
+    POST   /batch/reset               many sessions' resets in one request
+    GET    /metrics                   Prometheus text
+    GET    /docs, /openapi.json       from FastAPI
+
+Status codes: 401 bad token, 404 unknown env/session, 409 step before reset / after the end,
+413 body too large, 422 malformed request, 500 the env crashed (that session only), 503 at
+capacity (with Retry-After), 504 a step outlived the step timeout.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import agentgym
+from agentgym.errors import AgentGymError, EnvCrashed, RemoteTimeout, RequestRejected
+from agentgym.http import wire
+from agentgym.http.metrics import ServiceMetrics
+from agentgym.http.sessions import Session, SessionStore
+from agentgym.registry import list_envs
+from agentgym.registry import spec as lookup_spec
+
+JSON = "application/json"
+
+
+def _dumps(payload: Any) -> bytes:
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (e.g. echoed from an action): escape it as \udXXX
+        return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_dumps(payload), status_code=status, media_type=JSON, headers=headers)
+
+
+def error_payload(kind: str, message: str) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message}}
+
+
+def _error(exc: AgentGymError) -> Response:
+    headers = {"Retry-After": "1"} if exc.http_status == 503 else None
+    return _json(error_payload(type(exc).__name__, str(exc)), exc.http_status, headers)
+
+
+class GuardMiddleware:
+    """Pure-ASGI gate in front of the app: bearer token and request-size limit.
+
+    Pure ASGI (not ``BaseHTTPMiddleware``) because it sits on the per-step hot path. Attributes it
+    does not have (``routes``, ``state``, ``openapi``...) are those of the wrapped FastAPI app.
+    """
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.token = b"Bearer " + token.encode() if token else None
+        self.max_body_bytes = max_body_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        app = self.__dict__.get("app")
+        if app is None:
+            raise AttributeError(name)
+        return getattr(app, name)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        authorization = length = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                length = value
+            elif key == b"authorization":
+                authorization = value
+        if (self.token is not None and scope["path"] != "/health"
+                and (authorization is None or not hmac.compare_digest(authorization, self.token))):
+            reason = "missing" if authorization is None else "wrong"
+            await self._reject(send, 401, "AuthenticationError",
+                               f"{reason} bearer token; send 'Authorization: Bearer <token>' with the token "
+                               "given to `agentgym serve --token`", [(b"www-authenticate", b"Bearer")])
+            return
+        limit = self.max_body_bytes
+        if length is not None and length.isdigit():
+            if int(length) > limit:
+                await self._reject(send, 413, "RequestRejected",
+                                   f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
+                return
+            # The server delivers at most Content-Length bytes: nothing more to police.
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length: a streamed (chunked) body. Read it here, up to the limit, then hand it on.
+        # (Raising from inside the app's receive would not work: FastAPI turns body-read errors into 400.)
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await self._reject(send, 413, "RequestRejected",
+                                   f"request body exceeds the limit of {limit} bytes (streamed without "
+                                   "Content-Length)")
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _reject(send: Any, status: int, kind: str, message: str,
+                      extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        body = _dumps(error_payload(kind, message))
+        headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_app(
+    env_ids: list[str] | None = None,
+    *,
+    max_sessions: int = 1024,
+    ttl_s: float = 600.0,
+    step_timeout_s: float | None = 60.0,
+    num_workers: int = 8,
+    token: str | None = None,
+    max_body_bytes: int = 8 * 1024 * 1024,
+) -> GuardMiddleware:
+    """Build the env service app.
+
+    Args:
+        env_ids: envs this service serves (``None`` or empty: every registered env). Unknown ids,
+            and ids whose module fails to import, raise here rather than on the first request.
+        max_sessions: capacity; creating one more answers 503 with ``Retry-After``.
+        ttl_s: sessions idle longer than this are closed by the reaper.
+        step_timeout_s: deadline for one reset/step/fork; past it the request gets 504 and the
+            session is poisoned. ``None`` disables it.
+        num_workers: threads that run env code.
+        token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>``.
+        max_body_bytes: larger request bodies get 413.
+
+    Returns:
+        The ASGI app to give uvicorn: the FastAPI app behind ``GuardMiddleware``, which passes
+        attribute access (``routes``, ``state.store``...) through to the FastAPI app.
+
+    Raises:
+        UnknownEnv, VersionNotFound, RegistryError: an id in ``env_ids`` cannot be served.
+
+    Example:
+        >>> app = create_app(["maze-v0"], max_sessions=8)
+        >>> sorted(r.path for r in app.routes if r.path.startswith("/sessions/{"))[:2]
+        ['/sessions/{session_id}', '/sessions/{session_id}']
+    """
+    env_ids = list(env_ids) if env_ids else None
+    if env_ids is not None:
+        for env_id in env_ids:
+            # Fail at start-up, with suggestions, not on the first request.
+            lookup_spec(env_id).load_creator()
+    store = SessionStore(
+        max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
+        num_workers=num_workers, allowed_env_ids=env_ids,
+    )
+    metrics = ServiceMetrics(store)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        store.start()
+        yield
+        await store.stop()
+
+    app = FastAPI(
+        title="agentgym env service",
+        version=agentgym.__version__,
+        description="Text environments over HTTP. Every error body is {\"error\": {\"type\", \"message\"}}.",
+        lifespan=lifespan,
+    )
+    body_not_json = (
+        "the request body must be a JSON object sent with 'Content-Type: application/json'"
+    )
+    app.state.store = store
+    app.state.metrics = metrics
+    errors = {"model": wire.ErrorBody}
+
+    # --- error model --------------------------------------------------------------------------
+
+    @app.exception_handler(AgentGymError)
+    async def on_agentgym_error(_request: Request, exc: AgentGymError) -> Response:
+        metrics.errors.labels(type(exc).__name__).inc()
+        return _error(exc)
+
+    def rejected(message: str) -> Response:
+        metrics.errors.labels("RequestRejected").inc()
+        return _json(error_payload("RequestRejected", message), 422)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = []
+        for err in exc.errors()[:10]:
+            loc = tuple(err.get("loc", ()))
+            if err.get("type") == "json_invalid":
+                where = f" at character {loc[-1]}" if len(loc) > 1 else ""
+                reason = (err.get("ctx") or {}).get("error", "JSON decode error")
+                return rejected(f"the request body is not valid JSON ({reason}{where})")
+            if loc == ("body",) and isinstance(err.get("input"), (bytes, bytearray)):
+                content_type = request.headers.get("content-type")
+                got = f"got Content-Type {content_type!r}" if content_type else "got no Content-Type"
+                return rejected(f"{body_not_json} ({got})")
+            if loc == ("body",) and err.get("type") == "model_attributes_type":
+                return rejected(f"{body_not_json}; got {type(err.get('input')).__name__}")
+            where = ".".join(str(p) for p in loc if p != "body") or "body"
+            problems.append(f"{where}: {err.get('msg')}")
+        return rejected("malformed request: " + "; ".join(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400:  # FastAPI could not read the body as JSON (bad encoding, too deep...)
+            cause = exc.__cause__
+            detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+            return rejected(f"the request body is not valid JSON{detail}"[:1000])
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}; GET /docs lists the routes"
+            return _json(error_payload("NotFound", message[:1000]), 404)
+        kind = {405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+        return _json(error_payload(kind, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_request: Request, exc: Exception) -> Response:
+        metrics.errors.labels("internal").inc()
+        return _json(error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}"), 500)
+
+    # --- service ------------------------------------------------------------------------------
+
+    @app.get("/health", response_model=wire.Health)
+    async def health() -> Response:
+        return _json({
+            "status": "ok", "version": agentgym.__version__, "active_sessions": len(store.sessions),
+            "max_sessions": store.max_sessions, "envs": env_ids or [s.id for s in list_envs()],
+        })
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get("/envs", response_model=list[wire.EnvSummary])
+    async def envs() -> Response:
+        specs = [lookup_spec(i) for i in env_ids] if env_ids is not None else list_envs()
+        return _json([{"id": s.id, "description": s.description, "max_turns": s.max_turns} for s in specs])
+
+    @app.get("/envs/{env_id:path}", response_model=wire.EnvDetail, responses={404: errors})
+    async def env_detail(env_id: str) -> Response:
+        store.check_served(env_id)
+        detail = lookup_spec(env_id).to_json()
+        detail["schemas"] = {
+            name: model.model_json_schema()
+            for name, model in (("reset_request", wire.ResetRequest), ("reset_response", wire.ResetResponse),
+                                ("step_request", wire.StepRequest), ("step_response", wire.StepResponse))
+        }
+        return _json(detail)
+
+    # --- sessions -----------------------------------------------------------------------------
+
+    @app.post("/sessions", status_code=201, response_model=wire.SessionInfo,
+              responses={404: errors, 422: errors, 503: errors})
+    async def create_session(body: wire.CreateSessionRequest) -> Response:
+        store.start()
+        session = await store.create(body.env_id, body.kwargs, body.max_turns)
+        metrics.sessions_created.inc()
+        return _json(session.describe(), 201)
+
+    @app.get("/sessions/{session_id}", response_model=wire.SessionInfo, responses={404: errors})
+    async def get_session(session_id: str) -> Response:
+        return _json(store.get(session_id).describe())
+
+    @app.delete("/sessions/{session_id}", status_code=204, responses={404: errors})
+    async def delete_session(session_id: str) -> Response:
+        await store.delete(session_id)
+        return Response(status_code=204)
+
+    @app.post("/sessions/{session_id}/reset", response_model=wire.ResetResponse,
+              responses={404: errors, 422: errors, 500: errors, 504: errors})
+    async def reset(session_id: str, body: wire.ResetRequest | None = None) -> Response:
+        seed, options = (body.seed, body.options) if body is not None else (None, None)
+        session = store.get(session_id)
+        async with session.lock:
+            store.check_live(session)
+            payload = await store.run(session, lambda: _reset(session, seed, options))
+        metrics.resets.inc()
+        return _json(payload)
+
+    @app.post("/sessions/{session_id}/step", response_model=wire.StepResponse,
+              responses={404: errors, 409: errors, 422: errors, 500: errors, 504: errors})
+    async def step(session_id: str, body: wire.StepRequest) -> Response:
+        session = store.get(session_id)
+        started = time.perf_counter()
+        async with session.lock:
+            store.check_live(session)
+            payload = await store.run(session, lambda: _step(session, body.action))
+        metrics.observe_steps(1, time.perf_counter() - started)
+        return _json(payload)
+
+    @app.post("/sessions/{session_id}/fork", status_code=201, response_model=wire.SessionInfo,
+              responses={404: errors, 409: errors, 503: errors, 504: errors})
+    async def fork(session_id: str, body: wire.ForkRequest | None = None) -> Response:
+        mode = body.mode if body is not None else "auto"
+        session = store.get(session_id)
+        with store.reserve():  # capacity is held while the fork runs, so concurrent forks cannot overshoot
+            async with session.lock:
+                store.check_live(session)
+                child_env = await store.run(session, lambda: _env_call(session, "fork", lambda: session.env.fork(mode)))
+            child = store.add(session.env_id, child_env)
+        metrics.sessions_created.inc()
+        return _json(child.describe(), 201)
+
+    @app.post("/sessions/{session_id}/expert", response_model=wire.ExpertResponse,
+              responses={404: errors, 409: errors})
+    async def expert(session_id: str) -> Response:
+        session = store.get(session_id)
+        async with session.lock:
+            store.check_live(session)
+            action = await store.run(session, lambda: _env_call(session, "expert_action", session.env.expert_action))
+        return _json({"action": action})
+
+    # --- batched ------------------------------------------------------------------------------
+
+    @app.post("/batch/step", response_model=wire.BatchStepResponse, responses={422: errors})
+    async def batch_step(body: wire.BatchStepRequest) -> Response:
+        items = [(item.session_id, item.action) for item in body.steps]
+        started = time.perf_counter()
+        results = await _run_batch(store, items, _step)
+        stepped = sum(1 for r in results if "error" not in r)
+        metrics.observe_steps(stepped, time.perf_counter() - started, batched=True)
+        return _json({"results": results})
+
+    @app.post("/batch/reset", response_model=wire.BatchResetResponse, responses={422: errors})
+    async def batch_reset(body: wire.BatchResetRequest) -> Response:
+        items = [(item.session_id, (item.seed, item.options)) for item in body.resets]
+        results = await _run_batch(store, items, lambda s, arg: _reset(s, *arg))
+        metrics.resets.inc(sum(1 for r in results if "error" not in r))
+        return _json({"results": results})
+
+    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
+
+
+def _reset(session: Session, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    obs, info = session.env.reset(seed=seed, options=options)
+    return {"observation": obs, "info": info, "episode_seed": session.env.episode_seed}
+
+
+def _env_call(session: Session, what: str, fn: Any) -> Any:
+    """Report env code that raises outside ``EpisodeGuard``'s own wrapping (expert, fork) as ``EnvCrashed``."""
+    try:
+        return fn()
+    except AgentGymError:
+        raise
+    except Exception as exc:
+        raise EnvCrashed(
+            f"{type(session.env.unwrapped).__name__}.{what}() raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _step(session: Session, action: str) -> dict[str, Any]:
+    obs, reward, terminated, truncated, info = session.env.step(action)
+    return {"observation": obs, "reward": reward, "terminated": terminated, "truncated": truncated,
+            "info": info, "turn": session.env.turn}
+
+
+async def _run_batch(store: SessionStore, items: list[tuple[str, Any]], fn: Any) -> list[dict[str, Any]]:
+    """Run ``fn(session, arg)`` for every item in one trip to the thread pool.
+
+    Per-item failures (unknown session, episode over, env crash) become per-item error bodies; the
+    other items still run. A session may appear only once per batch (its steps are ordered).
+    """
+    seen: set[str] = set()
+    for index, (session_id, _) in enumerate(items):
+        if session_id in seen:
+            raise RequestRejected(
+                f"malformed request: item {index}: session {session_id!r} appears twice in one batch; "
+                "send its steps in separate requests"
+            )
+        seen.add(session_id)
+    results: list[dict[str, Any] | None] = [None] * len(items)
+    candidates: list[tuple[int, Session, Any]] = []
+    for index, (session_id, arg) in enumerate(items):
+        try:
+            candidates.append((index, store.get(session_id), arg))
+        except AgentGymError as exc:
+            results[index] = error_payload(type(exc).__name__, str(exc))
+    # Locks in one global order (by id): two batches naming the same sessions in opposite orders
+    # would otherwise each hold one lock and wait for the other's forever.
+    locks = [session.lock for _, session, _ in sorted(candidates, key=lambda c: c[1].session_id)]
+    acquired = 0
+    try:
+        for lock in locks:
+            await lock.acquire()
+            acquired += 1
+        ready: list[tuple[int, Session, Any]] = []
+        for index, session, arg in candidates:
+            try:
+                store.check_live(session)  # poisoned or deleted while this batch waited for its lock
+                ready.append((index, session, arg))
+            except AgentGymError as exc:
+                results[index] = error_payload(type(exc).__name__, str(exc))
+        if ready:
+            results = await _run_ready(store, ready, fn, results)
+    finally:
+        for lock in locks[:acquired]:
+            lock.release()
+    return results  # type: ignore[return-value]
+
+
+async def _run_ready(store: SessionStore, ready: list[tuple[int, Session, Any]], fn: Any,
+                     results: list[dict[str, Any] | None]) -> list[dict[str, Any] | None]:
+    """Step the ready items in one pool thread under one shared deadline.
+
+    Past the deadline only the item being stepped is poisoned; the items not yet started are
+    skipped (their sessions untouched) and answered with ``RemoteTimeout``.
+    """
+    gate = threading.Lock()
+    timed_out = False
+    started: set[int] = set()
+
+    def run_all() -> None:
+        for index, session, arg in ready:
+            with gate:
+                if timed_out:
+                    return
+                started.add(index)
+            try:
+                results[index] = fn(session, arg)
+            except AgentGymError as exc:
+                results[index] = error_payload(type(exc).__name__, str(exc))
+            except Exception as exc:  # noqa: BLE001 - one item's failure must not sink the others
+                results[index] = error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}")
+
+    def unfinished() -> list[Session]:
+        nonlocal timed_out
+        with gate:
+            timed_out = True
+        return [session for index, session, _ in ready if index in started and results[index] is None]
+
+    try:
+        await store.run(None, run_all, unfinished=unfinished)
+        return results
+    except RemoteTimeout as exc:
+        final = list(results)  # the stuck thread may still write into ``results``; answer from a copy
+        for index, session, _ in ready:
+            if session.poisoned is not None:
+                final[index] = error_payload("RemoteTimeout", f"{exc}; {session.poisoned}")
+            elif final[index] is None:
+                final[index] = error_payload(
+                    "RemoteTimeout", f"{exc} at an earlier item of this batch; this item was not run")
+        return final

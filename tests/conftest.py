@@ -1,0 +1,205 @@
+"""Shared fixtures of the HTTP tests: small test envs, in-process services and a real uvicorn server."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+import agentgym
+from agentgym.errors import ConfigError
+
+# --- test envs -------------------------------------------------------------------------------
+
+
+class CounterEnv(agentgym.Env):
+    """A counter that starts at a seeded value; say ``inc`` until it reaches the target.
+
+    Every step draws from ``np_random`` into ``info["noise"]``, so a fork that lost the RNG state
+    would show in the infos. Other actions are invalid (reward -0.1).
+    """
+
+    supports_snapshot = True
+    has_expert = True
+
+    def __init__(self, span: int = 4) -> None:
+        if not isinstance(span, int) or span < 1:
+            raise ValueError(f"span must be a positive integer, got {span!r}")
+        self.span = span
+        self.count = 0
+        self.target = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.count = int(self.np_random.integers(0, 10))
+        self.target = self.count + self.span
+        if options and "target" in options:
+            self.target = int(options["target"])
+        info = self._info(task=True)
+        if options and "label" in options:
+            info["label"] = options["label"]  # echoed as given (the service must encode whatever comes)
+        return self._obs("start"), info
+
+    def step(self, action: str):
+        invalid = action not in ("inc", "dec")
+        if not invalid:
+            self.count += 1 if action == "inc" else -1
+        solved = self.count == self.target
+        reward = -0.1 if invalid else (1.0 if solved else 0.0)
+        info = self._info()
+        info.update(invalid_action=invalid, success=solved, noise=float(self.np_random.random()))
+        return self._obs(action), reward, solved, False, info
+
+    def _obs(self, said: str) -> str:
+        return f"[{said}] count={self.count} target={self.target}"
+
+    def _info(self, task: bool = False) -> dict[str, Any]:
+        info: dict[str, Any] = {"state_key": f"{self.count}/{self.target}", "admissible_actions": ["inc", "dec"]}
+        if task:
+            info["task_id"] = f"counter/{self.target}"
+        return info
+
+    def expert_action(self) -> str | None:
+        return "inc" if self.count < self.target else "dec"
+
+    def snapshot(self) -> bytes:
+        return pickle.dumps((self.count, self.target, self.np_random.bit_generator.state))
+
+    def restore(self, data: bytes) -> None:
+        self.count, self.target, state = pickle.loads(data)
+        self._np_random = np.random.default_rng()
+        self._np_random.bit_generator.state = state
+
+
+class ReplayCounterEnv(CounterEnv):
+    """``CounterEnv`` without snapshot support: the framework forks it by replay."""
+
+    supports_snapshot = False
+
+
+class CrashyEnv(CounterEnv):
+    """Raises ``RuntimeError`` from ``step("crash")``, and from its expert when the target is 99."""
+
+    def step(self, action: str):
+        if action == "crash":
+            raise RuntimeError("kaboom on purpose")
+        return super().step(action)
+
+    def expert_action(self) -> str | None:
+        if self.target == 99:
+            raise RuntimeError("the expert is lost")
+        return super().expert_action()
+
+
+class SlowEnv(CounterEnv):
+    """``step("sleep")`` blocks for ``delay_s`` seconds (a stuck or slow env)."""
+
+    def __init__(self, span: int = 4, delay_s: float = 1.0) -> None:
+        super().__init__(span)
+        if delay_s < 0:
+            raise ConfigError(f"delay_s must be >= 0, got {delay_s}")
+        self.delay_s = delay_s
+
+    def step(self, action: str):
+        if action == "sleep":
+            time.sleep(self.delay_s)
+            action = "inc"
+        return super().step(action)
+
+
+agentgym.register("test/http-counter-v0", CounterEnv, description="counter (tests)", max_turns=8, override=True)
+agentgym.register("test/http-counter-replay-v0", ReplayCounterEnv, max_turns=8, override=True)
+agentgym.register("test/http-crashy-v0", CrashyEnv, max_turns=8, override=True)
+agentgym.register("test/http-slow-v0", SlowEnv, max_turns=8, override=True)
+
+TEST_ENV_IDS = ["test/http-counter-v0", "test/http-counter-replay-v0", "test/http-crashy-v0", "test/http-slow-v0"]
+
+# --- in-process services ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_service() -> Iterator[Callable[..., Any]]:
+    """``make_service(**create_app_kwargs) -> TestClient`` (lifespan running); all closed after the test."""
+    from fastapi.testclient import TestClient
+
+    from agentgym.http.server import create_app
+
+    with contextlib.ExitStack() as stack:
+
+        def factory(env_ids: list[str] | None = None, **kwargs: Any) -> TestClient:
+            app = create_app(TEST_ENV_IDS if env_ids is None else env_ids, **kwargs)
+            return stack.enter_context(TestClient(app))
+
+        yield factory
+
+
+@pytest.fixture
+def service(make_service: Callable[..., Any]) -> Any:
+    """A TestClient of a service with small limits that suit the error tests."""
+    return make_service(max_sessions=6, max_body_bytes=4096, step_timeout_s=0.3)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """A uvicorn server in a background thread, serving one app on 127.0.0.1."""
+
+    def __init__(self, app: Any, startup_timeout_s: float = 20.0) -> None:
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))  # bound here, so no other process can take the port meanwhile
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"uvicorn did not become healthy at {self.url} within {startup_timeout_s} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        self.sock.close()
+        if self.thread.is_alive():
+            raise RuntimeError("uvicorn did not shut down within 15 s")
+
+
+@pytest.fixture
+def live_server() -> Iterator[Callable[..., LiveServer]]:
+    """``live_server(**create_app_kwargs) -> LiveServer``; every server is shut down after the test."""
+    from agentgym.http.server import create_app
+
+    servers: list[LiveServer] = []
+
+    def start(env_ids: list[str] | None = None, **kwargs: Any) -> LiveServer:
+        server = LiveServer(create_app(TEST_ENV_IDS if env_ids is None else env_ids, **kwargs))
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
