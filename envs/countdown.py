@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import pickle
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 MIN_NUMBERS, MAX_NUMBERS = 2, 6
 MAX_NUMBER, MAX_TARGET = 1000, 1_000_000
@@ -30,7 +30,6 @@ MAX_ATTEMPTS_LIMIT = 100
 
 _TASK_RE = re.compile(r"countdown/nums=([0-9]+(?:,[0-9]+)*)/target=([0-9]+)")
 _INT_RE = re.compile(r"[1-9][0-9]*")
-_SNAPSHOT_KIND = "agentgym.countdown/1"
 _ECHO_CHARS = 40
 _OPS: dict[type[ast.operator], str] = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 # Spellings models often use for the four operators.
@@ -381,24 +380,14 @@ class CountdownEnv(Env):
     def snapshot(self) -> bytes:
         """The puzzle, the attempts used and ``np_random`` as pickled bytes."""
         self._require("snapshot")
-        state = {
-            "kind": _SNAPSHOT_KIND,
-            "task_id": format_task_id(self._numbers, self._target),
-            "attempts": self._attempts,
-            "over": self._over,
-            "rng": self.np_random,
-            "rng_seed": self._np_random_seed,
-        }
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        task_id = format_task_id(self._numbers, self._target)
+        return pack_snapshot(self, {"task_id": task_id, "attempts": self._attempts, "over": self._over})
 
     def restore(self, data: bytes) -> None:
         """Reinstate a ``snapshot`` (trusted bytes only: pickle); works on a never-reset instance."""
-        state = pickle.loads(data)
-        if not isinstance(state, dict) or state.get("kind") != _SNAPSHOT_KIND:
-            raise ConfigError("restore() got bytes that are not a CountdownEnv snapshot")
+        state = unpack_snapshot(self, data)
         self._numbers, self._target = parse_task_id(state["task_id"])
         self._attempts, self._over = int(state["attempts"]), bool(state["over"])
-        self._np_random, self._np_random_seed = state["rng"], state["rng_seed"]
 
     def render(self) -> str | None:
         """The puzzle (numbers and target), or ``None`` before the first reset."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import pickle
 import re
 from collections import deque
 from typing import Any, ClassVar, Literal
@@ -13,6 +12,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError, ResetNeeded
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 ObservationMode = Literal["grid", "local"]
 
@@ -24,7 +24,6 @@ _ACTION_INDEX = {name: i for i, name in enumerate(ACTIONS)}
 _ACTION_LIST = ", ".join(ACTIONS)
 # Only the canonical spelling is accepted, so one level has exactly one task_id (and state_keys).
 _TASK_RE = re.compile(r"maze/size(\d+)/loop([0-9.]+)/(\d+)")
-_SNAPSHOT_KIND = "agentgym.maze/1"
 # A valid action is a short word; longer strings are echoed only in part.
 _ECHO_CHARS = 20
 
@@ -315,26 +314,12 @@ class MazeEnv(Env):
     def snapshot(self) -> bytes:
         """The level, the agent's position and ``np_random`` as pickled bytes."""
         level = self._require_level("snapshot")
-        rng = self.np_random
-        state = {
-            "kind": _SNAPSHOT_KIND,
-            "task_id": level.task_id,
-            "pos": self._pos,
-            "rng_state": rng.bit_generator.state,
-            "rng_seed": self._np_random_seed,
-        }
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return pack_snapshot(self, {"task_id": level.task_id, "pos": self._pos})
 
     def restore(self, data: bytes) -> None:
         """Reinstate a ``snapshot`` (trusted bytes only: pickle); works on a never-reset instance."""
-        state = pickle.loads(data)
-        if not isinstance(state, dict) or state.get("kind") != _SNAPSHOT_KIND:
-            raise ConfigError("restore() got bytes that are not a MazeEnv snapshot")
+        state = unpack_snapshot(self, data)
         level = _level(*parse_task_id(state["task_id"]))
-        rng_state = state["rng_state"]
-        rng = np.random.Generator(getattr(np.random, rng_state["bit_generator"])())
-        rng.bit_generator.state = rng_state
-        self._np_random, self._np_random_seed = rng, state["rng_seed"]
         self._level, self._pos = level, int(state["pos"])
 
     def render(self) -> str | None:

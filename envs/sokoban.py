@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import pickle
 import re
 import threading
 from collections import OrderedDict, deque
@@ -13,6 +12,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError, ResetNeeded
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
 MIN_SIZE, MAX_SIZE = 5, 10
@@ -32,7 +32,6 @@ State = tuple[int, tuple[int, ...]]
 _ACTION_INDEX = {name: i for i, name in enumerate(ACTIONS)}
 _ACTION_LIST = ", ".join(ACTIONS)
 _TASK_RE = re.compile(r"sokoban/size(\d+)/boxes(\d+)/(\d+)")
-_SNAPSHOT_KIND = "agentgym.sokoban/1"
 _ECHO_CHARS = 20
 _UNREACHABLE = 1 << 30
 _PULL_PROBABILITY = 0.6
@@ -503,27 +502,13 @@ class SokobanEnv(Env):
     def snapshot(self) -> bytes:
         """The level, player, boxes and ``np_random`` as pickled bytes."""
         level = self._require_level("snapshot")
-        state = {
-            "kind": _SNAPSHOT_KIND,
-            "task_id": level.task_id,
-            "player": self._player,
-            "boxes": self._boxes,
-            "rng_state": self.np_random.bit_generator.state,
-            "rng_seed": self._np_random_seed,
-        }
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return pack_snapshot(self, {"task_id": level.task_id, "player": self._player, "boxes": self._boxes})
 
     def restore(self, data: bytes) -> None:
         """Reinstate a ``snapshot`` (trusted bytes only: pickle); works on a never-reset instance."""
-        state = pickle.loads(data)
-        if not isinstance(state, dict) or state.get("kind") != _SNAPSHOT_KIND:
-            raise ConfigError("restore() got bytes that are not a SokobanEnv snapshot")
+        state = unpack_snapshot(self, data)
         # The level was generated once already, so the widest budget only re-finds it.
         level = _level(*parse_task_id(state["task_id"]), MAX_GENERATION_TRIES)
-        rng_state = state["rng_state"]
-        rng = np.random.Generator(getattr(np.random, rng_state["bit_generator"])())
-        rng.bit_generator.state = rng_state
-        self._np_random, self._np_random_seed = rng, state["rng_seed"]
         self._level = level
         self._player = int(state["player"])
         self._set_boxes(tuple(int(b) for b in state["boxes"]))

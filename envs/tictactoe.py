@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import pickle
 import re
 from typing import Any, ClassVar, Literal
 
@@ -11,6 +10,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 FirstPlayer = Literal["agent", "opponent", "random"]
 
@@ -21,7 +21,6 @@ LINES: tuple[tuple[int, int, int], ...] = (
 _FIRST_PLAYERS = ("agent", "opponent", "random")
 _TASK_RE = re.compile(r"tictactoe/(agent|opponent)-first/(0|[1-9][0-9]*)")
 _SEED_BOUND = 2**63
-_SNAPSHOT_KIND = "agentgym.tictactoe/1"
 _ECHO_CHARS = 20
 _INSTRUCTIONS = (
     "We are playing tic-tac-toe on a 3x3 board. You are X, your opponent is O; three in a row, "
@@ -226,24 +225,13 @@ class TicTacToeEnv(Env):
     def snapshot(self) -> bytes:
         """The board, the task and ``np_random`` as pickled bytes."""
         self._require("snapshot")
-        state = {
-            "kind": _SNAPSHOT_KIND,
-            "board": self._board,
-            "task_id": self._task_id,
-            "over": self._over,
-            "rng": self.np_random,
-            "rng_seed": self._np_random_seed,
-        }
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return pack_snapshot(self, {"board": self._board, "task_id": self._task_id, "over": self._over})
 
     def restore(self, data: bytes) -> None:
         """Reinstate a ``snapshot`` (trusted bytes only: pickle); works on a never-reset instance."""
-        state = pickle.loads(data)
-        if not isinstance(state, dict) or state.get("kind") != _SNAPSHOT_KIND:
-            raise ConfigError("restore() got bytes that are not a TicTacToeEnv snapshot")
+        state = unpack_snapshot(self, data)
         parse_task_id(state["task_id"])
         self._board, self._task_id, self._over = state["board"], state["task_id"], bool(state["over"])
-        self._np_random, self._np_random_seed = state["rng"], state["rng_seed"]
 
     def render(self) -> str | None:
         """The board with numbers in the empty cells, or ``None`` before the first reset."""

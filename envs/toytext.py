@@ -44,8 +44,8 @@ from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
-_SNAPSHOT_KIND = "agentgym.toytext/1"
 # A valid action is a short word or number; longer strings are echoed only in part.
 _ECHO_CHARS = 20
 _MAX_ACTION_CHARS = 64
@@ -375,30 +375,17 @@ class ToyTextEnv(Env):
     def snapshot(self) -> bytes:
         """The inner env (with its ``np_random``), the task and ``np_random`` as pickled bytes."""
         gym_env = self._require("snapshot")
-        state = {
-            "kind": _SNAPSHOT_KIND,
-            "name": self.name,
-            "gym": gym_env,
-            "task_id": self._task_id,
-            "obs": self._obs,
-            "over": self._over,
-            "rng": self.np_random,
-            "rng_seed": self._np_random_seed,
-        }
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        fields = {"name": self.name, "gym": gym_env, "task_id": self._task_id}
+        return pack_snapshot(self, {**fields, "obs": self._obs, "over": self._over})
 
     def restore(self, data: bytes) -> None:
         """Reinstate a ``snapshot`` (trusted bytes only: pickle); works on a never-reset instance."""
-        state = pickle.loads(data)
-        kind = (state.get("kind"), state.get("name")) if isinstance(state, dict) else None
-        if kind != (_SNAPSHOT_KIND, self.name):
-            raise ConfigError(f"restore() got bytes that are not a snapshot of a {self.name!r} ToyTextEnv")
+        state = unpack_snapshot(self, data, expect={"name": self.name})
         gym_env = state["gym"]
         if self._shared is not None:
             self._shared = gym_env
         self._gym, self._obs, self._over = gym_env, state["obs"], state["over"]
         self._task_id = state["task_id"]
-        self._np_random, self._np_random_seed = state["rng"], state["rng_seed"]
 
     def render(self) -> str | None:
         """The text of the current state, or ``None`` before the first reset."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import pickle
 import re
 from collections import Counter
 from importlib import resources
@@ -14,6 +13,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 WORD_LENGTH = 5
 MAX_GUESSES_LIMIT = 20
@@ -24,7 +24,6 @@ GREEN, YELLOW, GREY = "G", "Y", "_"
 OPENER = "raise"
 
 _TASK_RE = re.compile(r"wordle/idx(0|[1-9][0-9]*)")
-_SNAPSHOT_KIND = "agentgym.wordle/1"
 _ECHO_CHARS = 20
 # Above this many candidates the solver scores guesses against an evenly spaced subset, so one
 # expert move stays around 0.1 s in pure Python; after the opener this is rare.
@@ -234,25 +233,14 @@ class WordleEnv(Env):
     def snapshot(self) -> bytes:
         """The secret, the guesses so far and ``np_random`` as pickled bytes."""
         self._secret("snapshot")
-        state = {
-            "kind": _SNAPSHOT_KIND,
-            "index": self._index,
-            "history": list(self._history),
-            "over": self._over,
-            "rng": self.np_random,
-            "rng_seed": self._np_random_seed,
-        }
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return pack_snapshot(self, {"index": self._index, "history": list(self._history), "over": self._over})
 
     def restore(self, data: bytes) -> None:
         """Reinstate a ``snapshot`` (trusted bytes only: pickle); works on a never-reset instance."""
-        state = pickle.loads(data)
-        if not isinstance(state, dict) or state.get("kind") != _SNAPSHOT_KIND:
-            raise ConfigError("restore() got bytes that are not a WordleEnv snapshot")
+        state = unpack_snapshot(self, data)
         self._index = parse_task_id(format_task_id(state["index"]))
         self._history = [tuple(pair) for pair in state["history"]]  # type: ignore[misc]
         self._over = bool(state["over"])
-        self._np_random, self._np_random_seed = state["rng"], state["rng_seed"]
 
     def render(self) -> str | None:
         """The board so far (without the secret), or ``None`` before the first reset."""
