@@ -30,7 +30,7 @@ def test_unknown_id_suggests_nearest() -> None:
     with pytest.raises(UnknownEnv, match="Did you mean 'maze-v0'"):
         agentgym.make("mzae-v0")
     with pytest.raises(UnknownEnv) as info:
-        agentgym.make("completely-different-v0")
+        agentgym.make("QUANTUMTELEPORTATIONCHAMBER")
     assert "Did you mean" not in str(info.value) and "agentgym envs" in str(info.value)
 
 
