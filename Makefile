@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= server,dev
+EXTRAS ?= server,train,dev
 
 .PHONY: setup demo test clean
 

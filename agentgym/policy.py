@@ -1,0 +1,86 @@
+"""The ``Policy`` protocol (what the collector needs from a model) and its records.
+
+A policy turns a batch of prompts (token ids, chat template already applied) into sampled
+continuations with per-token log-probs. Backends: ``agentgym.backends.transformers_backend``
+(CPU/GPU, the test backend), vLLM in-process (GPU) and any OpenAI-compatible server over HTTP.
+This module imports no ML framework, so the env side stays torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch."""
+
+    max_new_tokens: int = 64
+    """Cap on generated tokens per prompt."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax), which makes generation deterministic."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 disables it)."""
+    top_k: int = 0
+    """Sample only among the k most likely tokens (0 disables it)."""
+    stop_strings: tuple[str, ...] = ()
+    """Stop when the decoded continuation ends with one of these (kept in the output)."""
+    num_top_logprobs: int = 0
+    """Also return the k most likely tokens' log-probs at every position (ARPO needs them)."""
+    return_entropy: bool = False
+    """Also return the entropy at every position (see ``Generation.entropies``)."""
+    seed: int | None = None
+    """Seed for this batch's sampling; None continues the backend's generator."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled continuation."""
+
+    token_ids: list[int]
+    """Generated ids, never re-tokenized; includes the end-of-turn token when one was sampled."""
+    logprobs: list[float]
+    """Log-prob of each generated id under the sampling distribution (after temperature and
+    filtering); at temperature 0 (greedy), under the model's temperature-1 distribution."""
+    finish_reason: Literal["stop", "length"]
+    """``stop``: an end-of-turn token or stop string; ``length``: ``max_new_tokens`` reached."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per position, the ``num_top_logprobs`` most likely (id, log-prob) pairs, most likely first."""
+    entropies: list[float] | None = None
+    """Per position, the entropy (nats) of the sampling distribution: the full vocabulary unless
+    top-k/top-p filter it; at temperature 0 (greedy), of the model's temperature-1 distribution."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Backend-specific data (JSON-safe)."""
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    """What the collector needs from a tokenizer (a ``transformers`` tokenizer satisfies it)."""
+
+    eos_token_id: int | None
+    pad_token_id: int | None
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], *, tokenize: bool = True,
+                            add_generation_prompt: bool = False, **kwargs: Any) -> Any: ...
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Contract of every generation backend.
+
+    ``generate(prompts, params)`` takes a batch of prompt token-id lists and returns one
+    ``Generation`` per prompt, in order. Prompts may have different lengths; backends pad as they
+    need. ``tokenizer`` renders chat messages to ids and decodes generated ids.
+    ``sync_weights(state_dict)`` loads trained weights (a no-op for a backend that *is* the trained
+    model); called after every update so rollouts use the newest policy.
+    """
+
+    tokenizer: ChatTokenizer
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]: ...
+
+    def sync_weights(self, state_dict: Any) -> None: ...

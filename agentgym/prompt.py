@@ -1,0 +1,143 @@
+"""``PromptRenderer``: builds each turn's prompt token ids from an episode's history.
+
+Two modes:
+
+- ``full``: the whole chat (system, first observation, then assistant/user turns). Prompt ids grow
+  by splicing: the previous prompt + the *generated* ids + the template's ids for the next
+  observation. Generated text is never re-tokenized, so the ids a turn was sampled with are the
+  ids it is trained on (templates that rewrite past turns cannot drift the tokens).
+- ``window``: verl-agent style — a fresh two-message prompt each turn: the system text, then one
+  user message that restates the task (the first observation), the last ``window_turns``
+  (action, observation) pairs, and the current observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentgym.actions import ActionFormat
+from agentgym.errors import ConfigError
+from agentgym.policy import ChatTokenizer
+
+PromptMode = Literal["full", "window"]
+
+_FORMAT_HINT = {
+    "plain": "Reply with the action only.",
+    "tag": "Think briefly if you need to, then give your action as <action>...</action>.",
+}
+
+
+@dataclass
+class Conversation:
+    """One episode's prompt state."""
+
+    system: str
+    task: str
+    history: list[tuple[str, str]] = field(default_factory=list)
+    """(action, observation) pairs so far."""
+    ids: list[int] = field(default_factory=list)
+    """``full`` mode: the prompt ids of the next turn."""
+    admissible: list[str] | None = None
+
+
+def _ids(result: Any) -> list[int]:
+    """``apply_chat_template`` returns a list, or a BatchEncoding in newer transformers."""
+    if isinstance(result, dict) or hasattr(result, "input_ids"):
+        result = result["input_ids"]
+    return list(result)
+
+
+class PromptRenderer:
+    """Renders prompts for one tokenizer, mode and action format."""
+
+    def __init__(self, tokenizer: ChatTokenizer, *, mode: PromptMode = "window", window_turns: int = 2,
+                 action_format: ActionFormat = "plain", system_prompt: str | None = None,
+                 show_admissible_actions: bool = True) -> None:
+        if mode not in ("full", "window"):
+            raise ConfigError(f"rollout.prompt_mode must be 'full' or 'window', got {mode!r}")
+        if window_turns < 0:
+            raise ConfigError(f"rollout.window_turns must be >= 0, got {window_turns}")
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.window_turns = window_turns
+        self.action_format = action_format
+        self.system_prompt = system_prompt
+        self.show_admissible_actions = show_admissible_actions
+        self._probe: tuple[list[dict[str, str]], int] | None = None
+
+    # --- episode lifecycle --------------------------------------------------------------------
+
+    def start(self, observation: str, info: dict[str, Any]) -> Conversation:
+        system = "\n\n".join(p for p in (self.system_prompt, info.get("instructions"),
+                                         _FORMAT_HINT[self.action_format]) if p)
+        conv = Conversation(system=system, task=observation, admissible=info.get("admissible_actions"))
+        if self.mode == "full":
+            conv.ids = _ids(self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": self._user_text(observation, conv)}],
+                tokenize=True, add_generation_prompt=True))
+        return conv
+
+    def prompt_ids(self, conv: Conversation) -> list[int]:
+        """Token ids of the prompt for the next turn."""
+        if self.mode == "full":
+            return list(conv.ids)
+        return _ids(self.tokenizer.apply_chat_template(
+            [{"role": "system", "content": conv.system}, {"role": "user", "content": self._window_text(conv)}],
+            tokenize=True, add_generation_prompt=True))
+
+    def record(self, conv: Conversation, response_ids: list[int], action: str, observation: str,
+               info: dict[str, Any]) -> None:
+        """Append a finished turn (the generated ids and the env's reply) to the conversation."""
+        conv.history.append((action, observation))
+        conv.admissible = info.get("admissible_actions")
+        if self.mode == "full":
+            eos = self.tokenizer.eos_token_id
+            closed = response_ids if (response_ids and response_ids[-1] == eos) else [*response_ids, eos]
+            conv.ids = conv.ids + closed + self._next_user_ids(self._user_text(observation, conv))
+
+    # --- text -----------------------------------------------------------------------------------
+
+    def _actions_line(self, conv: Conversation) -> str:
+        if self.show_admissible_actions and conv.admissible:
+            return "\nAvailable actions: " + ", ".join(conv.admissible)
+        return ""
+
+    def _user_text(self, observation: str, conv: Conversation) -> str:
+        return observation + self._actions_line(conv)
+
+    def _window_text(self, conv: Conversation) -> str:
+        if not conv.history:
+            return conv.task + self._actions_line(conv)
+        recent = conv.history[-self.window_turns:] if self.window_turns else []
+        lines = [f"Task: {conv.task}", f"You have taken {len(conv.history)} action(s)."]
+        if recent:
+            lines.append(f"Your last {len(recent)} action(s) and what followed:")
+            first = len(conv.history) - len(recent) + 1
+            lines += [f"[{first + i}] {action} -> {obs}" for i, (action, obs) in enumerate(recent)]
+        lines.append(f"Current observation: {conv.history[-1][1]}")
+        return "\n".join(lines) + self._actions_line(conv)
+
+    # --- token splicing (full mode) -------------------------------------------------------------
+
+    def _next_user_ids(self, text: str) -> list[int]:
+        """Ids that follow an assistant turn's end token: the user message + the generation prompt.
+
+        Rendered as the difference between a probe conversation ending with a closed assistant turn
+        and the same conversation plus the new user message, cut right after the assistant's end
+        token — exactly what the template puts between two turns.
+        """
+        if self._probe is None:
+            probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+            base = _ids(self.tokenizer.apply_chat_template(probe, tokenize=True))
+            eos = self.tokenizer.eos_token_id
+            if eos not in base:
+                raise ConfigError(
+                    "prompt_mode='full' needs a chat template that closes assistant turns with the eos "
+                    "token; this tokenizer's does not — use prompt_mode='window'"
+                )
+            self._probe = (probe, len(base) - base[::-1].index(eos))
+        probe, cut = self._probe
+        full = _ids(self.tokenizer.apply_chat_template([*probe, {"role": "user", "content": text}],
+                                                       tokenize=True, add_generation_prompt=True))
+        return full[cut:]
