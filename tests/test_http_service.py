@@ -603,3 +603,172 @@ def test_app_exposes_routes_and_state_through_the_guard() -> None:
     paths = {route.path for route in app.routes}
     assert {"/sessions/{session_id}/step", "/batch/step", "/health"} <= paths
     assert app.state.store.max_sessions == 1024
+
+
+# --- the plain-ASGI hot routes answer exactly as the FastAPI routes do ----------------------------
+
+J = {"content-type": "application/json"}
+DEEP = b"[" * 300 + b"]" * 300  # deeper than pydantic's JSON parser goes, within json.loads' reach
+HOT_CASES: list[tuple[str, bytes, dict[str, str]]] = [
+    # Content-Type handling: only JSON media types are read as JSON.
+    *(("/sessions/@a@/step", b'{"action": "inc"}', {"content-type": ct} if ct else {})
+      for ct in (None, "application/json", "text/plain", "application/json; charset=utf-8", "Application/JSON",
+                 "application/vnd.agentgym+json", "application/jsonx", "text/json", "application/json; charset=latin-1",
+                 "application/x-www-form-urlencoded", "application/json, text/plain", "")),
+    # Bodies that are not JSON, not an object, or not a StepRequest.
+    *(("/sessions/@a@/step", body, J)
+      for body in (b"", b"null", b"[]", b'["inc"]', b"[1,", b"{action: inc}", b"\xff\xfe", b"nul", b'"inc"',
+                   b'{"action": 3}', b'{"action": null}', b"{}", b'{"action": "inc", "force": true}',
+                   b'{"action": "\\ud800x"}', b'{"action": "\xed\xa0\x80"}', b'\xef\xbb\xbf{"action": "dec"}',
+                   b'{"action": "inc", "action": "dec"}', b'{"action": ' + DEEP + b"}", b"[" * 5000 + b"]" * 5000,
+                   b'{"action": "inc", "x": 1' + b"1" * 5000 + b"}", b'{"action": "' + b"x" * 100_001 + b'"}',
+                   b'{"action": "inc"} x', b'{"action": "inc"}')),
+    # Resets: seeds, options (free-form JSON: lone surrogates pass through), bad fields.
+    *(("/sessions/@a@/reset", body, J)
+      for body in (b'{"seed": 3}', b'{"seed": 3, "options": {"target": 5}}', b'{"seed": -1}', b'{"seed": "3"}',
+                   b'{"seed": 1.0}', b'{"seed": 2, "seed": 3}', b'{"sed": 1}', b"[1]", b'{"seed": 18446744073709551616}',
+                   b'{"seed": 1, "options": {"label": "\\udc80!"}}', b'{"seed": 1, "options": ' + b'{"a": ' * 40
+                   + b"1" + b"}" * 40 + b"}", b'{"seed": 1, "options": {"a": ' + DEEP + b"}}", b'{"seed": 3}')),
+    ("/sessions/@a@/reset", b'{"seed": 3}', {}),
+    # Episode state: before reset, the end, a crash, unknown and deleted sessions.
+    ("/sessions/@fresh@/step", b'{"action": "inc"}', J),
+    *(("/sessions/@a@/step", b'{"action": "inc"}', J) for _ in range(3)),
+    ("/sessions/@a@/step", b'{"action": "inc"}', J),
+    ("/sessions/@crashy@/step", b'{"action": "crash"}', J),
+    ("/sessions/@crashy@/step", b'{"action": "inc"}', J),
+    ("/sessions/ghost/step", b'{"action": "inc"}', J),
+    ("/sessions/ghost/reset", b"", {}),
+    ("/sessions/@gone@/step", b'{"action": "inc"}', J),
+    ("/sessions/@gone@/reset", b'{"seed": 1}', J),
+    ("/sessions/@a@/step", b'{"action": "explode"}', J),  # an unexpected exception: 500, same body
+    # Batches.
+    ("/batch/reset", (b'{"resets": [{"session_id": "@a@", "seed": 4}, {"session_id": "@b@", "seed": 5, '
+                      b'"options": {"target": 9}}, {"session_id": "ghost"}, {"session_id": "@fresh@", "seed": 1}]}'), J),
+    ("/batch/step", (b'{"steps": [{"session_id": "@a@", "action": "inc"}, {"session_id": "ghost", "action": "inc"}, '
+                     b'{"session_id": "@crashy@", "action": "crash"}, {"session_id": "@b@", "action": "dec"}, '
+                     b'{"session_id": "@gone@", "action": "dec"}, {"session_id": "@fresh@", "action": "explode"}]}'), J),
+    ("/batch/step", b'{"steps": [{"session_id": "@a@", "action": "inc"}, {"session_id": "@a@", "action": "inc"}]}', J),
+    ("/batch/step", b'{"steps": []}', J),
+    ("/batch/step", b'{"steps": [{"session_id": "x", "action": 1}, {"session_id": 2}]}', J),
+    ("/batch/step", b'{"steps": [' + b'{"session_id": "x", "action": "inc"},' * 4096 + b'{"session_id": "y"}]}', J),
+    ("/batch/step", b'{"steps": "all"}', J),
+    ("/batch/step", b'{"steps": [{"session_id": "@a@", "action": "inc"}]}', {"content-type": "text/plain"}),
+    ("/batch/step", b"", J),
+    ("/batch/reset", b'{"resets": [{"session_id": "@a@", "seed": -1}]}', J),
+    ("/batch/reset", b'{"resets": [{"session_id": "@a@", "options": [1]}]}', J),
+    ("/batch/reset", b"{}", J),
+    # Past the step timeout: 504, then the poisoned session's 500.
+    ("/sessions/@slow@/step", b'{"action": "sleep"}', J),
+    ("/sessions/@slow@/step", b'{"action": "inc"}', J),
+    ("/batch/step", b'{"steps": [{"session_id": "@slow@", "action": "inc"}, {"session_id": "@b@", "action": "inc"}]}', J),
+]
+
+
+def _counts(metrics: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in metrics.registry.collect()
+            for s in family.samples if s.name.endswith(("_total", "_count"))}
+
+
+def test_hot_routes_answer_byte_for_byte_like_the_fastapi_routes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request runs twice: through the service (plain-ASGI ``HotRoutes``) on one of a pair of twin
+    sessions, and straight into the FastAPI app behind the guard on the other. Status, headers, body and
+    the metrics it counted must be the same."""
+    from agentgym.http import server
+
+    step = server._step
+
+    def exploding_step(session: Any, action: str) -> dict[str, Any]:
+        if action == "explode":
+            raise RuntimeError("boom (on purpose)")
+        return step(session, action)
+
+    monkeypatch.setattr(server, "_step", exploding_step)
+    parsed = []
+    parse = server.HotRoutes._parse
+
+    def counting_parse(self: Any, *args: Any) -> Any:
+        parsed.append(1)
+        return parse(self, *args)
+
+    monkeypatch.setattr(server.HotRoutes, "_parse", counting_parse)
+
+    async def scenario() -> None:
+        app = create_app(TEST_ENV_IDS, max_sessions=64, step_timeout_s=0.3, max_body_bytes=1 << 20)
+        assert isinstance(app.hot_routes, server.HotRoutes)
+        metrics = app.state.metrics
+        hot = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc")
+        plain = httpx.AsyncClient(transport=httpx.ASGITransport(app=app.app, raise_app_exceptions=False),
+                                  base_url="http://svc")
+        async with hot, plain:
+            twins: dict[str, tuple[str, str]] = {}
+            far = {"seed": 3, "options": {"target": 99}}  # an episode that does not end soon
+            counter = "test/http-counter-v0"
+            for name, env_id, kwargs, reset in (("a", counter, {}, far), ("b", counter, {}, far),
+                                                ("fresh", counter, {}, None), ("gone", counter, {}, {"seed": 0}),
+                                                ("crashy", "test/http-crashy-v0", {}, {"seed": 0}),
+                                                ("slow", "test/http-slow-v0", {"delay_s": 0.6}, {"seed": 0})):
+                pair = []
+                for _ in range(2):
+                    created = await hot.post("/sessions", json={"env_id": env_id, "kwargs": kwargs, "max_turns": 99})
+                    pair.append(created.json()["session_id"])
+                    if reset is not None:
+                        assert (await hot.post(f"/sessions/{pair[-1]}/reset", json=reset)).status_code == 200
+                twins[name] = (pair[0], pair[1])
+            for sid in twins["gone"]:
+                assert (await hot.delete(f"/sessions/{sid}")).status_code == 204
+
+            for path, body, headers in HOT_CASES:
+                answers = []
+                for side, client in enumerate((hot, plain)):
+                    def fill(text: bytes, side: int = side) -> bytes:
+                        for name, pair in twins.items():
+                            text = text.replace(f"@{name}@".encode(), pair[side].encode())
+                        return text
+
+                    def unfill(text: bytes, side: int = side) -> bytes:
+                        for name, pair in twins.items():
+                            text = text.replace(pair[side].encode(), f"@{name}@".encode())
+                        return text
+
+                    before = _counts(metrics)
+                    response = await client.post(fill(path.encode()).decode(), content=fill(body), headers=headers)
+                    after = _counts(metrics)
+                    counted = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+                    answers.append((response.status_code, response.headers.multi_items(), unfill(response.content),
+                                    counted))
+                assert answers[0] == answers[1], (path, body[:200], headers)
+                assert answers[0][0] != 500 or b"boom" in answers[0][2] or b"EnvCrashed" in answers[0][2], answers[0]
+
+            assert len(parsed) >= len(HOT_CASES)  # the service's side did take the hot routes
+            # A streamed (chunked) body takes the guard's other path into the hot routes.
+            async def chunks() -> Any:
+                yield b'{"act'
+                yield b'ion": "dec"}'
+
+            streamed = [await client.post(f"/sessions/{pair[side]}/step", content=chunks(), headers=J)
+                        for side, (client, pair) in enumerate(((hot, twins["b"]), (plain, twins["b"])))]
+            assert streamed[0].status_code == 200 and streamed[0].content == streamed[1].content
+            # No body (or null) resets with a drawn seed on both paths.
+            for client, sid in ((hot, twins["a"][0]), (plain, twins["a"][1])):
+                for content in (b"", b"null"):
+                    response = await client.post(f"/sessions/{sid}/reset", content=content, headers=J)
+                    assert response.status_code == 200 and isinstance(response.json()["episode_seed"], int)
+        await app.state.store.stop()
+
+    asyncio.run(scenario())
+
+
+def test_only_exact_hot_paths_bypass_fastapi() -> None:
+    hot = create_app(TEST_ENV_IDS).hot_routes
+    post = {"type": "http", "method": "POST", "root_path": ""}
+    for path, session_id in (("/sessions/abc/step", "abc"), ("/sessions/abc/reset", "abc"),
+                             ("/sessions/a b%/step", "a b%"), ("/batch/step", None), ("/batch/reset", None)):
+        matched = hot.match({**post, "path": path})
+        assert matched is not None and matched[1] == session_id, path
+    for path in ("/sessions//step", "/sessions/abc/step/", "/sessions/abc/steps", "/sessions/abc/fork",
+                 "/sessions/abc/expert", "/sessions/abc", "/sessions/a/b/step", "/sessions/abc/step\n",
+                 "/batch/step/", "/batch", "/batch/fork", "/sessions", "/health", "//batch/step"):
+        assert hot.match({**post, "path": path}) is None, path
+    assert hot.match({**post, "method": "GET", "path": "/batch/step"}) is None
+    assert hot.match({**post, "method": "PUT", "path": "/sessions/abc/step"}) is None
+    assert hot.match({**post, "path": "/api/batch/step", "root_path": "/api"}) is None

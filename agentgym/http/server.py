@@ -24,17 +24,23 @@ capacity (with Retry-After), 504 a step outlived the step timeout.
 
 from __future__ import annotations
 
+import email.message
 import hmac
+import inspect
 import json
+import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 import agentgym
 from agentgym.errors import AgentGymError, EnvCrashed, RemoteTimeout, RequestRejected
@@ -45,6 +51,16 @@ from agentgym.registry import list_envs
 from agentgym.registry import spec as lookup_spec
 
 JSON = "application/json"
+BODY_NOT_JSON = "the request body must be a JSON object sent with 'Content-Type: application/json'"
+
+logger = logging.getLogger(__name__)
+
+#: FastAPI's native OpenTelemetry hooks off (FastAPI >= 0.165 has them; older versions lack the
+#: argument). They cost a provider lookup per request even with no OpenTelemetry configured.
+_TELEMETRY_OFF: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI).parameters else {}
+)
 
 
 def _dumps(payload: Any) -> bytes:
@@ -68,17 +84,186 @@ def _error(exc: AgentGymError) -> Response:
     return _json(error_payload(type(exc).__name__, str(exc)), exc.http_status, headers)
 
 
+class ErrorResponses:
+    """The error responses (and their ``agentgym_errors`` counts) of the FastAPI exception handlers
+    and of ``HotRoutes``: one implementation, so the two paths answer a bad request identically."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def agentgym_error(self, exc: AgentGymError) -> Response:
+        self.metrics.errors.labels(type(exc).__name__).inc()
+        return _error(exc)
+
+    def unexpected(self, exc: Exception) -> Response:
+        self.metrics.errors.labels("internal").inc()
+        return _json(error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}"), 500)
+
+    def rejected(self, message: str) -> Response:
+        self.metrics.errors.labels("RequestRejected").inc()
+        return _json(error_payload("RequestRejected", message), 422)
+
+    def invalid(self, errors: Sequence[dict[str, Any]], content_type: str | None) -> Response:
+        """422 for FastAPI-style validation errors (``loc`` starting with ``"body"``)."""
+        problems = []
+        for err in errors[:10]:
+            loc = tuple(err.get("loc", ()))
+            if err.get("type") == "json_invalid":
+                where = f" at character {loc[-1]}" if len(loc) > 1 else ""
+                reason = (err.get("ctx") or {}).get("error", "JSON decode error")
+                return self.rejected(f"the request body is not valid JSON ({reason}{where})")
+            if loc == ("body",) and isinstance(err.get("input"), (bytes, bytearray)):
+                got = f"got Content-Type {content_type!r}" if content_type else "got no Content-Type"
+                return self.rejected(f"{BODY_NOT_JSON} ({got})")
+            if loc == ("body",) and err.get("type") == "model_attributes_type":
+                return self.rejected(f"{BODY_NOT_JSON}; got {type(err.get('input')).__name__}")
+            where = ".".join(str(p) for p in loc if p != "body") or "body"
+            problems.append(f"{where}: {err.get('msg')}")
+        return self.rejected("malformed request: " + "; ".join(problems))
+
+    def unreadable(self, cause: BaseException | None) -> Response:
+        """422 for a body that could not be read as JSON at all (FastAPI's 400: bad encoding, too deep...)."""
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        return self.rejected(f"the request body is not valid JSON{detail}"[:1000])
+
+
+_MISSING: Any = object()
+
+
+def _declares_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body with this Content-Type as JSON (``application/json`` or ``*/*+json``)."""
+    if not content_type:
+        return False
+    if content_type == JSON:
+        return True
+    message = email.message.Message()
+    message["content-type"] = content_type
+    if message.get_content_maintype() != "application":
+        return False
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+class HotRoute(NamedTuple):
+    """A route ``HotRoutes`` serves: how to read its body and the coroutine its FastAPI endpoint runs too."""
+
+    adapter: TypeAdapter[Any]
+    """Validates the body, typed as the FastAPI endpoint's body parameter."""
+    required: bool
+    """An empty body is a 422 (else the endpoint's default, ``None``)."""
+    run: Callable[..., Awaitable[Response]]
+    """``run(session_id, body)`` for per-session routes, ``run(body)`` for batch routes."""
+
+
+class HotRoutes:
+    """``POST /sessions/{id}/step|reset`` and ``POST /batch/step|reset`` served as plain ASGI.
+
+    The FastAPI stack around an endpoint (its middleware layers, routing over every route, dependency
+    solving, request objects) costs several times the endpoint itself on these per-step routes.
+    ``GuardMiddleware`` hands them here instead; everything else, and any path that does not match
+    exactly, goes to FastAPI. The FastAPI routes stay declared (``/docs``, ``/openapi.json``) and run
+    the same ``run`` coroutines, ``ErrorResponses`` and body rules, so both paths give the same
+    answers; the tests compare them byte for byte.
+    """
+
+    def __init__(self, session_routes: dict[str, HotRoute], batch_routes: dict[str, HotRoute],
+                 errors: ErrorResponses) -> None:
+        self.session_routes = session_routes  # by the last path segment: "step", "reset"
+        self.batch_routes = batch_routes  # by path: "/batch/step"...
+        self.errors = errors
+
+    def match(self, scope: dict[str, Any]) -> tuple[HotRoute, str | None] | None:
+        """The route and session id for an exact match of a hot route, else ``None``."""
+        if scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        path = scope["path"]
+        if path.startswith("/sessions/"):
+            session_id, slash, verb = path[10:].partition("/")
+            route = self.session_routes.get(verb) if slash and session_id else None
+            return None if route is None else (route, session_id)
+        route = self.batch_routes.get(path)
+        return None if route is None else (route, None)
+
+    async def __call__(self, route: HotRoute, session_id: str | None, content_type: bytes | None,
+                       scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            message = await receive()
+            body = message.get("body", b"")
+            if message.get("more_body", False):
+                chunks = [body]
+                while message["type"] == "http.request" and message.get("more_body", False):
+                    message = await receive()
+                    chunks.append(message.get("body", b""))
+                body = b"".join(chunks)
+            if message["type"] != "http.request":
+                response = self.errors.unreadable(ClientDisconnect())  # as FastAPI answers (no one hears it)
+            else:
+                value = self._parse(route, body, content_type.decode("latin-1") if content_type else None)
+                if isinstance(value, Response):
+                    response = value
+                elif session_id is None:
+                    response = await route.run(value)
+                else:
+                    response = await route.run(session_id, value)
+        except AgentGymError as exc:
+            response = self.errors.agentgym_error(exc)
+        except Exception as exc:  # answered like FastAPI answers it, and the connection lives on
+            logger.exception("%s %s failed", scope["method"], scope["path"])
+            response = self.errors.unexpected(exc)
+        await response(scope, receive, send)
+
+    def _parse(self, route: HotRoute, body: bytes, content_type: str | None) -> Any:
+        """The body as the endpoint's parameter, or the 422 ``Response`` FastAPI would give.
+
+        The rules are FastAPI's: an empty body is missing; a body not declared JSON stays bytes (which
+        validation refuses); ``json.loads`` errors are ``json_invalid`` or, for the rest (bad
+        encoding, too deep), an unreadable body; validation errors are located under ``body``.
+        """
+        is_json = _declares_json(content_type)
+        if body and is_json:
+            try:
+                return route.adapter.validate_json(body)  # one pass, no intermediate dicts
+            except ValidationError:
+                pass  # json.loads accepts a few bodies pydantic's parser refuses: FastAPI's way decides
+        if not body:
+            value = _MISSING
+        elif is_json:
+            try:
+                value = json.loads(body)
+            except json.JSONDecodeError as exc:
+                error = {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+                         "input": {}, "ctx": {"error": exc.msg}}
+                return self.errors.invalid([error], content_type)
+            except Exception as exc:  # noqa: BLE001 - FastAPI's 400 for any other failure to read the body
+                return self.errors.unreadable(exc)
+        else:
+            value = body
+        if value is _MISSING:
+            if route.required:
+                return self.errors.invalid([{"type": "missing", "loc": ("body",), "msg": "Field required",
+                                             "input": None}], content_type)
+            return None
+        try:
+            return route.adapter.validate_python(value, from_attributes=True)
+        except ValidationError as exc:
+            errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
+            return self.errors.invalid(errors, content_type)
+
+
 class GuardMiddleware:
     """Pure-ASGI gate in front of the app: bearer token and request-size limit.
 
-    Pure ASGI (not ``BaseHTTPMiddleware``) because it sits on the per-step hot path. Attributes it
+    Pure ASGI (not ``BaseHTTPMiddleware``) because it sits on the per-step hot path. Requests that
+    pass go to ``hot_routes`` when they match one exactly, else to the FastAPI app. Attributes it
     does not have (``routes``, ``state``, ``openapi``...) are those of the wrapped FastAPI app.
     """
 
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int,
+                 hot_routes: HotRoutes | None = None) -> None:
         self.app = app
         self.token = b"Bearer " + token.encode() if token else None
         self.max_body_bytes = max_body_bytes
+        self.hot_routes = hot_routes
 
     def __getattr__(self, name: str) -> Any:
         app = self.__dict__.get("app")
@@ -90,12 +275,14 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        authorization = length = None
+        authorization = length = content_type = None
         for key, value in scope["headers"]:
             if key == b"content-length":
                 length = value
             elif key == b"authorization":
                 authorization = value
+            elif key == b"content-type" and content_type is None:  # the first, as Starlette reads it
+                content_type = value
         if (self.token is not None and scope["path"] != "/health"
                 and (authorization is None or not hmac.compare_digest(authorization, self.token))):
             reason = "missing" if authorization is None else "wrong"
@@ -110,7 +297,7 @@ class GuardMiddleware:
                                    f"request body of {int(length)} bytes exceeds the limit of {limit} bytes")
                 return
             # The server delivers at most Content-Length bytes: nothing more to police.
-            await self.app(scope, receive, send)
+            await self._forward(scope, receive, send, content_type)
             return
         # No Content-Length: a streamed (chunked) body. Read it here, up to the limit, then hand it on.
         # (Raising from inside the app's receive would not work: FastAPI turns body-read errors into 400.)
@@ -136,7 +323,16 @@ class GuardMiddleware:
             replayed = True
             return {"type": "http.request", "body": bytes(body), "more_body": False}
 
-        await self.app(scope, replay, send)
+        await self._forward(scope, replay, send, content_type)
+
+    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, content_type: bytes | None) -> None:
+        hot = self.hot_routes
+        if hot is not None:
+            matched = hot.match(scope)
+            if matched is not None:
+                await hot(*matched, content_type, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
     @staticmethod
     async def _reject(send: Any, status: int, kind: str, message: str,
@@ -204,50 +400,27 @@ def create_app(
         version=agentgym.__version__,
         description="Text environments over HTTP. Every error body is {\"error\": {\"type\", \"message\"}}.",
         lifespan=lifespan,
-    )
-    body_not_json = (
-        "the request body must be a JSON object sent with 'Content-Type: application/json'"
+        **_TELEMETRY_OFF,
     )
     app.state.store = store
     app.state.metrics = metrics
     errors = {"model": wire.ErrorBody}
+    answers = ErrorResponses(metrics)
 
     # --- error model --------------------------------------------------------------------------
 
     @app.exception_handler(AgentGymError)
     async def on_agentgym_error(_request: Request, exc: AgentGymError) -> Response:
-        metrics.errors.labels(type(exc).__name__).inc()
-        return _error(exc)
-
-    def rejected(message: str) -> Response:
-        metrics.errors.labels("RequestRejected").inc()
-        return _json(error_payload("RequestRejected", message), 422)
+        return answers.agentgym_error(exc)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        problems = []
-        for err in exc.errors()[:10]:
-            loc = tuple(err.get("loc", ()))
-            if err.get("type") == "json_invalid":
-                where = f" at character {loc[-1]}" if len(loc) > 1 else ""
-                reason = (err.get("ctx") or {}).get("error", "JSON decode error")
-                return rejected(f"the request body is not valid JSON ({reason}{where})")
-            if loc == ("body",) and isinstance(err.get("input"), (bytes, bytearray)):
-                content_type = request.headers.get("content-type")
-                got = f"got Content-Type {content_type!r}" if content_type else "got no Content-Type"
-                return rejected(f"{body_not_json} ({got})")
-            if loc == ("body",) and err.get("type") == "model_attributes_type":
-                return rejected(f"{body_not_json}; got {type(err.get('input')).__name__}")
-            where = ".".join(str(p) for p in loc if p != "body") or "body"
-            problems.append(f"{where}: {err.get('msg')}")
-        return rejected("malformed request: " + "; ".join(problems))
+        return answers.invalid(exc.errors(), request.headers.get("content-type"))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400:  # FastAPI could not read the body as JSON (bad encoding, too deep...)
-            cause = exc.__cause__
-            detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-            return rejected(f"the request body is not valid JSON{detail}"[:1000])
+            return answers.unreadable(exc.__cause__)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}; GET /docs lists the routes"
             return _json(error_payload("NotFound", message[:1000]), 404)
@@ -256,8 +429,53 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def on_unexpected(_request: Request, exc: Exception) -> Response:
-        metrics.errors.labels("internal").inc()
-        return _json(error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}"), 500)
+        return answers.unexpected(exc)
+
+    # --- the hot routes' work, shared by their FastAPI endpoints and HotRoutes ------------------
+
+    async def run_reset(session_id: str, body: wire.ResetRequest | None) -> Response:
+        seed, options = (body.seed, body.options) if body is not None else (None, None)
+        session = store.get(session_id)
+        async with session.lock:
+            store.check_live(session)
+            payload = await store.run(session, lambda: _reset(session, seed, options))
+        metrics.resets.inc()
+        return _json(payload)
+
+    async def run_step(session_id: str, body: wire.StepRequest) -> Response:
+        session = store.get(session_id)
+        started = time.perf_counter()
+        async with session.lock:
+            store.check_live(session)
+            payload = await store.run(session, lambda: _step(session, body.action))
+        metrics.observe_steps(1, time.perf_counter() - started)
+        return _json(payload)
+
+    async def run_batch_step(body: wire.BatchStepRequest) -> Response:
+        items = [(item.session_id, item.action) for item in body.steps]
+        started = time.perf_counter()
+        results = await _run_batch(store, items, _step)
+        stepped = sum(1 for r in results if "error" not in r)
+        metrics.observe_steps(stepped, time.perf_counter() - started, batched=True)
+        return _json({"results": results})
+
+    async def run_batch_reset(body: wire.BatchResetRequest) -> Response:
+        items = [(item.session_id, (item.seed, item.options)) for item in body.resets]
+        results = await _run_batch(store, items, lambda s, arg: _reset(s, *arg))
+        metrics.resets.inc(sum(1 for r in results if "error" not in r))
+        return _json({"results": results})
+
+    hot = HotRoutes(
+        session_routes={
+            "step": HotRoute(TypeAdapter(wire.StepRequest), True, run_step),
+            "reset": HotRoute(TypeAdapter(wire.ResetRequest | None), False, run_reset),
+        },
+        batch_routes={
+            "/batch/step": HotRoute(TypeAdapter(wire.BatchStepRequest), True, run_batch_step),
+            "/batch/reset": HotRoute(TypeAdapter(wire.BatchResetRequest), True, run_batch_reset),
+        },
+        errors=answers,
+    )
 
     # --- service ------------------------------------------------------------------------------
 
@@ -311,24 +529,12 @@ def create_app(
     @app.post("/sessions/{session_id}/reset", response_model=wire.ResetResponse,
               responses={404: errors, 422: errors, 500: errors, 504: errors})
     async def reset(session_id: str, body: wire.ResetRequest | None = None) -> Response:
-        seed, options = (body.seed, body.options) if body is not None else (None, None)
-        session = store.get(session_id)
-        async with session.lock:
-            store.check_live(session)
-            payload = await store.run(session, lambda: _reset(session, seed, options))
-        metrics.resets.inc()
-        return _json(payload)
+        return await run_reset(session_id, body)  # served by HotRoutes; declared for /docs and direct use
 
     @app.post("/sessions/{session_id}/step", response_model=wire.StepResponse,
               responses={404: errors, 409: errors, 422: errors, 500: errors, 504: errors})
     async def step(session_id: str, body: wire.StepRequest) -> Response:
-        session = store.get(session_id)
-        started = time.perf_counter()
-        async with session.lock:
-            store.check_live(session)
-            payload = await store.run(session, lambda: _step(session, body.action))
-        metrics.observe_steps(1, time.perf_counter() - started)
-        return _json(payload)
+        return await run_step(session_id, body)  # served by HotRoutes; declared for /docs and direct use
 
     @app.post("/sessions/{session_id}/fork", status_code=201, response_model=wire.SessionInfo,
               responses={404: errors, 409: errors, 503: errors, 504: errors})
@@ -356,21 +562,13 @@ def create_app(
 
     @app.post("/batch/step", response_model=wire.BatchStepResponse, responses={422: errors})
     async def batch_step(body: wire.BatchStepRequest) -> Response:
-        items = [(item.session_id, item.action) for item in body.steps]
-        started = time.perf_counter()
-        results = await _run_batch(store, items, _step)
-        stepped = sum(1 for r in results if "error" not in r)
-        metrics.observe_steps(stepped, time.perf_counter() - started, batched=True)
-        return _json({"results": results})
+        return await run_batch_step(body)  # served by HotRoutes; declared for /docs and direct use
 
     @app.post("/batch/reset", response_model=wire.BatchResetResponse, responses={422: errors})
     async def batch_reset(body: wire.BatchResetRequest) -> Response:
-        items = [(item.session_id, (item.seed, item.options)) for item in body.resets]
-        results = await _run_batch(store, items, lambda s, arg: _reset(s, *arg))
-        metrics.resets.inc(sum(1 for r in results if "error" not in r))
-        return _json({"results": results})
+        return await run_batch_reset(body)  # served by HotRoutes; declared for /docs and direct use
 
-    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
+    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes, hot_routes=hot)
 
 
 def _reset(session: Session, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:

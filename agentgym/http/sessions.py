@@ -14,7 +14,7 @@ import difflib
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -62,6 +62,16 @@ class Session:
         }
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _wake_threadsafe(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+        loop.call_soon_threadsafe(_wake, waiter)
+
+
 class SessionStore:
     """Sessions by id, with a capacity limit, an idle TTL and a thread pool for env code."""
 
@@ -97,26 +107,37 @@ class SessionStore:
         closed in the pool once the stuck call returns.
         """
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.executor, fn)
         if self.step_timeout_s is None:
-            return await future
+            return await loop.run_in_executor(self.executor, fn)
+        # One waiter woken by whichever comes first, the pool thread finishing or the deadline: the
+        # same outcome as ``wait_for(shield(run_in_executor(...)))`` at about half its event-loop cost
+        # (no wrapping asyncio future, no shield, no wait_for bookkeeping). As with ``shield``,
+        # cancelling the request leaves the call running in the pool.
+        call = self.executor.submit(fn)
+        waiter = loop.create_future()
+        call.add_done_callback(lambda _: _wake_threadsafe(loop, waiter))
+        deadline = loop.call_later(self.step_timeout_s, _wake, waiter)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.step_timeout_s)
-        except asyncio.TimeoutError:
-            stuck = [session] if session is not None else []
-            if unfinished is not None:
-                stuck += unfinished()
-            for item in stuck:
-                item.poisoned = (
-                    f"a request to session {item.session_id!r} ran past the {self.step_timeout_s:g} s step "
-                    "timeout and its env is in an unknown state; DELETE the session and create a new one"
-                )
-            future.add_done_callback(lambda done: self._close_after_timeout(done, stuck))
-            raise RemoteTimeout(
-                f"env code ran past the service's step timeout of {self.step_timeout_s:g} s"
-            ) from None
+            await waiter
+        finally:
+            deadline.cancel()
+        if call.done():
+            if call.cancelled():  # the pool was shut down before the call started
+                raise asyncio.CancelledError()
+            return call.result()
+        stuck = [session] if session is not None else []
+        if unfinished is not None:
+            stuck += unfinished()
+        for item in stuck:
+            item.poisoned = (
+                f"a request to session {item.session_id!r} ran past the {self.step_timeout_s:g} s step "
+                "timeout and its env is in an unknown state; DELETE the session and create a new one"
+            )
+        # Runs in the pool thread once the stuck call returns (or at once, if it just did).
+        call.add_done_callback(lambda done: self._close_after_timeout(done, stuck))
+        raise RemoteTimeout(f"env code ran past the service's step timeout of {self.step_timeout_s:g} s")
 
-    def _close_after_timeout(self, done: asyncio.Future[Any], stuck: list[Session]) -> None:
+    def _close_after_timeout(self, done: Future[Any], stuck: list[Session]) -> None:
         envs = [s.env for s in stuck]
         if not done.cancelled() and done.exception() is None and isinstance(done.result(), EpisodeGuard):
             envs.append(done.result())  # built by create/fork after the client was told it failed
