@@ -53,7 +53,7 @@ class PromptRenderer:
 
     def __init__(self, tokenizer: ChatTokenizer, *, mode: PromptMode = "window", window_turns: int = 2,
                  action_format: ActionFormat = "plain", system_prompt: str | None = None,
-                 show_admissible_actions: bool = True) -> None:
+                 show_admissible_actions: bool = True, include_instructions: bool = True) -> None:
         if mode not in ("full", "window"):
             raise ConfigError(f"rollout.prompt_mode must be 'full' or 'window', got {mode!r}")
         if window_turns < 0:
@@ -64,13 +64,14 @@ class PromptRenderer:
         self.action_format = action_format
         self.system_prompt = system_prompt
         self.show_admissible_actions = show_admissible_actions
+        self.include_instructions = include_instructions
         self._probe: tuple[list[dict[str, str]], int] | None = None
 
     # --- episode lifecycle --------------------------------------------------------------------
 
     def start(self, observation: str, info: dict[str, Any]) -> Conversation:
-        system = "\n\n".join(p for p in (self.system_prompt, info.get("instructions"),
-                                         _FORMAT_HINT[self.action_format]) if p)
+        instructions = info.get("instructions") if self.include_instructions else None
+        system = "\n\n".join(p for p in (self.system_prompt, instructions, _FORMAT_HINT[self.action_format]) if p)
         conv = Conversation(system=system, task=observation, admissible=info.get("admissible_actions"))
         if self.mode == "full":
             conv.ids = _ids(self.tokenizer.apply_chat_template(

@@ -1,0 +1,520 @@
+"""The shared token-level loss: ``LossConfig``, ``aggregate``, PPO-clip/GSPO ``policy_loss``, KL, entropy, registry.
+
+Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.packing`` and a
+``response_mask`` of the same shape; only positions where the mask is 1 (generated response tokens)
+enter any term. Values at masked-out positions, even ``inf`` or ``nan``, change neither a loss nor
+its gradients: inputs are replaced by 0 there (``torch.where``) before any arithmetic.
+
+Policy losses are plain callables registered by name (verl's ``core_algos`` pattern) with one
+signature, ``fn(logprobs, old_logprobs, advantages, mask, cfg) -> (loss, metrics)``; built-ins are
+``"ppo_clip"`` and ``"gspo"``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol, TypeVar, get_args
+
+import torch
+
+from agentgym.errors import ConfigError, RegistryError
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
+KlType = Literal["k1", "k2", "k3"]
+KL_TYPES: tuple[str, ...] = get_args(KlType)
+
+#: GSPO: the log of the sequence ratio is capped here (verl's guard), so exp() stays finite.
+MAX_SEQUENCE_LOG_RATIO = 10.0
+#: Token log-ratios are clamped to +-this before exp() (verl's guard against float32 overflow).
+MAX_TOKEN_LOG_RATIO = 20.0
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Settings of the shared loss (policy term, KL to a reference, entropy bonus).
+
+    Example:
+        >>> LossConfig(clip_ratio_high=0.28).clip_ratio_high
+        0.28
+        >>> LossConfig(loss_agg_mode="token-sum")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: LossConfig.loss_agg_mode must be one of ['token-mean', \
+'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'], got 'token-sum'
+    """
+
+    clip_ratio_low: float = 0.2
+    """PPO ε_low: the ratio is clipped below at ``1 - clip_ratio_low``. GSPO's paper uses 3e-4."""
+    clip_ratio_high: float = 0.2
+    """PPO ε_high: clipped above at ``1 + clip_ratio_high``; DAPO's clip-higher uses 0.28, GSPO 4e-4."""
+    dual_clip_c: float | None = 3.0
+    """Dual-clip bound c > 1 for negative advantages (loss ≤ -A·c); None disables dual clip."""
+    loss_agg_mode: AggMode = "token-mean"
+    """How per-token losses become a scalar; see ``aggregate``. Dr.GRPO: ``seq-mean-token-sum-norm``;
+    original GRPO and GSPO: ``seq-mean-token-mean``; DAPO and verl's default: ``token-mean``."""
+    sequence_ratio: bool = False
+    """GSPO: replace the token ratio by the sequence ratio s_i = exp(mean_t log ratio) in its token
+    form s_{i,t} = sg[s_i]·π/sg[π], so per-token (per-turn) advantages still apply."""
+    kl_coef: float = 0.0
+    """β of the KL-to-reference term added to the loss; > 0 needs ``ref_logprobs``."""
+    kl_type: KlType = "k3"
+    """KL estimator, see ``kl_penalty``: ``k1`` (log ratio), ``k2`` (half squared log ratio) or
+    ``k3`` (verl's ``low_var_kl``)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus subtracted from the loss; non-zero needs ``entropy``."""
+    loss_mode: str = "ppo_clip"
+    """Name of the registered policy loss (``get_policy_loss``): ``ppo_clip`` or ``gspo``."""
+    loss_agg_norm_tokens: int | None = None
+    """Constant normaliser L of ``seq-mean-token-sum-norm`` in tokens (Dr.GRPO: the max response
+    length); None uses the batch's padded width, which changes with the batch."""
+
+    def __post_init__(self) -> None:
+        if self.loss_agg_mode not in AGG_MODES:
+            raise ConfigError(
+                f"LossConfig.loss_agg_mode must be one of {list(AGG_MODES)}, got {self.loss_agg_mode!r}"
+            )
+        if self.kl_type not in KL_TYPES:
+            raise ConfigError(f"LossConfig.kl_type must be one of {list(KL_TYPES)}, got {self.kl_type!r}")
+        if not 0.0 <= self.clip_ratio_low <= 1.0:
+            raise ConfigError(f"LossConfig.clip_ratio_low must be in [0, 1], got {self.clip_ratio_low}")
+        if not 0.0 <= self.clip_ratio_high < math.inf:
+            raise ConfigError(f"LossConfig.clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
+        if self.dual_clip_c is not None and not 1.0 < self.dual_clip_c < math.inf:
+            raise ConfigError(
+                f"LossConfig.dual_clip_c must be > 1 (or None to disable dual clip), got {self.dual_clip_c}"
+            )
+        if not 0.0 <= self.kl_coef < math.inf:
+            raise ConfigError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
+        if not math.isfinite(self.entropy_coef):
+            raise ConfigError(f"LossConfig.entropy_coef must be finite, got {self.entropy_coef}")
+        if not isinstance(self.loss_mode, str) or not self.loss_mode:
+            raise ConfigError(f"LossConfig.loss_mode must name a registered policy loss, got {self.loss_mode!r}")
+        norm = self.loss_agg_norm_tokens
+        if norm is not None and (isinstance(norm, bool) or not isinstance(norm, int) or norm < 1):
+            raise ConfigError(f"LossConfig.loss_agg_norm_tokens must be a positive integer or None, got {norm!r}")
+
+
+# --- masking and aggregation ---------------------------------------------------------------------
+
+
+def _check_same_shape(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.shape != mask.shape:
+            raise ConfigError(f"{name} has shape {tuple(tensor.shape)} but the mask has {tuple(mask.shape)}")
+
+
+def _masked(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``values`` as float32 with 0 wherever ``keep`` is False (no gradient reaches those entries)."""
+    values = values.float()
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    norm_tokens: int | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values ``(rows, seq)`` over the masked tokens to a scalar.
+
+    Modes (ℓ = values, sums over masked tokens only; |o_i| = masked tokens of row i):
+
+    - ``token-mean``: Σ_i Σ_t ℓ / Σ_i |o_i| (every token weighs the same).
+    - ``seq-mean-token-mean``: mean over rows of (Σ_t ℓ / |o_i|) (every row weighs the same).
+    - ``seq-mean-token-sum``: mean over rows of Σ_t ℓ.
+    - ``seq-mean-token-sum-norm``: Σ_i Σ_t ℓ / L with a constant L (Dr.GRPO, §1.2 of the algorithms
+      reference), not divided by the number of rows.
+
+    Rows with no masked token are left out of the ``seq-mean-*`` row means, and a batch with no
+    masked token at all gives 0.
+
+    Args:
+        values: ``(rows, seq)`` per-token values.
+        mask: ``(rows, seq)``; non-zero entries are the tokens that count.
+        mode: One of ``AGG_MODES``.
+        norm_tokens: L of ``seq-mean-token-sum-norm``; None uses ``seq`` (the padded width).
+
+    Returns:
+        A 0-dim float32 tensor (differentiable w.r.t. ``values``).
+
+    Raises:
+        ConfigError: An unknown mode, mismatched shapes or a non-positive ``norm_tokens``.
+
+    Example:
+        >>> values = torch.tensor([[1.0, 2.0, 9.0], [4.0, 9.0, 9.0]])
+        >>> mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+        >>> [round(aggregate(values, mask, m).item(), 4) for m in AGG_MODES]
+        [2.3333, 2.75, 3.5, 2.3333]
+    """
+    if mode not in AGG_MODES:
+        close = difflib.get_close_matches(str(mode), AGG_MODES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown loss_agg_mode {mode!r}{hint}; valid: {list(AGG_MODES)}")
+    _check_same_shape(mask, values=values)
+    keep = mask.bool()
+    values = _masked(values, keep)
+    if mode == "token-mean":
+        return values.sum() / keep.sum().clamp(min=1)
+    if mode == "seq-mean-token-sum-norm":
+        if norm_tokens is None:
+            norm_tokens = values.shape[-1]
+        elif isinstance(norm_tokens, bool) or not isinstance(norm_tokens, int) or norm_tokens < 1:
+            raise ConfigError(f"norm_tokens must be a positive integer or None, got {norm_tokens!r}")
+        return values.sum() / max(norm_tokens, 1)
+    row_tokens = keep.sum(-1)
+    row_sums = values.sum(-1)
+    per_row = row_sums / row_tokens.clamp(min=1) if mode == "seq-mean-token-mean" else row_sums
+    # Empty rows have per_row == 0, so they only need leaving out of the row count.
+    return per_row.sum() / (row_tokens > 0).sum().clamp(min=1)
+
+
+# --- policy loss -----------------------------------------------------------------------------------
+
+
+class PolicyLoss(Protocol):
+    """Contract of a registered policy loss.
+
+    Args:
+        logprobs: ``(rows, seq)`` log-probs under the policy being trained (with grad).
+        old_logprobs: ``(rows, seq)`` log-probs the data was sampled (or recomputed) with.
+        advantages: ``(rows, seq)`` per-token advantages (a turn's advantage on its response tokens).
+        mask: ``(rows, seq)`` response mask; nothing outside it may affect the loss or its gradients.
+        cfg: The ``LossConfig`` (clip ranges, aggregation mode...).
+
+    Returns:
+        ``(loss, metrics)``: a 0-dim tensor to minimise and python floats keyed ``loss/<name>``,
+        at least ``loss/policy``.
+    """
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        cfg: LossConfig,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+_LossT = TypeVar("_LossT", bound=Callable[..., tuple[torch.Tensor, dict[str, float]]])
+_POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {}
+_LOCK = threading.Lock()
+
+
+def _same_function(a: Callable[..., object], b: Callable[..., object]) -> bool:
+    """A module imported under two names registers the same function twice; that is no conflict."""
+    return (getattr(a, "__qualname__", None), getattr(a, "__module__", "").rsplit(".", 1)[-1]) == (
+        getattr(b, "__qualname__", None),
+        getattr(b, "__module__", "").rsplit(".", 1)[-1],
+    )
+
+
+def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_LossT], _LossT]:
+    """Decorator registering a ``PolicyLoss`` under ``name`` (the value of ``LossConfig.loss_mode``).
+
+    Raises:
+        RegistryError: ``name`` is already taken by another function and ``override`` is False.
+        ConfigError: ``name`` is not a non-empty string.
+
+    Example:
+        >>> @register_policy_loss("doc_reinforce")
+        ... def reinforce(logprobs, old_logprobs, advantages, mask, cfg):
+        ...     loss = aggregate(-advantages * logprobs, mask, cfg.loss_agg_mode)
+        ...     return loss, {"loss/policy": loss.item()}
+        >>> get_policy_loss("doc_reinforce") is reinforce
+        True
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a policy loss name must be a non-empty string, got {name!r}")
+
+    def decorator(fn: _LossT) -> _LossT:
+        with _LOCK:
+            existing = _POLICY_LOSSES.get(name)
+            if existing is not None and not override and not _same_function(existing, fn):
+                raise RegistryError(
+                    f"policy loss {name!r} is already registered ({existing.__module__}."
+                    f"{existing.__qualname__}); pass override=True to replace it"
+                )
+            _POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss registered under ``name``.
+
+    Raises:
+        RegistryError: Unknown name; the message suggests close names and lists the registered ones.
+
+    Example:
+        >>> get_policy_loss("ppo_clip") is policy_loss
+        True
+        >>> get_policy_loss("ppo-clip")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.RegistryError: no policy loss named 'ppo-clip'. Did you mean 'ppo_clip'? ...
+    """
+    found = _POLICY_LOSSES.get(name)
+    if found is None:
+        close = difflib.get_close_matches(str(name), list(_POLICY_LOSSES), n=3, cutoff=0.4)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise RegistryError(
+            f"no policy loss named {name!r}.{hint} Registered: {', '.join(sorted(_POLICY_LOSSES))}; "
+            f"set LossConfig.loss_mode to one of them or register_policy_loss a new one"
+        )
+    return found
+
+
+def list_policy_losses() -> list[str]:
+    """Registered policy-loss names, sorted."""
+    return sorted(_POLICY_LOSSES)
+
+
+@register_policy_loss("ppo_clip")
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip with asymmetric and dual clip (and GSPO's sequence ratio when ``cfg.sequence_ratio``).
+
+    Per token, with ρ = exp(logπ − logπ_old) and A the advantage:
+    ℓ = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high)); when A < 0 and dual clip is on,
+    ℓ = min(ℓ, −A·c) (verl's dual clip). The token log-ratio is clamped to ±20 first. With
+    ``sequence_ratio`` (GSPO, §1.5 of the algorithms reference) ρ is replaced by the token form of
+    the sequence ratio s_{i,t} = sg[s_i]·π_t/sg[π_t], s_i = exp(mean over the row's tokens of the
+    log-ratio) with log s_i capped at 10: its value is s_i at every token of row i, and with a
+    constant advantage per row and ``seq-mean-token-mean`` its gradient equals that of the
+    sequence-level objective. The per-token losses are reduced by ``aggregate`` with
+    ``cfg.loss_agg_mode``.
+
+    Args:
+        logprobs: ``(rows, seq)`` current log-probs (with grad).
+        old_logprobs: ``(rows, seq)`` behaviour log-probs.
+        advantages: ``(rows, seq)`` per-token advantages.
+        mask: ``(rows, seq)`` response mask.
+        cfg: Loss settings; None uses ``LossConfig()``.
+
+    Returns:
+        ``(loss, metrics)``; metrics are python floats over the masked tokens: ``loss/policy``,
+        ``loss/clipfrac`` (fraction where the clipped term was the larger one, i.e. clipping
+        changed the loss), ``loss/dual_clip_frac`` (fraction where dual clip was active),
+        ``loss/approx_kl`` (mean of logπ_old − logπ) and ``loss/ratio_mean`` (mean ratio used).
+
+    Raises:
+        ConfigError: Mismatched shapes.
+
+    Example:
+        >>> old = torch.zeros(1, 3)
+        >>> new = torch.log(torch.tensor([[1.0, 1.5, 0.5]]))
+        >>> loss, metrics = policy_loss(new, old, torch.ones(1, 3), torch.tensor([[0, 1, 1]]))
+        >>> round(loss.item(), 4), metrics["loss/clipfrac"]   # ratios 1.5 -> 1.2 (clipped), 0.5
+        (-0.85, 0.5)
+    """
+    cfg = cfg or LossConfig()
+    _check_same_shape(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+    keep = mask.bool()
+    logprobs = _masked(logprobs, keep)
+    old_logprobs = _masked(old_logprobs, keep)
+    advantages = _masked(advantages, keep)
+
+    token_log_ratio = logprobs - old_logprobs  # 0 outside the mask
+    if cfg.sequence_ratio:
+        row_tokens = keep.sum(-1, keepdim=True).clamp(min=1)
+        sequence_log_ratio = token_log_ratio.sum(-1, keepdim=True) / row_tokens
+        log_ratio = sequence_log_ratio.detach() + logprobs - logprobs.detach()
+        log_ratio = log_ratio.clamp(max=MAX_SEQUENCE_LOG_RATIO)
+        log_ratio = torch.where(keep, log_ratio, torch.zeros_like(log_ratio))
+    else:
+        log_ratio = token_log_ratio.clamp(-MAX_TOKEN_LOG_RATIO, MAX_TOKEN_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    clip_loss = torch.maximum(unclipped, clipped)
+    per_token = clip_loss
+    if cfg.dual_clip_c is not None:
+        dual_bound = -advantages * cfg.dual_clip_c
+        per_token = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
+    loss = aggregate(per_token, keep, cfg.loss_agg_mode, norm_tokens=cfg.loss_agg_norm_tokens)
+
+    with torch.no_grad():
+        count = keep.sum().clamp(min=1)
+        clip_active = (clipped > unclipped) & keep
+        if cfg.dual_clip_c is not None:
+            dual_active = (advantages < 0) & (clip_loss > dual_bound) & keep
+        else:
+            dual_active = torch.zeros_like(keep)
+        stats = torch.stack(
+            [
+                loss.detach(),
+                clip_active.sum() / count,
+                -token_log_ratio.sum() / count,
+                _masked(ratio, keep).sum() / count,
+                dual_active.sum() / count,
+            ]
+        ).tolist()
+    names = ("loss/policy", "loss/clipfrac", "loss/approx_kl", "loss/ratio_mean", "loss/dual_clip_frac")
+    return loss, dict(zip(names, stats))
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO: ``policy_loss`` with ``sequence_ratio=True`` whatever ``cfg`` says.
+
+    GSPO's paper pairs it with ``loss_agg_mode="seq-mean-token-mean"``, clip ranges 3e-4/4e-4 and
+    no KL; verl's GSPO has no dual clip (set ``dual_clip_c=None`` to match it exactly).
+    """
+    return policy_loss(logprobs, old_logprobs, advantages, mask, replace(cfg or LossConfig(), sequence_ratio=True))
+
+
+# --- KL and entropy ---------------------------------------------------------------------------------
+
+
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    kind: KlType = "k3",
+    *,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from the log-probs of the sampled tokens.
+
+    - ``k1``: logπ − logπ_ref (unbiased, can be negative).
+    - ``k2``: ½ (logπ − logπ_ref)².
+    - ``k3`` (verl's ``low_var_kl``): with d = logπ_ref − logπ clamped to ±20, e^d − d − 1, then
+      clamped to [−10, 10]; always ≥ 0 and 0 where the two agree.
+
+    Args:
+        logprobs: ``(rows, seq)`` current log-probs.
+        ref_logprobs: ``(rows, seq)`` reference log-probs.
+        kind: One of ``KL_TYPES``.
+        mask: When given, entries outside it are 0 and get no gradient.
+
+    Returns:
+        ``(rows, seq)`` float32; reduce it with ``aggregate``.
+
+    Raises:
+        ConfigError: An unknown ``kind`` or mismatched shapes.
+
+    Example:
+        >>> lp, ref = torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, 0.0]])
+        >>> [round(x, 4) for x in kl_penalty(lp, ref, "k3")[0].tolist()]   # e^1 - 1 - 1
+        [0.0, 0.7183]
+    """
+    if kind not in KL_TYPES:
+        raise ConfigError(f"unknown kl_type {kind!r}; valid: {list(KL_TYPES)}")
+    if ref_logprobs.shape != logprobs.shape:
+        raise ConfigError(f"ref_logprobs has shape {tuple(ref_logprobs.shape)}, logprobs {tuple(logprobs.shape)}")
+    logprobs, ref_logprobs = logprobs.float(), ref_logprobs.float()
+    if mask is not None:
+        _check_same_shape(mask, logprobs=logprobs)
+        keep = mask.bool()
+        logprobs, ref_logprobs = _masked(logprobs, keep), _masked(ref_logprobs, keep)
+    if kind == "k1":
+        return logprobs - ref_logprobs
+    if kind == "k2":
+        return 0.5 * (logprobs - ref_logprobs).square()
+    # The clamps guard exp() against overflow where the two policies disagree wildly (verl).
+    d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+
+
+def entropy_bonus(
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    mode: AggMode = "token-mean",
+    *,
+    norm_tokens: int | None = None,
+) -> torch.Tensor:
+    """The aggregated entropy of the response tokens (a scalar to *maximise*; see ``total_loss``).
+
+    Example:
+        >>> entropy_bonus(torch.tensor([[9.0, 1.0, 3.0]]), torch.tensor([[0, 1, 1]])).item()
+        2.0
+    """
+    return aggregate(entropy, mask, mode, norm_tokens=norm_tokens)
+
+
+def total_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig | None = None,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy loss + ``kl_coef``·agg(KL) − ``entropy_coef``·agg(entropy), all under the same mask.
+
+    The policy term is the registered loss ``cfg.loss_mode``; the KL and entropy terms use
+    ``cfg.loss_agg_mode`` too.
+
+    Args:
+        logprobs, old_logprobs, advantages, mask: As for ``policy_loss`` (``(rows, seq)`` each).
+        cfg: Loss settings; None uses ``LossConfig()``.
+        ref_logprobs: ``(rows, seq)`` reference log-probs; needed when ``kl_coef > 0``.
+        entropy: ``(rows, seq)`` per-token entropies with grad (``sequence_logprobs(...,
+            return_entropy=True)``); needed when ``entropy_coef != 0``.
+
+    Returns:
+        ``(loss, metrics)``: the policy loss's metrics plus ``loss/kl`` (when ``ref_logprobs`` is
+        given), ``loss/entropy`` (when ``entropy`` is given) and ``loss/total``.
+
+    Raises:
+        ConfigError: A coefficient is set but its input is missing, or mismatched shapes.
+        RegistryError: ``cfg.loss_mode`` is not a registered policy loss.
+
+    Example:
+        >>> mask = torch.tensor([[0, 1, 1]])
+        >>> lp = torch.tensor([[0.0, -1.0, -2.0]])
+        >>> cfg = LossConfig(kl_coef=0.5, kl_type="k1", entropy_coef=0.1)
+        >>> loss, metrics = total_loss(lp, lp, torch.ones(1, 3), mask, cfg,
+        ...                            ref_logprobs=lp - 1.0, entropy=torch.full((1, 3), 2.0))
+        >>> metrics["loss/policy"], metrics["loss/kl"], metrics["loss/entropy"], round(loss.item(), 4)
+        (-1.0, 1.0, 2.0, -0.7)
+    """
+    cfg = cfg or LossConfig()
+    loss, metrics = get_policy_loss(cfg.loss_mode)(logprobs, old_logprobs, advantages, mask, cfg)
+    if ref_logprobs is not None:
+        kl = aggregate(
+            kl_penalty(logprobs, ref_logprobs, cfg.kl_type, mask=mask),
+            mask,
+            cfg.loss_agg_mode,
+            norm_tokens=cfg.loss_agg_norm_tokens,
+        )
+        metrics["loss/kl"] = kl.item()
+        if cfg.kl_coef:
+            loss = loss + cfg.kl_coef * kl
+    elif cfg.kl_coef > 0:
+        raise ConfigError(
+            f"LossConfig.kl_coef is {cfg.kl_coef} but no ref_logprobs were given; pass them or set kl_coef=0"
+        )
+    if entropy is not None:
+        bonus = entropy_bonus(entropy, mask, cfg.loss_agg_mode, norm_tokens=cfg.loss_agg_norm_tokens)
+        metrics["loss/entropy"] = bonus.item()
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * bonus
+    elif cfg.entropy_coef != 0:
+        raise ConfigError(
+            f"LossConfig.entropy_coef is {cfg.entropy_coef} but no entropy was given; pass "
+            f"sequence_logprobs(..., return_entropy=True)'s entropy or set entropy_coef=0"
+        )
+    metrics["loss/total"] = loss.item()
+    return loss, metrics

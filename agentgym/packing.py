@@ -1,0 +1,423 @@
+"""Token batches for the update: ``TokenBatch``, ``pack_turns``, ``minibatches``, ``sequence_logprobs``.
+
+One row per turn: the turn's prompt followed by its response, right-padded. This module is the one
+place where per-turn advantages are broadcast onto tokens, and where the token alignment of every
+log-prob tensor is fixed.
+
+**Alignment.** Position ``j`` of every log-prob (and entropy) tensor holds the log-prob of
+``input_ids[:, j]`` given ``input_ids[:, :j]``; position 0 has no context and holds 0.
+``response_mask`` is 1 exactly at the positions of generated response tokens, so a turn with prompt
+length ``p`` and response length ``r`` has ``response_mask[row, p : p + r] == 1`` and its sampler
+log-probs in ``old_logprobs[row, p : p + r]``. Prompt tokens (chat template, env observations,
+earlier turns) and padding are 0 in the mask and never enter a loss term (policy, KL or entropy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from agentgym.errors import ConfigError
+from agentgym.records import Turn
+
+#: Upper bound on the elements of the float32 (rows, seq, vocab) temporaries that
+#: ``sequence_logprobs`` creates per chunk of rows (2**26 floats = 256 MiB).
+MAX_CHUNK_ELEMENTS = 2**26
+
+
+@dataclass(frozen=True, eq=False)  # tensors have no single truth value, so no field-wise ==
+class TokenBatch:
+    """Turns packed as right-padded token rows, one row per turn (see the module docstring for alignment).
+
+    Example:
+        >>> batch = pack_turns([Turn([1, 2], [3], [-0.5], 0.0, "s")], [2.0], pad_token_id=0)
+        >>> batch.num_rows, batch.seq_len, batch.response_mask.tolist(), batch.advantages.tolist()
+        (1, 3, [[0.0, 0.0, 1.0]], [[0.0, 0.0, 2.0]])
+    """
+
+    input_ids: torch.Tensor
+    """int64 ``(rows, seq)``: prompt then response ids, right-padded with the pad id."""
+    attention_mask: torch.Tensor
+    """int64 ``(rows, seq)``: 1 on real tokens (prompt and response), 0 on padding."""
+    response_mask: torch.Tensor
+    """float32 ``(rows, seq)``: 1 exactly on generated response tokens, 0 on prompt, env and template
+    tokens and on padding. Every loss term (policy, KL, entropy) is masked by it."""
+    advantages: torch.Tensor
+    """float32 ``(rows, seq)``: the row's per-turn advantage on its response tokens, 0 elsewhere."""
+    old_logprobs: torch.Tensor
+    """float32 ``(rows, seq)``: sampler log-probs at the response positions, 0 elsewhere. A trainer
+    that recomputes them with the current weights (verl's "old") swaps them in with ``replace``."""
+    turn_index: torch.Tensor
+    """int64 ``(rows,)``: index of the row's turn in the sequence given to ``pack_turns`` (for a batch
+    of groups: order group → trajectory → turn, the order of the advantages)."""
+    ref_logprobs: torch.Tensor | None = None
+    """float32 ``(rows, seq)`` or None: log-probs under the frozen reference model, aligned like
+    ``old_logprobs``; filled by the trainer (``replace``) when the loss has a KL term."""
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.input_ids.shape)
+        if len(shape) != 2:
+            raise ConfigError(f"TokenBatch.input_ids must be (rows, seq), got shape {shape}")
+        for name in ("attention_mask", "response_mask", "advantages", "old_logprobs", "ref_logprobs"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != shape:
+                raise ConfigError(f"TokenBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
+        if tuple(self.turn_index.shape) != shape[:1]:
+            raise ConfigError(
+                f"TokenBatch.turn_index has shape {tuple(self.turn_index.shape)}, expected ({shape[0]},)"
+            )
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows (turns)."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        """Padded row length in tokens."""
+        return int(self.input_ids.shape[1])
+
+    @property
+    def num_response_tokens(self) -> int:
+        """Number of response tokens over all rows (the ``token-mean`` normaliser)."""
+        return int(self.response_mask.sum().item())
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TokenBatch:
+        changes = {
+            f.name: (None if getattr(self, f.name) is None else fn(getattr(self, f.name)))
+            for f in dataclasses.fields(self)
+        }
+        return TokenBatch(**changes)
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """The same batch with every tensor on ``device``."""
+        return self._map(lambda t: t.to(device))
+
+    def select(self, indices: Sequence[int] | torch.Tensor) -> TokenBatch:
+        """The rows ``indices`` (in that order), keeping the padded width.
+
+        Example:
+            >>> turns = [Turn([1], [2], [-0.1], 0.0, "a"), Turn([3, 4], [5, 6], [-0.2, -0.3], 0.0, "b")]
+            >>> pack_turns(turns, [1.0, -1.0], pad_token_id=0).select([1]).turn_index.tolist()
+            [1]
+        """
+        index = torch.as_tensor(indices, dtype=torch.long, device=self.input_ids.device).reshape(-1)
+        return self._map(lambda t: t.index_select(0, index))
+
+    def trim(self) -> TokenBatch:
+        """Drop trailing columns that are padding in every row (e.g. after ``select``)."""
+        real = self.attention_mask.bool().any(0).nonzero()
+        width = int(real.max().item()) + 1 if real.numel() else 0
+        if width == self.seq_len:
+            return self
+        return self._map(lambda t: t if t.dim() == 1 else t[:, :width])
+
+
+def pack_turns(
+    turns: Sequence[Turn],
+    advantages: Sequence[float] | np.ndarray | torch.Tensor,
+    *,
+    pad_token_id: int,
+    max_length: int | None = None,
+) -> TokenBatch:
+    """Pack turns into one right-padded row each and broadcast each turn's advantage to its response.
+
+    A row is ``prompt_ids + response_ids``. When it is longer than ``max_length``, the prompt is cut
+    from the left (its oldest tokens go) and every response token is kept; at least one prompt token
+    stays, because the first response token needs a context to have a log-prob.
+
+    Args:
+        turns: The turns, e.g. ``[turn for g in groups for t in g.trajectories for turn in t.turns]``.
+        advantages: One advantage per turn, same order (what an ``AdvantageEstimator`` returns).
+        pad_token_id: Id written into padding (masked everywhere, so its value does not matter).
+        max_length: Longest row in tokens; None keeps every prompt whole.
+
+    Returns:
+        A ``TokenBatch`` on the CPU with ``seq`` = the longest (truncated) row.
+
+    Raises:
+        ConfigError: No turns, a length mismatch (advantages vs turns, or response ids vs their
+            log-probs), an empty prompt, a non-finite advantage or log-prob, a negative id, or a
+            response too long for ``max_length``.
+
+    Example:
+        >>> turns = [Turn([1, 2, 3], [4, 5], [-0.1, -0.2], 0.0, "a"), Turn([6], [7], [-0.3], 0.0, "b")]
+        >>> batch = pack_turns(turns, [1.0, -1.0], pad_token_id=0, max_length=4)
+        >>> batch.input_ids.tolist(), batch.response_mask.tolist()
+        ([[2, 3, 4, 5], [6, 7, 0, 0]], [[0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+        >>> batch.advantages.tolist()
+        [[0.0, 0.0, 1.0, 1.0], [0.0, -1.0, 0.0, 0.0]]
+    """
+    num = len(turns)
+    if num == 0:
+        raise ConfigError("pack_turns got no turns; skip the update when a batch has none")
+    if isinstance(advantages, torch.Tensor):
+        adv = advantages.detach().to("cpu", torch.float32).reshape(-1)
+    else:
+        adv = torch.as_tensor(np.asarray(advantages, dtype=np.float64).reshape(-1), dtype=torch.float32)
+    if adv.shape[0] != num:
+        raise ConfigError(f"pack_turns needs one advantage per turn: {num} turns, {adv.shape[0]} advantages")
+    if not torch.isfinite(adv).all():
+        bad = int((~torch.isfinite(adv)).nonzero()[0, 0])
+        raise ConfigError(f"advantage of turn {bad} is {adv[bad].item()}; advantages must be finite")
+    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
+        raise ConfigError(f"pack_turns: max_length must be an integer >= 2 or None, got {max_length!r}")
+
+    prompt_len = torch.tensor([len(t.prompt_ids) for t in turns], dtype=torch.long)
+    response_len = torch.tensor([len(t.response_ids) for t in turns], dtype=torch.long)
+    logprob_len = torch.tensor([len(t.response_logprobs) for t in turns], dtype=torch.long)
+    if (logprob_len != response_len).any():
+        i = int((logprob_len != response_len).nonzero()[0, 0])
+        raise ConfigError(
+            f"turn {i} has {int(response_len[i])} response ids but {int(logprob_len[i])} response_logprobs"
+        )
+    if (prompt_len == 0).any():
+        i = int((prompt_len == 0).nonzero()[0, 0])
+        raise ConfigError(f"turn {i} has an empty prompt; its first response token would have no context")
+    if max_length is not None and (response_len >= max_length).any():
+        i = int((response_len >= max_length).nonzero()[0, 0])
+        raise ConfigError(
+            f"turn {i} has a {int(response_len[i])}-token response, which does not fit max_length="
+            f"{max_length} with at least one prompt token; raise max_length above {int(response_len.max())}"
+            f" or cap max_new_tokens below {max_length}"
+        )
+
+    ids = torch.tensor(
+        list(itertools.chain.from_iterable(itertools.chain(t.prompt_ids, t.response_ids) for t in turns)),
+        dtype=torch.long,
+    )
+    if ids.numel() and int(ids.min()) < 0:
+        raise ConfigError("pack_turns got a negative token id")
+    response_logprobs = torch.tensor(
+        list(itertools.chain.from_iterable(t.response_logprobs for t in turns)), dtype=torch.float32
+    )
+    if not torch.isfinite(response_logprobs).all():
+        raise ConfigError("pack_turns got a non-finite response log-prob; the sampler must report finite ones")
+
+    total = prompt_len + response_len
+    drop = torch.zeros_like(total) if max_length is None else (total - max_length).clamp(min=0)
+    row = torch.repeat_interleave(torch.arange(num), total)  # row of each flat token
+    starts = torch.cumsum(total, 0) - total
+    pos = torch.arange(ids.numel()) - starts[row]  # position in the untruncated row
+    keep = pos >= drop[row]
+    col = pos - drop[row]
+    is_response = pos >= prompt_len[row]  # flat order of these equals the order of response_logprobs
+
+    width = int((total - drop).max())
+    input_ids = torch.full((num, width), int(pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((num, width), dtype=torch.long)
+    response_mask = torch.zeros((num, width), dtype=torch.float32)
+    old_logprobs = torch.zeros((num, width), dtype=torch.float32)
+    input_ids[row[keep], col[keep]] = ids[keep]
+    attention_mask[row[keep], col[keep]] = 1
+    response_mask[row[is_response], col[is_response]] = 1.0
+    old_logprobs[row[is_response], col[is_response]] = response_logprobs
+    return TokenBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        advantages=torch.where(response_mask.bool(), adv.unsqueeze(1), torch.zeros(())),
+        old_logprobs=old_logprobs,
+        turn_index=torch.arange(num, dtype=torch.long),
+    )
+
+
+def _permutation(num: int, generator: torch.Generator | None, shuffle: bool) -> torch.Tensor:
+    if not shuffle:
+        return torch.arange(num)
+    return torch.randperm(num, generator=generator)
+
+
+def minibatches(
+    batch: TokenBatch,
+    num_minibatches: int,
+    *,
+    generator: torch.Generator | None = None,
+    shuffle: bool = True,
+) -> list[TokenBatch]:
+    """Split the rows into ``num_minibatches`` shuffled parts whose sizes differ by at most one.
+
+    Every row lands in exactly one part. The permutation is drawn from ``generator`` (CPU), so the
+    same generator state gives the same split; None draws from torch's global generator. Each part
+    is ``trim``-med to its own longest row.
+
+    Args:
+        batch: The rows to split.
+        num_minibatches: Number of parts, in ``[1, batch.num_rows]``.
+        generator: Source of the shuffle.
+        shuffle: False keeps the row order (parts are consecutive rows).
+
+    Returns:
+        The parts (each a ``TokenBatch``).
+
+    Raises:
+        ConfigError: ``num_minibatches`` outside ``[1, batch.num_rows]``.
+
+    Example:
+        >>> turns = [Turn([1], [2], [-0.1], 0.0, str(i)) for i in range(5)]
+        >>> parts = minibatches(pack_turns(turns, [0.0] * 5, pad_token_id=0), 2,
+        ...                     generator=torch.Generator().manual_seed(0))
+        >>> sorted(i for p in parts for i in p.turn_index.tolist()), [p.num_rows for p in parts]
+        ([0, 1, 2, 3, 4], [3, 2])
+    """
+    if not isinstance(num_minibatches, int) or not 1 <= num_minibatches <= batch.num_rows:
+        raise ConfigError(
+            f"num_minibatches must be an integer in [1, {batch.num_rows}] (the number of rows), "
+            f"got {num_minibatches!r}"
+        )
+    order = _permutation(batch.num_rows, generator, shuffle)
+    return [batch.select(part).trim() for part in torch.tensor_split(order, num_minibatches)]
+
+
+def token_minibatches(
+    batch: TokenBatch,
+    max_tokens: int,
+    *,
+    generator: torch.Generator | None = None,
+    shuffle: bool = True,
+) -> list[TokenBatch]:
+    """Split shuffled rows into consecutive parts of at most ``max_tokens`` padded tokens each.
+
+    A part's cost is ``rows × longest row`` (what a forward pass allocates). Rows are taken in
+    shuffled order and a new part starts when the next row would break the budget; a single row
+    longer than the budget gets a part of its own. Use it for gradient accumulation: with
+    ``token-mean`` weight each part's loss by its share of the response tokens
+    (``part.num_response_tokens / batch.num_response_tokens``) so the sum equals the full-batch loss.
+
+    Args:
+        batch: The rows to split.
+        max_tokens: Budget of padded tokens per part (>= 1).
+        generator: Source of the shuffle.
+        shuffle: False keeps the row order.
+
+    Returns:
+        The parts, each ``trim``-med; every row lands in exactly one.
+
+    Raises:
+        ConfigError: ``max_tokens`` < 1.
+    """
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    order = _permutation(batch.num_rows, generator, shuffle).tolist()
+    lengths = batch.attention_mask.sum(-1).tolist()
+    parts: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        length = max(int(lengths[i]), 1)
+        if current and (len(current) + 1) * max(longest, length) > max_tokens:
+            parts.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    if current:
+        parts.append(current)
+    return [batch.select(part).trim() for part in parts]
+
+
+def _token_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of ``targets`` and (optionally) entropy under ``log_softmax(logits / temperature)``.
+
+    ``logits`` ``(rows, n, vocab)`` in any float dtype, computed in float32; returns two ``(rows, n)``.
+    """
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    logprobs = torch.log_softmax(scores, dim=-1)
+    chosen = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return chosen, torch.zeros_like(chosen)
+    entropy = -(logprobs.exp() * logprobs).sum(-1)
+    return chosen, entropy
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced log-probs (and entropies) of every token of the batch, in one forward pass.
+
+    ``logprobs[:, j] = log_softmax(logits[:, j - 1] / temperature)[input_ids[:, j]]`` for ``j >= 1``
+    and 0 at ``j = 0`` (the alignment of ``TokenBatch``); ``entropy[:, j]`` is the entropy in nats of
+    that same full-vocabulary distribution. Only ``response_mask`` positions are meant to be used.
+
+    Memory: the model's logits are the only ``(rows, seq, vocab)`` tensor of full size. The
+    log-softmax runs over chunks of rows (at most ``MAX_CHUNK_ELEMENTS`` floats each unless
+    ``chunk_rows`` says otherwise), and with autograd on each chunk is checkpointed, so its float32
+    temporaries are recomputed in the backward pass instead of being kept.
+
+    The model runs in whatever mode it is in (call ``model.train()``/``eval()`` first) and with
+    autograd as the caller has it (wrap in ``torch.no_grad()`` for old/reference log-probs).
+
+    Args:
+        model: A causal LM whose forward takes ``input_ids``, ``attention_mask``, ``position_ids``
+            and returns ``.logits`` ``(rows, seq, vocab)`` (any ``transformers`` causal LM).
+        batch: The packed rows (moved to the model's device if needed).
+        temperature: Divides the logits (use the sampling temperature); must be > 0.
+        return_entropy: Also return the entropies.
+        chunk_rows: Rows per log-softmax chunk; None picks the most that fit ``MAX_CHUNK_ELEMENTS``.
+
+    Returns:
+        ``(logprobs, entropy)``, float32 ``(rows, seq)`` each on the model's device; ``entropy`` is
+        None unless ``return_entropy``.
+
+    Raises:
+        ConfigError: A non-positive ``temperature`` or ``chunk_rows``.
+    """
+    if not temperature > 0:
+        raise ConfigError(f"sequence_logprobs: temperature must be > 0, got {temperature}")
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise ConfigError(f"sequence_logprobs: chunk_rows must be a positive integer or None, got {chunk_rows!r}")
+    device = _model_device(model)
+    input_ids = batch.input_ids.to(device)
+    attention_mask = batch.attention_mask.to(device)
+    rows, seq = input_ids.shape
+    if seq < 2:
+        zeros = torch.zeros((rows, seq), dtype=torch.float32, device=device)
+        return zeros, (zeros.clone() if return_entropy else None)
+    # Right padding: real tokens sit at 0..len-1 already; counting from the mask keeps it explicit.
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).logits[:, :-1, :]
+    targets = input_ids[:, 1:]
+    vocab = logits.shape[-1]
+    step = chunk_rows or max(1, MAX_CHUNK_ELEMENTS // max((seq - 1) * vocab, 1))
+    recompute = torch.is_grad_enabled() and logits.requires_grad
+    chosen_parts: list[torch.Tensor] = []
+    entropy_parts: list[torch.Tensor] = []
+    for start in range(0, rows, step):
+        args = (logits[start : start + step], targets[start : start + step], temperature, return_entropy)
+        if recompute:
+            chosen, entropy = checkpoint(_token_stats, *args, use_reentrant=False)
+        else:
+            chosen, entropy = _token_stats(*args)
+        chosen_parts.append(chosen)
+        entropy_parts.append(entropy)
+    logprobs = F.pad(torch.cat(chosen_parts, 0), (1, 0))
+    if not return_entropy:
+        return logprobs, None
+    return logprobs, F.pad(torch.cat(entropy_parts, 0), (1, 0))
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(embeddings):
+        layer = embeddings()
+        if layer is not None and getattr(layer, "weight", None) is not None:
+            return layer.weight.device
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
