@@ -70,8 +70,9 @@ class RolloutConfig:
     """B: tasks (seeds) per iteration."""
     group_size: int = 8
     """G: episodes per task (same seed), the group of group-relative estimators."""
-    prompt_mode: Literal["window", "full"] = "window"
-    """``window``: task + last ``window_turns`` turns each turn; ``full``: the whole chat."""
+    prompt_mode: Literal["window", "full", "current"] = "window"
+    """``window``: task + last ``window_turns`` turns each turn; ``full``: the whole chat;
+    ``current``: the current observation only (for envs whose observation is a sufficient state)."""
     window_turns: int = 2
     """History turns shown in ``window`` mode."""
     action_format: Literal["plain", "tag"] = "plain"
@@ -339,6 +340,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     Example:
         >>> apply_overrides({"rollout": {"group_size": 8}}, ["rollout.group_size=4", "algorithm.name=grpo"])
         {'rollout': {'group_size': 4}, 'algorithm': {'name': 'grpo'}}
+        >>> apply_overrides({}, ["optim.lr=1e-3"])
+        {'optim': {'lr': 0.001}}
     """
     result = yaml.safe_load(yaml.safe_dump(data)) or {}
     for item in overrides:
@@ -349,6 +352,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        if isinstance(value, str):
+            try:  # YAML 1.1 reads "1e-3" as a string; on the command line people mean the number
+                value = float(value) if any(c in value for c in ".eE") else int(value)
+            except ValueError:
+                pass
         node = result
         parts = key.strip().split(".")
         for part in parts[:-1]:

@@ -9,6 +9,8 @@ Two modes:
 - ``window``: verl-agent style — a fresh two-message prompt each turn: the system text, then one
   user message that restates the task (the first observation), the last ``window_turns``
   (action, observation) pairs, and the current observation.
+- ``current``: the system text and the current observation only — for envs whose observation
+  is a sufficient state (a maze's view with the goal direction, a Sokoban board).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from agentgym.actions import ActionFormat
 from agentgym.errors import ConfigError
 from agentgym.policy import ChatTokenizer
 
-PromptMode = Literal["full", "window"]
+PromptMode = Literal["full", "window", "current"]
 
 _FORMAT_HINT = {
     "plain": "Reply with the action only.",
@@ -54,8 +56,8 @@ class PromptRenderer:
     def __init__(self, tokenizer: ChatTokenizer, *, mode: PromptMode = "window", window_turns: int = 2,
                  action_format: ActionFormat = "plain", system_prompt: str | None = None,
                  show_admissible_actions: bool = True, include_instructions: bool = True) -> None:
-        if mode not in ("full", "window"):
-            raise ConfigError(f"rollout.prompt_mode must be 'full' or 'window', got {mode!r}")
+        if mode not in ("full", "window", "current"):
+            raise ConfigError(f"rollout.prompt_mode must be 'full', 'window' or 'current', got {mode!r}")
         if window_turns < 0:
             raise ConfigError(f"rollout.window_turns must be >= 0, got {window_turns}")
         self.tokenizer = tokenizer
@@ -70,22 +72,29 @@ class PromptRenderer:
     # --- episode lifecycle --------------------------------------------------------------------
 
     def start(self, observation: str, info: dict[str, Any]) -> Conversation:
-        instructions = info.get("instructions") if self.include_instructions else None
-        system = "\n\n".join(p for p in (self.system_prompt, instructions, _FORMAT_HINT[self.action_format]) if p)
+        # Without instructions there is no format hint either: tiny models learn the format from
+        # demonstrations, and every prompt token costs update time.
+        parts = (self.system_prompt, info.get("instructions"), _FORMAT_HINT[self.action_format]) \
+            if self.include_instructions else (self.system_prompt,)
+        system = "\n\n".join(p for p in parts if p)
         conv = Conversation(system=system, task=observation, admissible=info.get("admissible_actions"))
         if self.mode == "full":
             conv.ids = _ids(self.tokenizer.apply_chat_template(
-                [{"role": "system", "content": system}, {"role": "user", "content": self._user_text(observation, conv)}],
-                tokenize=True, add_generation_prompt=True))
+                self._messages(system, self._user_text(observation, conv)), tokenize=True,
+                add_generation_prompt=True))
         return conv
+
+    @staticmethod
+    def _messages(system: str, user: str) -> list[dict[str, str]]:
+        head = [{"role": "system", "content": system}] if system else []
+        return [*head, {"role": "user", "content": user}]
 
     def prompt_ids(self, conv: Conversation) -> list[int]:
         """Token ids of the prompt for the next turn."""
         if self.mode == "full":
             return list(conv.ids)
         return _ids(self.tokenizer.apply_chat_template(
-            [{"role": "system", "content": conv.system}, {"role": "user", "content": self._window_text(conv)}],
-            tokenize=True, add_generation_prompt=True))
+            self._messages(conv.system, self._window_text(conv)), tokenize=True, add_generation_prompt=True))
 
     def record(self, conv: Conversation, response_ids: list[int], action: str, observation: str,
                info: dict[str, Any]) -> None:
@@ -108,6 +117,8 @@ class PromptRenderer:
         return observation + self._actions_line(conv)
 
     def _window_text(self, conv: Conversation) -> str:
+        if self.mode == "current":
+            return (conv.history[-1][1] if conv.history else conv.task) + self._actions_line(conv)
         if not conv.history:
             return conv.task + self._actions_line(conv)
         recent = conv.history[-self.window_turns:] if self.window_turns else []

@@ -129,11 +129,15 @@ def rl_update(model: torch.nn.Module, ref_model: torch.nn.Module | None, optimiz
     batch = pack_turns(turns, advantages, pad_token_id=pad_token_id,
                        max_length=cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens)
     loss_cfg = LossConfig(**asdict(cfg.loss))
+    # The ratio is taken under the distribution the rollouts were sampled from (logits / T), as
+    # verl does; greedy rollouts (T = 0) fall back to the model's own distribution.
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     # "Old" log-probs are recomputed with the current weights before the update (as verl does):
     # they then match the update's own forward pass exactly at the first minibatch.
     model.eval()
     with torch.no_grad():
-        chunks = [sequence_logprobs(model, batch.select(torch.arange(i, min(i + 64, batch.num_rows))).to(device))[0]
+        chunks = [sequence_logprobs(model, batch.select(torch.arange(i, min(i + 64, batch.num_rows))).to(device),
+                                    temperature=temperature)[0]
                   for i in range(0, batch.num_rows, 64)]
     batch = dataclasses.replace(batch, old_logprobs=torch.cat([c.cpu() for c in chunks]))
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + iteration)
@@ -142,11 +146,12 @@ def rl_update(model: torch.nn.Module, ref_model: torch.nn.Module | None, optimiz
     for _ in range(cfg.optim.num_epochs):
         for mb in minibatches(batch, min(cfg.optim.num_minibatches, batch.num_rows), generator=generator):
             mb = mb.to(device)
-            logprobs, entropy = sequence_logprobs(model, mb, return_entropy=cfg.loss.entropy_coef > 0)
+            logprobs, entropy = sequence_logprobs(model, mb, temperature=temperature,
+                                                  return_entropy=cfg.loss.entropy_coef > 0)
             ref_logprobs = None
             if ref_model is not None:
                 with torch.no_grad():
-                    ref_logprobs = sequence_logprobs(ref_model, mb)[0]
+                    ref_logprobs = sequence_logprobs(ref_model, mb, temperature=temperature)[0]
             loss, step_metrics = total_loss(logprobs, mb.old_logprobs, mb.advantages, mb.response_mask, loss_cfg,
                                             ref_logprobs=ref_logprobs, entropy=entropy)
             optimizer.zero_grad(set_to_none=True)
@@ -211,10 +216,7 @@ class Run:
         seed_everything(cfg.seed)
         self.model, self.tokenizer = build_model(cfg)
         self.policy = TransformersPolicy(self.model, self.tokenizer)
-        self.ref_model = None
-        if cfg.loss.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval()
-            self.ref_model.requires_grad_(False)
+        self.ref_model: torch.nn.Module | None = None
         r = cfg.rollout
         self.renderer = PromptRenderer(
             self.tokenizer, mode=r.prompt_mode, window_turns=r.window_turns, action_format=r.action_format,
@@ -229,6 +231,12 @@ class Run:
                                            weight_decay=cfg.optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(cfg))
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def freeze_reference(self) -> None:
+        """The KL anchor is the policy RL starts from (after SFT), never the untrained init."""
+        if self.cfg.loss.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            self.ref_model.requires_grad_(False)
 
     def sampling(self, temperature: float, seed: int) -> SamplingParams:
         r = self.cfg.rollout
@@ -293,6 +301,13 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
                                                   action_format=cfg.rollout.action_format)
                 extra["sft"] = {**demo_stats, **sft_update(run.model, demos, cfg, run.pad_token_id)}
             extra["eval_before"] = run.evaluate("before-rl")
+            torch.save(run.model.state_dict(), out / "reference.pt")
+        if cfg.loss.kl_coef > 0:
+            # Resumed runs rebuild the same anchor from the saved post-SFT weights.
+            current = copy.deepcopy(run.model.state_dict())
+            run.model.load_state_dict(torch.load(out / "reference.pt", weights_only=True))
+            run.freeze_reference()
+            run.model.load_state_dict(current)
         writer = _tensorboard(out)
 
         for iteration in range(start_iteration + 1, cfg.iterations + 1):
