@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= server,train,dev
 
-.PHONY: setup demo test clean
+.PHONY: setup demo serve-demo test clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
+	$(BIN)/agentgym train --out runs/quickstart
+
+serve-demo: setup
 	$(BIN)/python -m agentgym.http.demo
 
 test: setup
