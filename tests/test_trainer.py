@@ -99,3 +99,9 @@ def test_quickstart_learns(tmp_path: Path) -> None:
     before, after = report["eval"]["before"]["success_rate"], report["eval"]["after"]["success_rate"]
     assert before < 0.6, f"the SFT warm start should leave the policy clearly imperfect, got {before:.0%}"
     assert after - before >= 0.25, f"held-out success {before:.0%} -> {after:.0%}"
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_preset_validates(preset: str) -> None:
+    cfg = load_config(ROOT / "configs" / preset)
+    assert cfg.iterations >= 1
