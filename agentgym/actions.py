@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 ActionFormat = Literal["plain", "tag"]
-_TAG = re.compile(r"<action>(.*?)</action>", re.S | re.I)
+_TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>")
 
 

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import threading
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Protocol, get_type_hints
 
 import numpy as np
 
 from agentgym.errors import ConfigError, RegistryError
+from agentgym.plugins import load_plugins
 from agentgym.records import EpisodeGroup
 
 ENTRY_POINT_GROUP = "agentgym.trainers"
@@ -114,15 +112,7 @@ class _AlgorithmRegistry:
             if self._plugins_loaded:
                 return
             self._plugins_loaded = True
-            importlib.import_module("agentgym.trainers")
-            for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                try:
-                    loaded = entry.load()
-                    if callable(loaded):
-                        loaded()
-                except Exception as exc:  # a broken plugin must not take the built-ins down
-                    warnings.warn(f"algorithm plugin {entry.name!r} failed to load: {exc}", RuntimeWarning,
-                                  stacklevel=2)
+            load_plugins("agentgym.trainers", ENTRY_POINT_GROUP)
 
 
 def _same_code(a: Algorithm, b: Algorithm) -> bool:

@@ -13,13 +13,12 @@ import importlib
 import inspect
 import re
 import threading
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from agentgym.errors import ConfigError, DuplicateEnv, RegistryError, UnknownEnv, VersionNotFound
+from agentgym.plugins import load_plugins
 
 if TYPE_CHECKING:
     from agentgym.core import Env
@@ -177,7 +176,7 @@ class Registry:
         override: bool = False,
     ) -> EnvSpec:
         """Add an env. Raises ``DuplicateEnv`` if the id exists and ``override`` is false."""
-        namespace, name, version = parse_env_id(id)
+        _, _, version = parse_env_id(id)
         if version is None:
             raise RegistryError(f"env id {id!r} has no version; register it as '{id}-v0'")
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
@@ -234,18 +233,7 @@ class Registry:
             if self._plugins_loaded:
                 return
             self._plugins_loaded = True
-            importlib.import_module("agentgym.envs")  # built-ins register themselves on import
-            for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                try:
-                    loaded = entry.load()
-                    if callable(loaded):
-                        loaded()
-                except Exception as exc:  # a broken plugin must not take the built-ins down
-                    warnings.warn(
-                        f"agentgym env plugin {entry.name!r} ({entry.value}) failed to load: {exc}",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+            load_plugins("agentgym.envs", ENTRY_POINT_GROUP)
 
 
 registry = Registry()

@@ -383,8 +383,7 @@ def _tensorboard(out: Path) -> Any:
 
 def _write_trajectories(path: Path, groups: list[EpisodeGroup]) -> None:
     with open(path, "w") as fh:
-        for group in groups:
-            fh.write(json.dumps(group.to_json()) + "\n")
+        fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
 
 
 def _iteration_metrics(iteration: int, groups: list[EpisodeGroup], advantages: np.ndarray,

@@ -116,7 +116,7 @@ def test_broken_plugin_warns_but_builtins_survive(monkeypatch: pytest.MonkeyPatc
 
     reg = Registry()
     monkeypatch.setattr(
-        "agentgym.registry.metadata.entry_points", lambda group: [BrokenEntryPoint(), GoodEntryPoint()]
+        "agentgym.plugins.metadata.entry_points", lambda group: [BrokenEntryPoint(), GoodEntryPoint()]
     )
     with pytest.warns(RuntimeWarning, match="broken"):
         ids = [s.id for s in reg.list_envs()]

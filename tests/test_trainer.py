@@ -12,7 +12,7 @@ import yaml
 from agentgym.config import load_config
 from agentgym.errors import ConfigError
 from agentgym.quickstart import QUICKSTART
-from agentgym.trainer import Run, rl_update, train, flatten
+from agentgym.trainer import Run, flatten, rl_update, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def test_resume_is_exact(tmp_path: Path) -> None:
     full = train(load_config(None, overrides), tmp_path / "full")
     train(load_config(None, overrides), tmp_path / "split", stop_after=2)
     resumed = train(load_config(None, overrides), tmp_path / "split", resume=True)
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
     assert strip(resumed["history"]) == strip(full["history"])
     assert resumed["eval"]["after"] == full["eval"]["after"]
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["model"]

@@ -15,7 +15,14 @@ from typing import Literal
 
 import numpy as np
 
-from agentgym.advantage import NormMode, TurnTable, discounted_returns, episode_advantages, group_mean_std, normalize
+from agentgym.advantage import (
+    NormMode,
+    TurnTable,
+    discounted_returns,
+    episode_advantages,
+    group_mean_std,
+    normalize,
+)
 from agentgym.algorithms import register_algorithm
 from agentgym.records import EpisodeGroup
 
