@@ -10,6 +10,10 @@ EXTRAS ?= server,train,dev
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@# The code sandbox's secure backend is bubblewrap (Debian package); its tests need it.
+	@command -v bwrap >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		{ apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; } || \
+		echo "warning: could not install bubblewrap; the sandbox tests will fail until it is installed"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# No GPU: take the CPU build of PyTorch first, so nothing pulls the CUDA wheels.

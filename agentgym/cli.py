@@ -226,6 +226,28 @@ def _print_report(report: dict, run_dir: object) -> None:
                   f"curve: {run_dir}/learning_curve.png")
 
 
+sandbox_app = typer.Typer(help="The code sandbox service (runs untrusted Python).", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("serve")
+def sandbox_serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+    port: int = typer.Option(8100, help="TCP port."),
+    backend: str = typer.Option("auto", help="auto | bwrap | docker | subprocess (subprocess is NOT a security boundary)."),
+    pool_size: int = typer.Option(2, help="Pre-spawned sandboxed workers (each used once)."),
+    max_concurrency: int = typer.Option(4, help="Runs at once; more get 503."),
+    token: Optional[str] = typer.Option(None, envvar="AGENTGYM_SANDBOX_TOKEN", help="Require this bearer token."),
+) -> None:
+    """Serve the code sandbox over HTTP: POST /run {code, stdin?, limits?}."""
+    from agentgym.sandbox.service import serve as serve_sandbox
+
+    try:
+        serve_sandbox(host, port, backend=backend, pool_size=pool_size, max_concurrency=max_concurrency, token=token)
+    except AgentGymError as exc:
+        _fail(exc)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -1,0 +1,268 @@
+"""The code sandbox: runs, limits, scratch dir, warm pool, and the HTTP service (in-process and on a socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import pytest
+from conftest import LiveServer
+
+from agentgym.errors import AuthenticationError, ConfigError, RequestRejected
+from agentgym.sandbox import BwrapBackend, DockerBackend, Limits, SubprocessBackend, WarmPool, run_code
+from agentgym.sandbox.service import SandboxBusy, SandboxClient, create_sandbox_app
+
+pytestmark = pytest.mark.timeout(120)
+
+BWRAP = BwrapBackend.available()
+# bubblewrap is part of the test set-up (`make test` installs it): without it these tests fail
+# with the probe's reason instead of being skipped.
+needs_bwrap = pytest.mark.usefixtures("require_bwrap")
+
+
+def _require_bwrap() -> None:
+    if not BWRAP:
+        pytest.fail(f"bwrap cannot run here: {BwrapBackend.unavailable_reason()}; install bubblewrap "
+                    "(apt-get install bubblewrap) — `make test` does it")
+
+
+@pytest.fixture()
+def require_bwrap() -> None:
+    _require_bwrap()
+
+
+def backends() -> list[object]:
+    return ["bwrap", "subprocess"]
+
+
+def make(name: str, **kwargs: object):
+    if name == "bwrap":
+        _require_bwrap()
+        return BwrapBackend(**kwargs)  # type: ignore[arg-type]
+    return SubprocessBackend(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", backends())
+def test_stdout_stderr_exit_code_and_stdin(name: str) -> None:
+    code = "import sys\nprint(sys.stdin.read().upper())\nprint('warn', file=sys.stderr)\nsys.exit(3)\n"
+    result = make(name).run(code, "hello")
+    assert (result.stdout, result.stderr, result.exit_code) == ("HELLO\n", "warn\n", 3)
+    assert not result.timed_out and result.killed_reason is None and not result.truncated
+    assert result.backend == name
+
+
+@pytest.mark.parametrize("name", backends())
+def test_exception_gives_exit_1_and_a_clean_traceback(name: str) -> None:
+    result = make(name).run("def f():\n    1 / 0\nf()\n")
+    assert result.exit_code == 1
+    assert "ZeroDivisionError" in result.stderr and "main.py" in result.stderr
+    assert "bootstrap" not in result.stderr and "<string>" not in result.stderr
+
+
+@pytest.mark.parametrize("name", backends())
+def test_output_cap_truncates_and_flags(name: str) -> None:
+    result = make(name).run("while True:\n    print('y' * 1000)\n", limits=Limits(output_bytes=5000))
+    assert result.truncated and result.killed_reason == "output_limit"
+    assert len(result.stdout.encode()) + len(result.stderr.encode()) == 5000
+    assert result.wall_s < 3
+
+
+@pytest.mark.parametrize("name", backends())
+def test_timeout_kills_and_flags(name: str) -> None:
+    started = time.monotonic()
+    result = make(name).run("import time\nprint('start', flush=True)\ntime.sleep(30)\n",
+                            limits=Limits(wall_clock_s=1))
+    assert result.timed_out and result.killed_reason == "wall_clock" and result.exit_code is None
+    assert result.stdout == "start\n"  # output before the kill is kept
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("name", backends())
+def test_cpu_limit_kills_busy_loop(name: str) -> None:
+    result = make(name).run("while True:\n    pass\n", limits=Limits(wall_clock_s=8, cpu_s=1))
+    assert result.killed_reason == "cpu" and not result.timed_out
+
+
+@pytest.mark.parametrize("name", backends())
+def test_memory_limit_makes_a_big_allocation_fail(name: str) -> None:
+    code = "try:\n    b = bytearray(400 * 2**20)\n    print('allocated')\nexcept MemoryError:\n    print('refused')\n"
+    assert make(name).run(code, limits=Limits(memory_mb=200)).stdout == "refused\n"
+    assert make(name).run("b = bytearray(50 * 2**20)\nprint('ok')", limits=Limits(memory_mb=200)).stdout == "ok\n"
+
+
+@pytest.mark.parametrize("name", backends())
+def test_scratch_dir_is_writable_and_removed_afterwards(name: str, tmp_path) -> None:
+    code = ("import os\nopen('out.txt', 'w').write('data')\nos.mkdir('sub')\n"
+            "open(os.path.join(os.environ['HOME'], 'h.txt'), 'w').write('x')\n"
+            "import tempfile\nopen(os.path.join(tempfile.gettempdir(), 't.txt'), 'w').write('x')\n"
+            "print(sorted(os.listdir('.')))\n")
+    result = make(name, scratch_root=tmp_path).run(code)
+    assert result.exit_code == 0, result.stderr
+    assert "out.txt" in result.stdout and "sub" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", backends())
+def test_environment_is_scrubbed(name: str, monkeypatch) -> None:
+    monkeypatch.setenv("AGENTGYM_TEST_SECRET", "s3cret")
+    result = make(name).run("import os\nprint(sorted(os.environ))")
+    assert "AGENTGYM_TEST_SECRET" not in result.stdout
+    assert "'HOME'" in result.stdout and "'PATH'" in result.stdout
+
+
+def test_limits_validate_fields() -> None:
+    with pytest.raises(ConfigError, match="wall_clock_s"):
+        Limits(wall_clock_s=-1)
+    assert Limits(wall_clock_s=2.5).cpu_limit_s == 4
+
+
+def test_subprocess_backend_says_it_is_not_secure_and_docker_is_absent_here() -> None:
+    assert SubprocessBackend.secure is False and BwrapBackend.secure is True
+    assert "NOT a security boundary" in (SubprocessBackend.__doc__ or "")
+    assert DockerBackend.available() in (True, False)  # never raises; False without an engine
+    with pytest.raises(ConfigError, match="unknown sandbox backend"):
+        run_code("print(1)", backend="nope")  # type: ignore[arg-type]
+
+
+@needs_bwrap
+def test_run_code_defaults_to_bwrap() -> None:
+    assert run_code("print(2 + 2)").stdout == "4\n"
+    assert run_code("print(2 + 2)").backend == "bwrap"
+
+
+@pytest.mark.parametrize("name", backends())
+def test_warm_pool_runs_each_worker_once_and_is_faster(name: str) -> None:
+    backend = make(name)
+    code = "import sys\nprint(sys.stdin.read())"
+    cold = []
+    for i in range(5):
+        started = time.perf_counter()
+        assert backend.run(code, str(i)).stdout == f"{i}\n"
+        cold.append(time.perf_counter() - started)
+    warm = []
+    with WarmPool(backend, size=2) as pool:
+        deadline = time.monotonic() + 10
+        for i in range(5):
+            while pool.idle < 1 and time.monotonic() < deadline:  # measure a ready worker, not the refill
+                time.sleep(0.01)
+            started = time.perf_counter()
+            # no state leaks between runs: each run sees a fresh interpreter
+            result = pool.run("import sys\nprint(sys.stdin.read(), 'leak' in globals())\nleak = 1", str(i))
+            warm.append(time.perf_counter() - started)
+            assert result.stdout == f"{i} False\n"
+    print(f"{name}: p50 cold {statistics.median(cold) * 1000:.1f} ms, warm {statistics.median(warm) * 1000:.1f} ms")
+    assert statistics.median(warm) < statistics.median(cold)
+
+
+# --- the service, in-process ------------------------------------------------------------------
+
+
+class _SyncASGI(httpx.BaseTransport):
+    """Sync transport over an ASGI app (httpx's ASGITransport is async only)."""
+
+    def __init__(self, app) -> None:
+        self.transport = httpx.ASGITransport(app=app)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        async def go() -> httpx.Response:
+            response = await self.transport.handle_async_request(request)
+            body = b"".join([chunk async for chunk in response.stream])
+            return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+        return asyncio.run(go())
+
+
+def sync_client(app, token: str | None = None) -> SandboxClient:
+    return SandboxClient("http://sandbox", token=token, transport=_SyncASGI(app))
+
+
+def test_service_runs_code_and_reports_health_and_metrics() -> None:
+    app = create_sandbox_app(SubprocessBackend(), max_limits=Limits(wall_clock_s=5))
+    client = sync_client(app)
+    health = client.health()
+    assert health["backend"] == "subprocess" and health["secure"] is False and health["pool_size"] == 0
+    result = client.run("import sys\nprint(sys.stdin.read()[::-1])", stdin="abc")
+    assert result.stdout == "cba\n" and result.exit_code == 0
+    assert client.run("import time\ntime.sleep(5)", limits={"wall_clock_s": 0.5}).timed_out
+    metrics = client.metrics()
+    assert "agentgym_sandbox_runs_total 2.0" in metrics
+    assert "agentgym_sandbox_timeouts_total 1.0" in metrics
+    assert 'agentgym_sandbox_kills_total{reason="wall_clock"} 1.0' in metrics
+    assert "agentgym_sandbox_run_seconds_bucket" in metrics
+
+
+def test_service_rejects_bad_input_with_422() -> None:
+    app = create_sandbox_app(SubprocessBackend(), max_limits=Limits(wall_clock_s=5))
+    client = sync_client(app)
+    with pytest.raises(RequestRejected, match="over this server's maximum"):
+        client.run("print(1)", limits={"wall_clock_s": 60})
+    with pytest.raises(RequestRejected, match="greater than 0"):
+        client.run("print(1)", limits={"memory_mb": -5})
+    transport = _SyncASGI(app)
+    with httpx.Client(transport=transport, base_url="http://sandbox") as raw:
+        for body in ({"cod": "x"}, {"code": 5}, {"code": "x", "limits": {"bogus": 1}}):
+            response = raw.post("/run", json=body)
+            assert response.status_code == 422
+            assert response.json()["error"]["type"] == "RequestRejected"
+        response = raw.post("/run", content=b"{not json", headers={"content-type": "application/json"})
+        assert response.status_code == 422
+
+
+def test_service_request_size_limit_gives_413() -> None:
+    app = create_sandbox_app(SubprocessBackend(), max_body_bytes=1000)
+    with pytest.raises(RequestRejected, match="exceeds the limit"):
+        sync_client(app).run("x = '" + "a" * 5000 + "'")
+
+
+def test_service_token_gives_401() -> None:
+    app = create_sandbox_app(SubprocessBackend(), token="tok")
+    assert sync_client(app).health()["status"] == "ok"  # /health stays open
+    with pytest.raises(AuthenticationError):
+        sync_client(app).run("print(1)")
+    with pytest.raises(AuthenticationError):
+        sync_client(app, token="wrong").run("print(1)")
+    assert sync_client(app, token="tok").run("print(1)").stdout == "1\n"
+
+
+def test_service_capacity_gives_503() -> None:
+    app = create_sandbox_app(SubprocessBackend(), max_concurrency=1)
+
+    async def scenario() -> list[int]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sandbox") as http:
+            slow = asyncio.create_task(http.post("/run", json={"code": "import time\ntime.sleep(1)"}))
+            await asyncio.sleep(0.3)
+            busy = await http.post("/run", json={"code": "print(1)"})
+            assert busy.headers["retry-after"] == "1"
+            assert busy.json()["error"]["type"] == "SandboxBusy"
+            return [(await slow).status_code, busy.status_code]
+
+    assert asyncio.run(scenario()) == [200, 503]
+
+
+def test_client_maps_503_to_sandbox_busy() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"type": "SandboxBusy", "message": "busy"}})
+
+    with pytest.raises(SandboxBusy):
+        SandboxClient("http://sandbox", transport=httpx.MockTransport(handler)).run("print(1)")
+
+
+# --- the service on a real socket ------------------------------------------------------------
+
+
+def test_service_over_a_real_socket() -> None:
+    backend = BwrapBackend() if BWRAP else SubprocessBackend()
+    server = LiveServer(create_sandbox_app(backend, pool_size=1, token="tok"))
+    try:
+        with SandboxClient(server.url, token="tok", timeout_s=20) as client:
+            assert client.health()["backend"] == backend.name
+            assert client.run("print(sum(range(10)))").stdout == "45\n"
+            if backend.secure:  # on the subprocess backend this would kill the test process itself
+                # a program that kills everything it can does not hurt the service
+                client.run("import os, signal\nfor pid in (os.getppid(), -1):\n    try:\n"
+                           "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass")
+            assert client.run("print('still here')").stdout == "still here\n"
+    finally:
+        server.stop()
