@@ -20,3 +20,7 @@ register(
 from agentgym.envs.games import register_games  # noqa: E402  (after the built-ins above)
 
 register_games()
+
+from agentgym.envs.textworld_registration import register_textworld_envs  # noqa: E402
+
+register_textworld_envs()

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
+# Generated game files (TextWorld) go to a per-run cache, never the user's ~/.cache.
+os.environ.setdefault("AGENTGYM_CACHE", tempfile.mkdtemp(prefix="agentgym-test-cache-"))
+
 import contextlib
 import pickle
 import socket
