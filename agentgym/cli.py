@@ -248,6 +248,44 @@ def sandbox_serve(
         _fail(exc)
 
 
+retrieval_app = typer.Typer(help="BM25 retrieval: build an index, serve it.", no_args_is_help=True)
+app.add_typer(retrieval_app, name="retrieval")
+
+
+@retrieval_app.command("index")
+def retrieval_index(
+    corpus: str = typer.Argument(..., help="JSONL corpus, one {id, title, text} per line."),
+    out: str = typer.Option(..., "--out", help="Index folder to write."),
+    k1: float = typer.Option(1.5, help="BM25 k1."),
+    b: float = typer.Option(0.75, help="BM25 b."),
+) -> None:
+    """Build a BM25 index over a JSONL corpus."""
+    from agentgym.retrieval import build_index
+
+    try:
+        build_index(corpus, out, k1=k1, b=b)
+    except AgentGymError as exc:
+        _fail(exc)
+    console.print(f"[green]ok[/] index written to {out}")
+
+
+@retrieval_app.command("serve")
+def retrieval_serve(
+    index: str = typer.Argument(..., help="Index folder from `agentgym retrieval index`."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+    port: int = typer.Option(8001, help="TCP port."),
+    token: Optional[str] = typer.Option(None, envvar="AGENTGYM_RETRIEVAL_TOKEN", help="Require this bearer token."),
+    max_k: int = typer.Option(50, help="Largest k a request may ask for."),
+) -> None:
+    """Serve an index over HTTP: POST /retrieve {queries, k}."""
+    from agentgym.retrieval.service import serve_index
+
+    try:
+        serve_index(index, host=host, port=port, token=token, max_k=max_k)
+    except AgentGymError as exc:
+        _fail(exc)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

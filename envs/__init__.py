@@ -24,3 +24,7 @@ register_games()
 from agentgym.envs.textworld_registration import register_textworld_envs  # noqa: E402
 
 register_textworld_envs()
+
+from agentgym.envs.tools_registration import register_tool_envs  # noqa: E402
+
+register_tool_envs()

@@ -1,0 +1,235 @@
+"""The retrieval service: ``create_retrieval_app`` (FastAPI over an ``Index``), ``serve_index`` and ``RetrievalClient``.
+
+Routes (every error is ``{"error": {"type", "message"}}``, as in the env service):
+
+    POST /retrieve     {"queries": [str, ...], "k": int} → {"results": [[{id, title, text, score}, ...], ...]}
+    GET  /health       liveness and corpus size (no token needed)
+    GET  /metrics      Prometheus text
+
+Status codes: 401 bad token, 413 body too large, 422 malformed request (bad JSON, ``k`` out of
+``[1, max_k]``, too many or too long queries). FastAPI is imported only by ``create_retrieval_app``,
+so the client works on an install without the ``server`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentgym.errors import ConfigError, RequestRejected
+from agentgym.retrieval.index import Hit, Index
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+#: Most queries in one request and longest query (characters) the service accepts.
+MAX_QUERIES = 256
+MAX_QUERY_CHARS = 2_000
+_RETRIES_ON = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+class RetrieveRequest(BaseModel):
+    """Body of ``POST /retrieve``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"queries": ["Zorvex Labs"], "k": 3}]})
+    queries: list[str] = Field(min_length=1, description="Queries, answered in order.")
+    k: int = Field(3, description="Documents per query, in [1, max_k].")
+
+
+def create_retrieval_app(
+    index: Index | str | Path,
+    *,
+    token: str | None = None,
+    max_k: int = 50,
+    max_queries: int = MAX_QUERIES,
+    max_body_bytes: int = 1024 * 1024,
+    num_workers: int = 4,
+) -> Any:
+    """Build the retrieval service app (an ASGI app for uvicorn).
+
+    Args:
+        index: an ``Index`` or the directory of one (``build_index`` output).
+        token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>``.
+        max_k: largest ``k`` a request may ask for.
+        max_queries: most queries per request.
+        max_body_bytes: larger request bodies get 413.
+        num_workers: threads that run searches (off the event loop).
+
+    Returns:
+        The FastAPI app behind the env service's ``GuardMiddleware`` (token and size limit).
+
+    Raises:
+        ConfigError: the index directory cannot be loaded or an argument is out of range.
+
+    Example:
+        >>> app = create_retrieval_app(Index([{"id": "d1", "title": "Ostavia", "text": "A country."}]))
+        >>> sorted(r.path for r in app.routes if not r.path.startswith(("/docs", "/openapi", "/redoc")))
+        ['/health', '/metrics', '/retrieve']
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import Response
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from agentgym.errors import AgentGymError
+    from agentgym.http.server import _TELEMETRY_OFF, ErrorResponses, GuardMiddleware, _json, error_payload
+
+    for name, value in (("max_k", max_k), ("max_queries", max_queries), ("num_workers", num_workers),
+                        ("max_body_bytes", max_body_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(index, Index):
+        index = Index.load(index)
+    searcher: Index = index
+
+    registry = CollectorRegistry()
+
+    class Metrics:
+        requests = Counter("agentgym_retrieval_requests", "Retrieve requests served", registry=registry)
+        queries = Counter("agentgym_retrieval_queries", "Queries answered", registry=registry)
+        seconds = Histogram("agentgym_retrieval_request_seconds", "Wall time of a retrieve request",
+                            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+                            registry=registry)
+        errors = Counter("agentgym_retrieval_errors", "Error responses by error type", ["type"], registry=registry)
+
+    answers = ErrorResponses(Metrics)  # type: ignore[arg-type]  # duck-typed: it only uses .errors
+    pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="retrieval")
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="agentgym retrieval service", lifespan=lifespan, **_TELEMETRY_OFF,
+                  description="BM25 document retrieval. Every error body is {\"error\": {\"type\", \"message\"}}.")
+    app.state.index = searcher
+
+    @app.exception_handler(AgentGymError)
+    async def on_agentgym_error(_request: Request, exc: AgentGymError) -> Response:
+        return answers.agentgym_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return answers.invalid(exc.errors(), request.headers.get("content-type"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400:
+            return answers.unreadable(exc.__cause__)
+        if exc.status_code == 404:
+            return _json(error_payload("NotFound", f"no route {request.method} {request.url.path}"[:1000]), 404)
+        kind = {405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+        return _json(error_payload(kind, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_request: Request, exc: Exception) -> Response:
+        return answers.unexpected(exc)
+
+    # Endpoints carry no return annotation: FastAPI would resolve it in module globals, where the
+    # lazily imported Response is not.
+    @app.post("/retrieve")
+    async def retrieve(body: RetrieveRequest):
+        if not 1 <= body.k <= max_k:
+            raise RequestRejected(f"k must be in [1, {max_k}], got {body.k}")
+        if len(body.queries) > max_queries:
+            raise RequestRejected(f"at most {max_queries} queries per request, got {len(body.queries)}; split the batch")
+        for number, query in enumerate(body.queries):
+            if len(query) > MAX_QUERY_CHARS:
+                raise RequestRejected(f"queries[{number}] is longer than {MAX_QUERY_CHARS} characters")
+        started = time.perf_counter()
+        results = await asyncio.get_running_loop().run_in_executor(pool, searcher.search, body.queries, body.k)
+        Metrics.requests.inc()
+        Metrics.queries.inc(len(body.queries))
+        Metrics.seconds.observe(time.perf_counter() - started)
+        return _json({"results": [[hit.to_dict() for hit in hits] for hits in results]})
+
+    @app.get("/health")
+    async def health():
+        return _json({"status": "ok", "num_docs": len(searcher), "max_k": max_k})
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
+
+
+def serve_index(index_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8001, token: str | None = None,
+                max_k: int = 50, num_workers: int = 4) -> None:
+    """Serve an index directory with uvicorn until interrupted (what ``agentgym retrieval serve`` runs)."""
+    import uvicorn
+
+    app = create_retrieval_app(index_dir, token=token, max_k=max_k, num_workers=num_workers)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+class RetrievalClient:
+    """Client of a retrieval service; a ``Retriever`` (``search``) like a local ``Index``.
+
+    Requests are retried (``retries`` extra attempts) only when the connection could not be made,
+    so nothing is ever sent twice; every other failure raises at once. Service errors raise the
+    agentgym exception the service named (``RequestRejected`` for 413/422, ``AuthenticationError``
+    for 401), transport failures ``RemoteEnvError`` / ``RemoteTimeout``.
+
+    Args:
+        url: the service root, e.g. ``"http://127.0.0.1:8001"``.
+        token: bearer token, if the service has one.
+        timeout_s: per-request timeout.
+        retries: extra attempts after a connection error.
+        client: an ``httpx.Client`` to use instead (tests pass FastAPI's ``TestClient``).
+    """
+
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 2,
+                 client: httpx.Client | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.retries = int(retries)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._owned = client is None
+        self._client = client if client is not None else httpx.Client(timeout=timeout_s)
+        self._headers = headers
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        from agentgym.http.client import _raise_for, _transport_error
+
+        url = f"{self.url}{path}"
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._client.request(method, url, json=body, headers=self._headers)
+                break
+            except _RETRIES_ON as exc:
+                if attempt == self.retries:
+                    raise _transport_error(exc, method, url) from exc
+                time.sleep(min(0.1 * 2**attempt, 2.0))
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, method, url) from exc
+        _raise_for(response)
+        return response.json()
+
+    def retrieve(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
+        """The top ``k`` hits for each query, best first (one request)."""
+        payload = self._request("POST", "/retrieve", {"queries": list(queries), "k": k})
+        return [[Hit(**hit) for hit in hits] for hits in payload["results"]]
+
+    search = retrieve
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/health")
+
+    def close(self) -> None:
+        if self._owned:
+            self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

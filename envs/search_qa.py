@@ -1,0 +1,359 @@
+"""``SearchQAEnv`` (``search-qa-v0``): Search-R1-style multi-turn QA with a search tool; also the EM/F1 answer scoring.
+
+The agent searches a corpus (``<search>query</search>`` → ``<information>…</information>``) as
+often as the turn budget allows, then answers once (``<answer>text</answer>``), which ends the
+episode with an exact-match (or F1) reward.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from agentgym.core import Env
+from agentgym.envs.synthetic_qa import generate_corpus
+from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
+from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.retrieval.index import Index, Retriever, read_corpus
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
+
+#: Most ``search`` calls one turn may make.
+MAX_SEARCHES_PER_TURN = 3
+_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_ECHO_CHARS = 200
+
+TOOLS: list[dict[str, Any]] = [
+    tool_spec("search", "Search the document collection; returns the top documents for the query.",
+              {"query": {"type": "string", "description": "What to look for, e.g. an entity's name."}}),
+    tool_spec("answer", "Give the final answer; this ends the episode.",
+              {"answer": {"type": "string", "description": "The answer only, a few words at most."}}),
+]
+_INSTRUCTIONS = (
+    "Answer the question. You know nothing about its subject: find the facts by searching a document "
+    "collection, one step at a time, then answer.\n"
+    "- To search, write <search>your query</search>. The top {top_k} documents come back between "
+    "<information> and </information>. Search for names you need to know more about; a question may "
+    "need several searches, each building on what the previous one found.\n"
+    "- To answer, write <answer>the answer</answer> with the answer only (a name, a place, a year). "
+    "This ends the episode; you answer once.\n"
+    "- A turn either searches (up to {max_searches} queries) or answers. You may think before the tag.\n"
+    "- The JSON form works too: <tool_call>{{\"name\": \"search\", \"arguments\": {{\"query\": \"...\"}}}}"
+    "</tool_call> and <tool_call>{{\"name\": \"answer\", \"arguments\": {{\"answer\": \"...\"}}}}</tool_call>."
+)
+
+
+# --- answer scoring (SQuAD / Search-R1) ----------------------------------------------------------
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lowercase, drop punctuation, drop articles (a, an, the), collapse whitespace.
+
+    Example:
+        >>> normalize_answer("  The  Republic of Ostavia! ")
+        'republic of ostavia'
+    """
+    text = text.lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES_RE.sub(" ", text).split())
+
+
+def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
+    """1.0 when the normalised prediction equals any normalised gold answer, else 0.0.
+
+    Example:
+        >>> exact_match("the Eiffel tower.", ["Eiffel Tower"]), exact_match("Eiffel", ["Eiffel Tower"])
+        (1.0, 0.0)
+    """
+    guess = normalize_answer(prediction)
+    return 1.0 if any(guess == normalize_answer(gold) for gold in golden_answers) else 0.0
+
+
+def f1_score(prediction: str, golden_answers: Sequence[str]) -> float:
+    """Best token-level F1 (SQuAD: multiset overlap of normalised tokens) over the gold answers.
+
+    Example:
+        >>> round(f1_score("Zorvex Labs Tarnholm", ["Zorvex Labs"]), 4)  # p = 2/3, r = 1
+        0.8
+    """
+    guess = normalize_answer(prediction).split()
+    best = 0.0
+    for gold in golden_answers:
+        truth = normalize_answer(gold).split()
+        common = sum((Counter(guess) & Counter(truth)).values())
+        if common:
+            precision, recall = common / len(guess), common / len(truth)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+# --- datasets and retrievers (cached per process: many envs share one corpus) --------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _synthetic(seed: int, num_entities: int) -> tuple[tuple[dict[str, Any], ...], Index]:
+    docs, questions = generate_corpus(num_entities, seed)
+    items = tuple({"id": q.id, "question": q.question, "golden_answers": list(q.golden_answers),
+                   "search_queries": list(q.search_queries), "supporting_docs": list(q.supporting_docs)}
+                  for q in questions)
+    return items, Index(docs)
+
+
+@functools.lru_cache(maxsize=8)
+def load_dataset(path: str) -> tuple[dict[str, Any], ...]:
+    """Questions of a Search-R1 JSONL file: ``{"id", "question", "golden_answers": [...]}`` per line.
+
+    ``golden_answers`` may be a string; ``answers``/``answer`` are accepted for it. A missing ``id``
+    becomes ``"<file stem>-<line number>"``. ``metadata.search_queries`` (as ``write_jsonl`` writes
+    it) gives the expert its searches.
+
+    Raises:
+        ConfigError: the file is missing or a line is malformed (the message names the line).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"dataset {path!r} does not exist; give a Search-R1 JSONL file or dataset=None")
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{path}:{number}: not valid JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{number}: each line must be a JSON object")
+        answers = next((row[k] for k in ("golden_answers", "answers", "answer") if k in row), None)
+        answers = [answers] if isinstance(answers, str) else answers
+        question = row.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise ConfigError(f"{path}:{number}: 'question' must be a non-empty string")
+        if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+            raise ConfigError(f"{path}:{number}: 'golden_answers' must be a non-empty list of strings")
+        qid = str(row.get("id", f"{file.stem}-{number}"))
+        if qid in seen:
+            raise ConfigError(f"{path}:{number}: duplicate id {qid!r}")
+        seen.add(qid)
+        meta = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
+        queries = meta.get("search_queries")
+        items.append({"id": qid, "question": question.strip(), "golden_answers": answers,
+                      "search_queries": queries if isinstance(queries, list) else None,
+                      "supporting_docs": meta.get("supporting_docs") if isinstance(queries, list) else None})
+    if not items:
+        raise ConfigError(f"dataset {path!r} has no questions")
+    return tuple(items)
+
+
+@functools.lru_cache(maxsize=8)
+def _corpus_index(corpus: str) -> Index:
+    return Index.load(corpus) if Path(corpus).is_dir() else Index(read_corpus(corpus))
+
+
+class SearchQAEnv(Env):
+    """Search-R1-style question answering with a search tool.
+
+    Reset poses a question (chosen by the seed, or ``options={"task_id": <question id>}``). Each
+    turn the agent either searches (``<search>query</search>``, up to 3 per turn; the observation is
+    ``<information>Doc 1(Title: …) …</information>`` with the top ``top_k`` documents per query) or
+    answers (``<answer>text</answer>``), which terminates the episode. Reward: exact match after
+    SQuAD normalisation (``reward="em"``, 1.0 or 0.0) or token F1 (``reward="f1"``); the answering
+    step reports both as ``info["em"]``/``info["f1"]``, and ``success`` is the exact match. The
+    ``<tool_call>{"name": "search"|"answer", "arguments": {...}}</tool_call>`` form is accepted too.
+    Anything else is an invalid action (``info["invalid_action"]``, reward ``-format_penalty``) whose
+    observation says what was wrong.
+
+    ``info["answer"]`` holds the gold answers (privileged: never in an observation or the
+    instructions) and ``info["tools"]`` the ``search``/``answer`` specs (on reset, with
+    ``instructions``). The expert searches the entity of each hop in turn (it needs the evidence
+    chain, which the synthetic set and ``write_jsonl`` files carry) and then answers.
+
+    Args:
+        dataset: a Search-R1 JSONL file, or ``None`` for the synthetic multi-hop set.
+        corpus: a corpus JSONL file or an index directory to search in-process (required with a
+            ``dataset`` and ``retriever="bm25"``; the synthetic set brings its own).
+        retriever: ``"bm25"`` (in-process) or the URL of a retrieval service
+            (``agentgym.retrieval.service``).
+        top_k: documents per search, in ``[1, 20]``.
+        corpus_seed: seed of the synthetic set.
+        num_entities: size of the synthetic corpus (documents).
+        reward: ``"em"`` or ``"f1"``.
+        format_penalty: subtracted from the reward of an invalid action (``>= 0``).
+        max_doc_chars: documents are cut to this many characters in observations.
+        retriever_token: bearer token of the retrieval service.
+
+    Raises:
+        ConfigError: an argument is out of range or a file cannot be read.
+
+    Example:
+        >>> env = SearchQAEnv(num_entities=40)
+        >>> obs, info = env.reset(seed=0)
+        >>> obs.startswith("Question: ")
+        True
+        >>> obs, reward, terminated, _, info = env.step(env.expert_action())
+        >>> obs.startswith("<information>"), terminated
+        (True, False)
+    """
+
+    has_expert: ClassVar[bool] = True
+    supports_snapshot: ClassVar[bool] = True
+
+    def __init__(self, dataset: str | None = None, corpus: str | None = None, retriever: str = "bm25",
+                 top_k: int = 3, corpus_seed: int = 0, num_entities: int = 500,
+                 reward: Literal["em", "f1"] = "em", format_penalty: float = 0.0, max_doc_chars: int = 1000,
+                 retriever_token: str | None = None) -> None:
+        _check_int(top_k, "top_k", 1, 20)
+        _check_int(max_doc_chars, "max_doc_chars", 20, 100_000)
+        if reward not in ("em", "f1"):
+            raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
+        if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) or not format_penalty >= 0:
+            raise ConfigError(f"format_penalty must be a number >= 0, got {format_penalty!r}")
+        if not isinstance(retriever, str) or not (retriever == "bm25" or retriever.startswith(("http://", "https://"))):
+            raise ConfigError(f"retriever must be 'bm25' or a retrieval service URL (http://...), got {retriever!r}")
+        if dataset is None:
+            self.items, index = _synthetic(int(corpus_seed), int(num_entities))
+        else:
+            self.items = load_dataset(str(dataset))
+            index = None
+        self.retriever: Retriever
+        if retriever != "bm25":
+            from agentgym.retrieval.service import RetrievalClient
+
+            self.retriever = RetrievalClient(retriever, token=retriever_token)
+        elif corpus is not None:
+            self.retriever = _corpus_index(str(corpus))
+        elif index is not None:
+            self.retriever = index
+        else:
+            raise ConfigError("a dataset needs corpus= (a corpus JSONL file or index directory) or "
+                              "retriever=<retrieval service URL>")
+        self.by_id = {item["id"]: n for n, item in enumerate(self.items)}
+        self.top_k, self.reward_kind = int(top_k), reward
+        self.format_penalty, self.max_doc_chars = float(format_penalty), int(max_doc_chars)
+        self.instructions = _INSTRUCTIONS.format(top_k=self.top_k, max_searches=MAX_SEARCHES_PER_TURN)
+        self._item: dict[str, Any] | None = None
+        self._retrieved: set[str] = set()
+        self._over = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task_id = (options or {}).get("task_id")
+        if task_id is not None:
+            if task_id not in self.by_id:
+                raise ConfigError(f"unknown search-qa task_id {task_id!r}; ids look like {self.items[0]['id']!r}")
+            self._item = self.items[self.by_id[task_id]]
+        else:
+            self._item = self.items[int(self.np_random.integers(len(self.items)))]
+        self._retrieved, self._over = set(), False
+        info = self._info(invalid=False, success=False)
+        info["instructions"] = self.instructions
+        info["tools"] = TOOLS
+        return self._question(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        item = self._require("step")
+        if self._over:
+            raise EpisodeFinished("the question was answered; call reset() to start a new one")
+        parsed = parse_tool_calls(action, TOOLS)
+        searches = [c.arguments["query"] for c in parsed.calls if c.name == "search"]
+        answers = [c.arguments["answer"] for c in parsed.calls if c.name == "answer"]
+        problem = parsed.errors[0].message if parsed.errors else None
+        if problem is None and searches and answers:
+            problem = "a turn either searches or answers, not both"
+        elif problem is None and len(answers) > 1:
+            problem = "answer once, with a single <answer>...</answer>"
+        elif problem is None and len(searches) > MAX_SEARCHES_PER_TURN:
+            problem = f"at most {MAX_SEARCHES_PER_TURN} searches per turn, got {len(searches)}"
+        if problem is not None:
+            hint = "" if problem.startswith("no tool call") else (
+                " Search with <search>query</search> or answer with <answer>text</answer>.")
+            obs = f"Invalid action: {problem}.{hint}\n{self._question()}"
+            return obs, -self.format_penalty, False, False, self._info(invalid=True, success=False)
+        if answers:
+            guess = answers[0]
+            em, f1 = exact_match(guess, item["golden_answers"]), f1_score(guess, item["golden_answers"])
+            self._over = True
+            shown = " ".join(guess.split())
+            shown = shown if len(shown) <= _ECHO_CHARS else shown[:_ECHO_CHARS] + "..."
+            verdict = "correct" if em == 1.0 else "not correct"
+            info = self._info(invalid=False, success=em == 1.0)
+            info.update(em=em, f1=f1)
+            return f"Your answer: {shown}. It is {verdict}.", em if self.reward_kind == "em" else f1, True, False, info
+        results = self.retriever.search(searches, self.top_k)
+        blocks = []
+        for hits in results:
+            self._retrieved.update(hit.id for hit in hits)
+            lines = [f"Doc {rank}(Title: {hit.title}) {self._cut(hit.text)}" for rank, hit in enumerate(hits, 1)]
+            blocks.append("<information>" + ("\n".join(lines) or "No documents found.") + "</information>")
+        return "\n".join(blocks), 0.0, False, False, self._info(invalid=False, success=False)
+
+    def expert_action(self) -> str | None:
+        """Search the next hop's entity whose document is not yet retrieved; then answer the gold answer.
+
+        ``None`` for questions without an evidence chain (plain Search-R1 files) and after the answer.
+        """
+        item = self._require("expert_action")
+        if self._over or not item.get("search_queries"):
+            return None
+        for doc_id, query in zip(item["supporting_docs"] or [], item["search_queries"]):
+            if doc_id not in self._retrieved:
+                return f"<search>{query}</search>"
+        return f"<answer>{item['golden_answers'][0]}</answer>"
+
+    def snapshot(self) -> bytes:
+        """Question id, retrieved doc ids and ``np_random`` as pickled bytes."""
+        item = self._require("snapshot")
+        return pack_snapshot(self, {"task_id": item["id"], "retrieved": sorted(self._retrieved), "over": self._over})
+
+    def restore(self, data: bytes) -> None:
+        """Reinstate a ``snapshot`` (trusted bytes only: pickle)."""
+        state = unpack_snapshot(self, data)
+        self._item = self.items[self.by_id[state["task_id"]]]
+        self._retrieved, self._over = set(state["retrieved"]), bool(state["over"])
+
+    def render(self) -> str | None:
+        return self._question() if self._item is not None else None
+
+    def close(self) -> None:
+        close = getattr(self.retriever, "close", None)
+        if callable(close):
+            close()
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _require(self, what: str) -> dict[str, Any]:
+        if self._item is None:
+            raise ResetNeeded(f"SearchQAEnv.{what}() called before reset(); call reset() first")
+        return self._item
+
+    def _question(self) -> str:
+        assert self._item is not None
+        return f"Question: {self._item['question']}"
+
+    def _cut(self, text: str) -> str:
+        return text if len(text) <= self.max_doc_chars else text[: self.max_doc_chars] + "..."
+
+    def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
+        assert self._item is not None
+        return {
+            # The evidence retrieved so far is the agent's information state: two trajectories that
+            # surfaced the same documents (whatever the query wording or order) know the same facts
+            # and face the same decision, so GiGPO may compare their actions. Queries and turn
+            # counts are history, not state, and stay out.
+            "state_key": f"{self._item['id']}|docs={','.join(sorted(self._retrieved))}",
+            "task_id": self._item["id"],
+            "invalid_action": invalid,
+            "success": success,
+            "answer": list(self._item["golden_answers"]),
+        }
+
+
+def _check_int(value: Any, name: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
