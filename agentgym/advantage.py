@@ -139,21 +139,27 @@ def episode_advantages(table: TurnTable, invalid_action_penalty: float, mode: No
                        baseline: Literal["trajectory", "turn"] = "trajectory") -> np.ndarray:
     """Group-relative episode advantage of every turn, shape (num_turns,).
 
-    The turn's score is its trajectory's return minus ``invalid_action_penalty`` when the turn's
-    own action was invalid. The baseline (mean, and std for ``mean_std_norm``) is taken over the
-    group's trajectory returns (``"trajectory"``: GRPO / GiGPO paper Eq. 3) or over the scores of
-    every turn in the group (``"turn"``: the length-weighted variant of verl-agent, where a long
-    trajectory counts once per turn). A group with a single trajectory has no baseline: its
-    advantage is 0.
+    ``"trajectory"`` (GRPO / GiGPO paper Eq. 3): the trajectory's return normalised by the mean (and
+    std for ``mean_std_norm``) of the group's trajectory returns, minus ``invalid_action_penalty``
+    on turns whose own action was invalid. ``"turn"`` (verl-agent's length-weighted variant): each
+    turn's score is its trajectory's return minus the penalty, normalised by the statistics of the
+    scores of every turn in the group, so a long trajectory counts once per turn. A group with a
+    single trajectory has no baseline: its advantage is 0.
     """
-    score = table.trajectory_return[table.trajectory] - invalid_action_penalty * table.invalid
+    penalty = invalid_action_penalty * table.invalid
     num_groups = int(table.trajectory_group.max()) + 1 if table.trajectory_group.size else 0
     if baseline == "trajectory":
         members, mean, std = group_mean_std(table.trajectory_group, table.trajectory_return, num_groups)
+        # The penalty is added after normalising: the statistics are over trajectory returns,
+        # which do not contain it, so dividing it by a group's std would blow it up to λ/ε in
+        # groups whose returns are all equal (σ = 0).
+        returns = table.trajectory_return[table.trajectory]
+        advantage = normalize(returns, mean[table.group], std[table.group], mode, epsilon) - penalty
     elif baseline == "turn":
+        score = table.trajectory_return[table.trajectory] - penalty
         _, mean, std = group_mean_std(table.group, score, num_groups)
         members = np.bincount(table.trajectory_group, minlength=num_groups)
+        advantage = normalize(score, mean[table.group], std[table.group], mode, epsilon)
     else:
         raise ValueError(f"unknown episode baseline {baseline!r}; use 'trajectory' or 'turn'")
-    advantage = normalize(score, mean[table.group], std[table.group], mode, epsilon)
     return np.where(members[table.group] > 1, advantage, 0.0)

@@ -80,6 +80,20 @@ def test_gigpo_invalid_action_penalty_hits_only_the_offending_turn() -> None:
     np.testing.assert_allclose(adv, [-0.1 + 0.9 - mean_a, 1 - mean_a, 1 - mean_a], atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["grpo", "gigpo"])
+def test_invalid_penalty_stays_bounded_when_returns_are_all_equal(name: str) -> None:
+    # Regression: with std normalisation, an all-zero-return group has σ = 0; the penalty must not
+    # be divided by it (that gave -0.1 / 1e-6 = -1e5 and collapsed GRPO training).
+    t1 = traj([("A", 0.0, True), ("B", 0.0)])
+    t2 = traj([("A", 0.0), ("C", 0.0)])
+    algo = get_algorithm(name)
+    args = {"invalid_action_penalty": 0.1, ("normalize_std" if name == "grpo" else "mode"):
+            (True if name == "grpo" else "mean_std_norm")}
+    adv = algo.estimator([group(t1, t2)], algo.make_args(args))
+    assert np.abs(adv).max() <= 1.0
+    assert adv[0] == pytest.approx(-0.1 if name == "grpo" else adv[0]) and adv[0] < 0
+
+
 def test_gigpo_turn_weighted_baseline_differs_from_trajectory_baseline() -> None:
     t1 = traj([("A", 0.0), ("B", 0.0), ("C", 0.0)])  # long failure, R = 0
     t2 = traj([("A", 1.0)])                         # short success, R = 1
@@ -181,7 +195,11 @@ def gigpo_reference(groups: list[EpisodeGroup], gamma: float, mode: str, weight:
         for i, tr in enumerate(g.trajectories):
             for j, t in enumerate(tr.turns):
                 a_e = 0.0
-                if len(g.trajectories) > 1:
+                if len(g.trajectories) > 1 and baseline == "trajectory":
+                    centred = returns[i] - mu
+                    a_e = (centred if mode == "mean_norm" else (centred / (sd + eps) if sd + eps > 0 else 0.0))
+                    a_e -= penalty * tr.turns[j].invalid
+                elif len(g.trajectories) > 1:
                     a_e = scores[i][j] - mu if mode == "mean_norm" else (scores[i][j] - mu) / (sd + eps)
                 vals = step_values[t.state_key]
                 a_s = 0.0
