@@ -396,6 +396,10 @@ class BwrapBackend(_BackendBase):
                 args += ["--symlink", os.readlink(path), str(path)]
             elif path.is_dir():
                 args += ["--ro-bind", str(path), str(path)]
+        # /tmp and the scratch dir first: the Python install may live under /tmp (a checkout in
+        # /tmp with its venv), and a later --bind over /tmp would hide it.
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--bind", str(scratch), SANDBOX_SCRATCH, "--bind", str(scratch / ".tmp"), "/tmp"]
         made: set[str] = set()
         for prefix in _python_prefixes(self.python):
             if prefix.startswith("/usr/"):
@@ -403,13 +407,11 @@ class BwrapBackend(_BackendBase):
             # Parents bwrap would create with the host's umask (e.g. /root as 0700, which the
             # sandbox uid could not traverse): create them world-traversable first.
             for parent in reversed(Path(prefix).parents):
-                if str(parent) != "/" and str(parent) not in made:
+                if str(parent) not in ("/", "/tmp") and str(parent) not in made:
                     made.add(str(parent))
                     args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", prefix, prefix]
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 "--bind", str(scratch), SANDBOX_SCRATCH, "--bind", str(scratch / ".tmp"), "/tmp",
-                 "--chdir", "/", "--clearenv"]  # the worker enters /scratch once it is the sandbox user
+        args += ["--chdir", "/", "--clearenv"]  # the worker enters /scratch once it is the sandbox user
         for key, value in _scrubbed_env(SANDBOX_SCRATCH).items():
             args += ["--setenv", key, value]
         return args + ["--", self.python, "-I", "-c", _BOOTSTRAP_SOURCE]
@@ -417,7 +419,10 @@ class BwrapBackend(_BackendBase):
     def spawn(self) -> Worker:
         uid = _fresh_uid() if self.as_root else None
         scratch = self._make_scratch(uid)
-        (scratch / ".tmp").mkdir(mode=0o700)
+        # 0755, not 0700: bwrap execs as root without CAP_DAC_OVERRIDE, and must traverse /tmp when
+        # the Python install lives under it. Only the sandbox uid can write there.
+        (scratch / ".tmp").mkdir()
+        os.chmod(scratch / ".tmp", 0o755)  # explicit: a strict umask would otherwise make it 0700
         if uid is not None:
             os.chown(scratch / ".tmp", uid, uid)
         # bwrap's own processes get a minimal environment too: its PID-1 reaper keeps the environ it
