@@ -91,6 +91,31 @@ class ErrorResponses:
     def __init__(self, metrics: ServiceMetrics) -> None:
         self.metrics = metrics
 
+    def install(self, app: FastAPI) -> None:
+        """Register the exception handlers every agentgym service answers errors with."""
+
+        @app.exception_handler(AgentGymError)
+        async def on_agentgym_error(_request: Request, exc: AgentGymError) -> Response:
+            return self.agentgym_error(exc)
+
+        @app.exception_handler(RequestValidationError)
+        async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+            return self.invalid(exc.errors(), request.headers.get("content-type"))
+
+        @app.exception_handler(StarletteHTTPException)
+        async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+            if exc.status_code == 400:  # FastAPI could not read the body as JSON (bad encoding, too deep...)
+                return self.unreadable(exc.__cause__)
+            if exc.status_code == 404:
+                message = f"no route {request.method} {request.url.path}; GET /docs lists the routes"
+                return _json(error_payload("NotFound", message[:1000]), 404)
+            kind = {405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+            return _json(error_payload(kind, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
+
+        @app.exception_handler(Exception)
+        async def on_unexpected(_request: Request, exc: Exception) -> Response:
+            return self.unexpected(exc)
+
     def agentgym_error(self, exc: AgentGymError) -> Response:
         self.metrics.errors.labels(type(exc).__name__).inc()
         return _error(exc)
@@ -409,27 +434,7 @@ def create_app(
 
     # --- error model --------------------------------------------------------------------------
 
-    @app.exception_handler(AgentGymError)
-    async def on_agentgym_error(_request: Request, exc: AgentGymError) -> Response:
-        return answers.agentgym_error(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return answers.invalid(exc.errors(), request.headers.get("content-type"))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 400:  # FastAPI could not read the body as JSON (bad encoding, too deep...)
-            return answers.unreadable(exc.__cause__)
-        if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}; GET /docs lists the routes"
-            return _json(error_payload("NotFound", message[:1000]), 404)
-        kind = {405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-        return _json(error_payload(kind, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(_request: Request, exc: Exception) -> Response:
-        return answers.unexpected(exc)
+    answers.install(app)
 
     # --- the hot routes' work, shared by their FastAPI endpoints and HotRoutes ------------------
 

@@ -74,14 +74,11 @@ def create_retrieval_app(
         >>> sorted(r.path for r in app.routes if not r.path.startswith(("/docs", "/openapi", "/redoc")))
         ['/health', '/metrics', '/retrieve']
     """
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
+    from fastapi import FastAPI
     from fastapi.responses import Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-    from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from agentgym.errors import AgentGymError
-    from agentgym.http.server import _TELEMETRY_OFF, ErrorResponses, GuardMiddleware, _json, error_payload
+    from agentgym.http.server import _TELEMETRY_OFF, ErrorResponses, GuardMiddleware, _json
 
     for name, value in (("max_k", max_k), ("max_queries", max_queries), ("num_workers", num_workers),
                         ("max_body_bytes", max_body_bytes)):
@@ -113,26 +110,7 @@ def create_retrieval_app(
                   description="BM25 document retrieval. Every error body is {\"error\": {\"type\", \"message\"}}.")
     app.state.index = searcher
 
-    @app.exception_handler(AgentGymError)
-    async def on_agentgym_error(_request: Request, exc: AgentGymError) -> Response:
-        return answers.agentgym_error(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return answers.invalid(exc.errors(), request.headers.get("content-type"))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 400:
-            return answers.unreadable(exc.__cause__)
-        if exc.status_code == 404:
-            return _json(error_payload("NotFound", f"no route {request.method} {request.url.path}"[:1000]), 404)
-        kind = {405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-        return _json(error_payload(kind, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(_request: Request, exc: Exception) -> Response:
-        return answers.unexpected(exc)
+    answers.install(app)
 
     # Endpoints carry no return annotation: FastAPI would resolve it in module globals, where the
     # lazily imported Response is not.
