@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= server,train,sandbox,textworld,dev
+EXTRAS ?= server,train,sandbox,textworld,alfworld,search,dev
 
 .PHONY: setup demo serve-demo test clean
 
@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	@# No GPU: take the CPU build of PyTorch first, so nothing pulls the CUDA wheels.
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
 		$(BIN)/python -m pip install --quiet torch==2.13.0; fi
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	@# alfworld's planner (fast-downward-textworld) builds from source and calls `python`: the venv's.
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 demo: setup

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import random
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -13,6 +16,7 @@ from fastapi.testclient import TestClient
 from agentgym.envs.synthetic_qa import generate_corpus, write_jsonl
 from agentgym.errors import AuthenticationError, ConfigError, RemoteEnvError, RequestRejected
 from agentgym.retrieval import Index, build_index
+from agentgym.retrieval.index import tokenize
 from agentgym.retrieval.service import RetrievalClient, create_retrieval_app
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,6 +41,53 @@ def test_build_load_search_ranks_the_entity_doc_first(corpus_dir: Path, tmp_path
         assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert loaded.search(queries[:20], k=5) == built.search(queries[:20], k=5)
     assert loaded.search(["zzzz qqqq"], k=3) == [[]]  # nothing shares a term: no hits, not random ones
+
+
+def lucene_bm25_loop(docs: list[list[str]], query: list[str], k1: float = 1.5, b: float = 0.75) -> list[float]:
+    """Reference BM25 (Lucene variant), one document and one query term at a time.
+
+    A term repeated in the query counts once per occurrence, as in a Lucene boolean query of term clauses.
+    """
+    avg_len = sum(len(d) for d in docs) / len(docs)
+    scores = []
+    for doc in docs:
+        tf, score = Counter(doc), 0.0
+        for term in query:
+            df = sum(1 for d in docs if term in d)
+            if tf[term]:
+                idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+                score += idf * tf[term] / (tf[term] + k1 * (1 - b + b * len(doc) / avg_len))
+        scores.append(score)
+    return scores
+
+
+def test_bm25_scores_match_a_hand_computed_example() -> None:
+    # Three docs of lengths 2, 2, 4 (avgdl 8/3); "cat" occurs in docs 0 and 2 (df 2 of N 3).
+    index = Index([{"id": "0", "text": "cat sat"}, {"id": "1", "text": "dog ran"},
+                   {"id": "2", "text": "cat cat dog slept"}])
+    idf = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))  # = ln 1.6
+    norm = lambda length: 1.5 * (0.25 + 0.75 * length / (8 / 3))  # noqa: E731
+    expected = [idf * 1 / (1 + norm(2)), 0.0, idf * 2 / (2 + norm(4))]
+    assert index.scores("cat").tolist() == pytest.approx(expected, rel=1e-6)
+    assert [hit.id for hit in index.search(["cat"], k=3)[0]] == ["2", "0"]  # doc 1 has no "cat": not returned
+    assert index.scores("cat cat").tolist() == pytest.approx([2 * x for x in expected], rel=1e-6)
+
+
+def test_bm25_matches_a_plain_loop_reference_on_random_corpora() -> None:
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(40)]
+    for _ in range(5):
+        docs = [" ".join(rng.choices(words, k=rng.randint(1, 30))) for _ in range(rng.randint(2, 60))]
+        index = Index([{"id": str(i), "text": text} for i, text in enumerate(docs)])
+        tokens = [tokenize(text) for text in docs]
+        for _ in range(10):
+            query = " ".join(rng.choices(words + ["unseen"], k=rng.randint(1, 5)))
+            reference = lucene_bm25_loop(tokens, tokenize(query))
+            assert index.scores(query).tolist() == pytest.approx(reference, rel=1e-5, abs=1e-6)
+            hits = index.search([query], k=4)[0]
+            ranked = sorted((i for i, s in enumerate(reference) if s > 1e-6), key=lambda i: (-reference[i], i))
+            # Top-4 scores agree (ids may differ only between float32 ties).
+            assert [h.score for h in hits] == pytest.approx([reference[i] for i in ranked[:4]], rel=1e-5)
 
 
 def test_bad_corpus_lines_name_the_line(tmp_path: Path) -> None:

@@ -1,16 +1,16 @@
 """Document retrieval: ``Index`` (BM25 over a ``{id, title, text}`` corpus), ``build_index``, ``Hit``, ``DenseRetriever``.
 
-The BM25 index is plain numpy: an inverted index whose postings hold each (term, document) pair's
-precomputed BM25 contribution (Lucene's idf and length normalisation, the scoring ``bm25s`` uses by
-default), so a query is a sum of a few posting slices and a top-k partition. It needs no
-dependency beyond numpy, which keeps ``search-qa-v0`` and its tests runnable on a bare install.
+The BM25 index is ``bm25s`` (Lucene scoring, k1 = 1.5, b = 0.75 by default): it stores each
+(term, document) pair's precomputed BM25 contribution in a sparse matrix, so a query is a sum of a
+few posting slices. agentgym tokenises (``tokenize``: lowercase alphanumerics, no stopwords, no
+stemming) and ranks the top k itself, so ties come out in corpus order and documents sharing no
+term with the query are never returned.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ import numpy as np
 from agentgym.errors import ConfigError
 
 #: Index format version written to ``meta.json``; ``Index.load`` refuses others.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _TOKEN_RE = re.compile(r"[a-z0-9]+")
 # A short English stopword list: function words that carry no retrieval signal.
 STOPWORDS = frozenset({
@@ -115,6 +115,15 @@ def _check_doc(line: str, number: int, path: Path, seen: set[str]) -> dict[str, 
     return {"id": doc_id, "title": title, "text": text}
 
 
+def _bm25s() -> Any:
+    """The ``bm25s`` module, or a ``ConfigError`` naming the extra that installs it."""
+    try:
+        import bm25s
+    except ImportError:
+        raise ConfigError("the BM25 index needs bm25s: pip install 'agentgym-rl[search]' (or pip install bm25s)") from None
+    return bm25s
+
+
 class Index:
     """A BM25 index over a corpus; ``search`` is batched and thread-safe (read-only arrays).
 
@@ -124,7 +133,7 @@ class Index:
         b: BM25 length normalisation.
 
     Raises:
-        ConfigError: no documents, or ``k1``/``b`` out of range.
+        ConfigError: no documents, ``k1``/``b`` out of range, or ``bm25s`` is not installed.
 
     Example:
         >>> index = Index([{"id": "1", "title": "Zorvex Labs", "text": "A company in Tarnholm."},
@@ -139,43 +148,25 @@ class Index:
         self.ids: list[str] = []
         self.titles: list[str] = []
         self.texts: list[str] = []
-        vocab: dict[str, int] = {}
-        term_ids: list[int] = []
-        doc_ids: list[int] = []
-        tfs: list[int] = []
-        lengths: list[int] = []
-        for number, doc in enumerate(docs):
+        tokens: list[list[str]] = []
+        for doc in docs:
             self.ids.append(str(doc["id"]))
             self.titles.append(str(doc.get("title", "")))
             self.texts.append(str(doc["text"]))
-            tokens = tokenize(f"{self.titles[-1]} {self.texts[-1]}")
-            lengths.append(len(tokens))
-            for token, tf in Counter(tokens).items():
-                term_ids.append(vocab.setdefault(token, len(vocab)))
-                doc_ids.append(number)
-                tfs.append(tf)
+            tokens.append(tokenize(f"{self.titles[-1]} {self.texts[-1]}"))
         if not self.ids:
             raise ConfigError("an index needs at least one document")
         self.k1, self.b = float(k1), float(b)
-        self.vocab = vocab
-        self._set_postings(np.asarray(term_ids, np.int64), np.asarray(doc_ids, np.int32),
-                           np.asarray(tfs, np.float32), np.asarray(lengths, np.float32))
-
-    def _set_postings(self, term_ids: np.ndarray, doc_ids: np.ndarray, tfs: np.ndarray, lengths: np.ndarray) -> None:
-        num_docs, num_terms = len(self.ids), len(self.vocab)
-        order = np.argsort(term_ids, kind="stable")
-        term_ids, doc_ids, tfs = term_ids[order], doc_ids[order], tfs[order]
-        df = np.bincount(term_ids, minlength=num_terms).astype(np.float64)
-        self.indptr = np.concatenate([[0], np.cumsum(df)]).astype(np.int64)
-        idf = np.log1p((num_docs - df + 0.5) / (df + 0.5))  # Lucene idf: never negative
-        avg_len = max(float(lengths.mean()), 1e-9)
-        norm = self.k1 * (1 - self.b + self.b * lengths[doc_ids] / avg_len)
-        # Lucene (>= 8) drops the constant (k1 + 1) factor of classic BM25; rankings are the same.
-        self.weights = (idf[term_ids] * tfs / (tfs + norm)).astype(np.float32)
-        self.doc_ids = doc_ids
+        self.bm25 = _bm25s().BM25(k1=self.k1, b=self.b, method="lucene")
+        self.bm25.index(tokens, show_progress=False)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """Term → column of the BM25 score matrix."""
+        return self.bm25.vocab_dict
 
     def search(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
         """The top ``k`` documents for each query, best first (ties: corpus order).
@@ -191,13 +182,20 @@ class Index:
             raise ConfigError(f"k must be a positive integer, got {k!r}")
         return [self._search_one(query, k) for query in queries]
 
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document for ``query`` (float32, corpus order; 0 where no term matches).
+
+        A term repeated in the query counts once per occurrence (a Lucene boolean query of term clauses).
+        """
+        vocab = self.vocab
+        # bm25s fails on unknown terms and on an empty query; neither contributes to any score.
+        known = [token for token in tokenize(query) if token in vocab]
+        if not known:
+            return np.zeros(len(self.ids), np.float32)
+        return np.asarray(self.bm25.get_scores(known), np.float32)
+
     def _search_one(self, query: str, k: int) -> list[Hit]:
-        scores = np.zeros(len(self.ids), np.float32)
-        for token in tokenize(query):
-            term = self.vocab.get(token)
-            if term is not None:
-                start, end = self.indptr[term], self.indptr[term + 1]
-                scores[self.doc_ids[start:end]] += self.weights[start:end]  # doc ids unique per term
+        scores = self.scores(query)
         matched = np.flatnonzero(scores > 0)
         if matched.size > k:
             kth = np.partition(scores[matched], matched.size - k)[matched.size - k]
@@ -208,17 +206,15 @@ class Index:
     # --- persistence ------------------------------------------------------------------------------
 
     def save(self, out_dir: str | Path) -> Path:
-        """Write the index to ``out_dir`` (created): ``meta.json``, ``docs.jsonl``, ``postings.npz``."""
+        """Write the index to ``out_dir`` (created): ``meta.json``, ``docs.jsonl`` and ``bm25s/``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         with (out / "docs.jsonl").open("w", encoding="utf-8") as handle:
             for doc_id, title, text in zip(self.ids, self.titles, self.texts):
                 handle.write(json.dumps({"id": doc_id, "title": title, "text": text}, ensure_ascii=False) + "\n")
-        np.savez(out / "postings.npz", indptr=self.indptr, doc_ids=self.doc_ids, weights=self.weights)
-        terms = sorted(self.vocab, key=self.vocab.__getitem__)
-        meta = {"format": FORMAT_VERSION, "kind": "bm25", "k1": self.k1, "b": self.b,
-                "num_docs": len(self.ids), "terms": terms}
-        (out / "meta.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
+        self.bm25.save(out / "bm25s", show_progress=False)
+        meta = {"format": FORMAT_VERSION, "kind": "bm25s", "k1": self.k1, "b": self.b, "num_docs": len(self.ids)}
+        (out / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         return out
 
     @classmethod
@@ -231,22 +227,25 @@ class Index:
         where = Path(index_dir)
         try:
             meta = json.loads((where / "meta.json").read_text(encoding="utf-8"))
-            arrays = np.load(where / "postings.npz")
             docs = [json.loads(line) for line in (where / "docs.jsonl").read_text(encoding="utf-8").splitlines()]
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{str(where)!r} is not a readable index directory ({exc}); build one with "
                               "agentgym.retrieval.build_index(corpus_jsonl, out_dir)") from None
-        if meta.get("format") != FORMAT_VERSION or meta.get("kind") != "bm25":
+        if meta.get("format") != FORMAT_VERSION or meta.get("kind") != "bm25s":
             raise ConfigError(f"{str(where)!r} has index format {meta.get('format')!r}; rebuild it with build_index")
+        try:
+            bm25 = _bm25s().BM25.load(where / "bm25s", show_progress=False)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"{str(where / 'bm25s')!r} is not a readable bm25s index ({exc}); rebuild it "
+                              "with build_index") from None
         index = cls.__new__(cls)
         index.k1, index.b = float(meta["k1"]), float(meta["b"])
         index.ids = [d["id"] for d in docs]
         index.titles = [d["title"] for d in docs]
         index.texts = [d["text"] for d in docs]
-        index.vocab = {term: i for i, term in enumerate(meta["terms"])}
-        index.indptr, index.doc_ids, index.weights = arrays["indptr"], arrays["doc_ids"], arrays["weights"]
-        if len(index.ids) != meta["num_docs"] or len(index.indptr) != len(index.vocab) + 1:
-            raise ConfigError(f"{str(where)!r} is inconsistent (docs or postings do not match meta.json); rebuild it")
+        index.bm25 = bm25
+        if len(index.ids) != meta["num_docs"] or bm25.scores["num_docs"] != len(index.ids):
+            raise ConfigError(f"{str(where)!r} is inconsistent (docs.jsonl does not match the bm25s index); rebuild it")
         return index
 
 
