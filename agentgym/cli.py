@@ -248,7 +248,7 @@ def sandbox_serve(
         _fail(exc)
 
 
-retrieval_app = typer.Typer(help="BM25 retrieval: build an index, serve it.", no_args_is_help=True)
+retrieval_app = typer.Typer(help="BM25 retrieval: build an index, serve it, write a synthetic corpus.", no_args_is_help=True)
 app.add_typer(retrieval_app, name="retrieval")
 
 
@@ -267,6 +267,23 @@ def retrieval_index(
     except AgentGymError as exc:
         _fail(exc)
     console.print(f"[green]ok[/] index written to {out}")
+
+
+@retrieval_app.command("synthetic")
+def retrieval_synthetic(
+    out: str = typer.Argument(..., help="Folder to write corpus.jsonl and questions.jsonl into."),
+    entities: int = typer.Option(500, help="Entities (documents) in the corpus."),
+    seed: int = typer.Option(0, help="Generator seed; the same seed gives the same files."),
+) -> None:
+    """Write the synthetic multi-hop corpus and its questions (search-qa-v0's default data) as JSONL."""
+    from agentgym.envs.synthetic_qa import generate_corpus, write_jsonl
+
+    try:
+        docs, questions = generate_corpus(entities, seed)
+    except AgentGymError as exc:
+        _fail(exc)
+    corpus, qa = write_jsonl(docs, questions, out)
+    console.print(f"[green]ok[/] {len(docs)} documents in {corpus}, {len(questions)} questions in {qa}")
 
 
 @retrieval_app.command("serve")
