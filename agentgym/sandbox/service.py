@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,7 +32,6 @@ from prometheus_client import (
     generate_latest,
 )
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym.errors import (
     ERRORS_BY_NAME,
@@ -44,7 +42,7 @@ from agentgym.errors import (
     RequestRejected,
     SessionCapacityError,
 )
-from agentgym.http.server import GuardMiddleware
+from agentgym.http.server import ErrorResponses, GuardMiddleware, _json
 from agentgym.sandbox.backends import Backend, Limits, Result, default_backend
 from agentgym.sandbox.pool import WarmPool
 
@@ -76,15 +74,6 @@ class RunRequest(BaseModel):
     code: str = Field(..., max_length=1_000_000)
     stdin: str = Field("", max_length=4_000_000)
     limits: LimitsOverride | None = None
-
-
-def _json(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(payload), status_code=status, media_type="application/json", headers=headers)
-
-
-def _error(kind: str, message: str, status: int) -> Response:
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return _json({"error": {"type": kind, "message": message}}, status, headers)
 
 
 def bounded_limits(override: LimitsOverride | None, defaults: Limits, maxima: Limits) -> Limits:
@@ -161,27 +150,7 @@ def create_sandbox_app(
 
     app = FastAPI(title="agentgym sandbox", lifespan=lifespan)
 
-    @app.exception_handler(AgentGymError)
-    async def on_agentgym_error(_request: Any, exc: AgentGymError) -> Response:
-        errors.labels(type(exc).__name__).inc()
-        return _error(type(exc).__name__, str(exc), exc.http_status)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation_error(_request: Any, exc: RequestValidationError) -> Response:
-        errors.labels("RequestRejected").inc()
-        problems = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ()) if p != 'body') or 'body'}: "
-                             f"{err.get('msg')}" for err in exc.errors()[:10])
-        return _error("RequestRejected", f"malformed request: {problems}", 422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(_request: Any, exc: StarletteHTTPException) -> Response:
-        kind = "RequestRejected" if exc.status_code < 500 else "AgentGymError"
-        return _error(kind, str(exc.detail), exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def on_unexpected(_request: Any, exc: Exception) -> Response:
-        errors.labels("internal").inc()
-        return _error("AgentGymError", f"internal error: {type(exc).__name__}: {exc}", 500)
+    ErrorResponses(SimpleNamespace(errors=errors)).install(app)  # type: ignore[arg-type]  # uses .errors only
 
     @app.get("/health")
     async def health() -> Response:
