@@ -176,11 +176,14 @@ def _snippet(text: str) -> str:
 
 
 def _text_argument(spec: Mapping[str, Any]) -> str | None:
-    """The argument a tag's text fills: the first required property (else the only property)."""
+    """The argument a tag's text fills: the only required property (else the only property).
+
+    A tool with several required arguments has no such argument: a tag cannot say which text is which.
+    """
     schema = _function(spec).get("parameters") or {}
     required = list(schema.get("required") or ())
     if required:
-        return str(required[0])
+        return str(required[0]) if len(required) == 1 else None
     properties = list(schema.get("properties") or {})
     return properties[0] if len(properties) == 1 else None
 
@@ -191,8 +194,10 @@ def _tag_call(name: str, body: str, specs: Mapping[str, Mapping[str, Any]]) -> T
         return ParseError(f"unknown tool {name!r}; available tools: {', '.join(specs) or 'none'}", f"<{name}>")
     key = _text_argument(spec)
     if key is None:
-        return ParseError(f"tool {name!r} takes structured arguments; call it with <tool_call>{{json}}</tool_call>",
-                          f"<{name}>")
+        schema = _function(spec).get("parameters") or {}
+        wanted = ", ".join(schema.get("required") or schema.get("properties") or ()) or "none"
+        return ParseError(f"tool {name!r} takes several arguments ({wanted}); call it as "
+                          f'<tool_call>{{"name": "{name}", "arguments": {{...}}}}</tool_call>', f"<{name}>")
     text = body.strip()
     if not text:
         return ParseError(f"<{name}></{name}> is empty; put the {key} between the tags", f"<{name}></{name}>")

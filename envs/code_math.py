@@ -1,0 +1,721 @@
+"""``CodeMathEnv`` (``code-math-v0``): ReTool-style math with a Python tool; also its problem generator.
+
+The agent interleaves ``<python>code</python>`` cells, whose output comes back as
+``<output>…</output>``, with its own reasoning, then answers once with ``<answer>value</answer>``.
+Problems come from ``generate_problem``: seeded word problems with exact answers (integers or
+fractions) over seven templates, at three difficulties. ``parse_number`` and ``same_number`` grade
+answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import re
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import numpy as np
+
+from agentgym.core import Env
+from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
+from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
+from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.sandbox import Limits
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
+
+#: Most ``python`` cells one turn may run.
+MAX_CELLS_PER_TURN = 3
+#: Sandbox limits of one run (which replays the episode's earlier cells first).
+DEFAULT_LIMITS = Limits(wall_clock_s=5.0, memory_mb=512, output_bytes=32 * 1024)
+#: Answers longer than this are not parsed (bounds the work on adversarial text).
+MAX_ANSWER_CHARS = 200
+#: Problem seeds drawn on reset lie in ``[0, MAX_PROBLEM_SEED)``.
+MAX_PROBLEM_SEED = 1_000_000
+_ECHO_CHARS = 80
+_TASK_RE = re.compile(r"([a-z]+)-d([1-3])-([0-9]{1,9})")
+
+TOOLS: list[dict[str, Any]] = [
+    tool_spec("python", "Run Python code; what it prints comes back. Names defined by earlier successful "
+              "cells are still defined.",
+              {"code": {"type": "string", "description": "Python source to run."}}),
+    tool_spec("answer", "Give the final answer; this ends the episode.",
+              {"answer": {"type": "string", "description": "The exact value only: an integer, a fraction "
+                          "like 7/3, or a finite decimal."}}),
+]
+_INSTRUCTIONS = (
+    "Solve the math problem. You have a Python interpreter: use it for every calculation you are not "
+    "sure of.\n"
+    "- To run code, write <python>code</python>. What the code prints, and any error, comes back "
+    "between <output> and </output>. If the last line of a cell is an expression, its value is shown "
+    "too. Variables, functions and imports persist from one successful cell to the next; a cell that "
+    "fails leaves nothing behind. A run (which quietly replays your earlier cells first) may take "
+    "{timeout:g} s; output past {chars} characters is cut. No network; rely on the standard library "
+    "(fractions, math, itertools).\n"
+    "- To answer, write <answer>value</answer> with the exact value only: an integer (42), a fraction "
+    "(7/3) or a finite decimal (149.04); no units, no words. This ends the episode; you answer once.\n"
+    "- A turn either runs code (up to {cells} cells, run in order) or answers. You may think before the "
+    "tag.\n"
+    "- The JSON form works too: <tool_call>{{\"name\": \"python\", \"arguments\": {{\"code\": \"...\"}}}}"
+    "</tool_call> and <tool_call>{{\"name\": \"answer\", \"arguments\": {{\"answer\": \"...\"}}}}</tool_call>."
+)
+
+
+# --- answers -------------------------------------------------------------------------------------
+
+_BOXED_RE = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
+_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/[+-]?(?:\d+(?:\.\d*)?|\.\d+))?")
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact number an answer states, or ``None`` when it is not a plain number.
+
+    Accepts integers, decimals and fractions (``a/b``), optionally inside ``\\boxed{}``, ``$…$``,
+    ``\\frac{a}{b}``, with thousands separators, a leading ``x =``, a ``$`` sign or a trailing ``%``.
+
+    Example:
+        >>> [str(parse_number(s)) for s in ["42", "42.0", "84/2", "\\\\boxed{42}", "$1,234$", "x = -7/3"]]
+        ['42', '42', '42', '42', '1234', '-7/3']
+        >>> parse_number("\\\\frac{36}{5}"), parse_number("149.04")
+        (Fraction(36, 5), Fraction(3726, 25))
+        >>> parse_number("forty-two") is None, parse_number("1/0") is None
+        (True, True)
+    """
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
+        return None
+    boxed = _BOXED_RE.findall(text)
+    body = boxed[-1] if boxed else text
+    body = _FRAC_RE.sub(r"(\1)/(\2)", body)
+    body = body.replace("\\left", "").replace("\\right", "").replace("\\!", "").replace("\\,", "")
+    body = body.replace("−", "-").strip().strip("$").strip()
+    if "=" in body:
+        body = body.rsplit("=", 1)[1]
+    body = _THOUSANDS_RE.sub("", body)
+    body = "".join(body.split()).rstrip(".").removeprefix("$").removesuffix("%")
+    body = re.sub(r"^\((.*)\)/\((.*)\)$", r"\1/\2", body)
+    if not _NUMBER_RE.fullmatch(body):
+        return None
+    top, _, bottom = body.partition("/")
+    try:
+        value = Fraction(top) / Fraction(bottom) if bottom else Fraction(top)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value
+
+
+def same_number(guess: str, gold: Fraction) -> bool:
+    """Whether the answer ``guess`` states ``gold``: exactly, or as a decimal of 6+ places within 1e-6.
+
+    The decimal rule lets a printed float (``0.3333333333333333``) count for ``1/3``; shorter
+    decimals must be exact, so ``0.33`` does not.
+
+    Example:
+        >>> same_number("0.333333", Fraction(1, 3)), same_number("0.33", Fraction(1, 3))
+        (True, False)
+        >>> same_number("7.2", Fraction(36, 5)), same_number("36/5", Fraction(36, 5))
+        (True, True)
+    """
+    value = parse_number(guess)
+    if value is None:
+        return False
+    if value == gold:
+        return True
+    decimals = re.search(r"\.(\d+)", guess)
+    if decimals is None or len(decimals.group(1)) < 6:
+        return False
+    return abs(value - gold) <= Fraction(1, 10**6) * max(1, abs(gold))
+
+
+# --- problems ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MathProblem:
+    """One generated word problem."""
+
+    id: str
+    """``"<template>-d<difficulty>-<seed>"``; ``generate_problem`` rebuilds the problem from it."""
+    template: str
+    """Which template made it (one of ``TEMPLATES``)."""
+    difficulty: int
+    """1 (easy) to 3 (hard): bigger numbers and more steps."""
+    question: str
+    """The problem text shown to the agent."""
+    answer: Fraction
+    """The exact answer."""
+    solution: str
+    """Python that prints the answer (the expert's cell)."""
+
+
+class _Draw:
+    """Integer draws from a seeded generator (inclusive bounds)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def int(self, low: int, high: int) -> int:
+        return int(self.rng.integers(low, high + 1))
+
+    def pick(self, items: Sequence[Any]) -> Any:
+        return items[int(self.rng.integers(len(items)))]
+
+
+_Made = tuple[str, Fraction, str]  # (question, answer, solution code)
+_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47)
+
+
+def _tank(r: _Draw, d: int) -> _Made:
+    volume = Fraction(r.int(20, 60 * d))
+    text = [f"A tank holds {volume} liters of water."]
+    code = ["from fractions import Fraction as F", f"water = F({volume})"]
+    for _ in range(d + 1):
+        kind = r.pick(("add", "drain", "evaporate", "pour"))
+        if kind == "pour" and volume < 4:
+            kind = "add"  # too little left to pour a whole liter out and keep some
+        if kind == "add":
+            count, size = r.int(2, 3 + 3 * d), r.int(3, 10 * d + 5)
+            volume += count * size
+            text.append(f"Then {count} buckets of {size} liters each are poured in.")
+            code.append(f"water += {count} * {size}")
+        elif kind == "drain":
+            percent = r.int(1, 12) * 5 if d == 1 else r.int(3, 70)
+            volume *= Fraction(100 - percent, 100)
+            text.append(f"Then {percent}% of the water is drained.")
+            code.append(f"water *= 1 - F({percent}, 100)")
+        elif kind == "evaporate":
+            part = r.int(2, 4 + 2 * d)
+            volume -= volume / part
+            text.append(f"Then 1/{part} of the water evaporates.")
+            code.append(f"water -= water / {part}")
+        else:
+            amount = r.int(1, int(volume) // 2)
+            volume -= amount
+            text.append(f"Then {amount} liters are poured out.")
+            code.append(f"water -= {amount}")
+    bottles = r.int(3, 4 + 5 * d)
+    text.append(f"Finally the water is shared equally among {bottles} bottles. How many liters go into "
+                "each bottle? Give the exact value.")
+    code.append(f"print(water / {bottles})")
+    return " ".join(text), volume / bottles, "\n".join(code)
+
+
+def _work(r: _Draw, d: int) -> _Made:
+    top = 6 + 6 * d
+    a, b = r.int(2, top), r.int(2, top)
+    if d == 1:
+        question = (f"Pipe A alone fills a tank in {a} hours and pipe B alone fills it in {b} hours. With both "
+                    "pipes open, how many hours does it take to fill the empty tank? Give the exact value.")
+        rate = Fraction(1, a) + Fraction(1, b)
+        code = f"from fractions import Fraction as F\nrate = F(1, {a}) + F(1, {b})\nprint(1 / rate)"
+        return question, 1 / rate, code
+    if d == 2:
+        c = r.int(math.floor(1 / (Fraction(1, a) + Fraction(1, b))) + 1, 3 * top)
+        question = (f"Pipe A alone fills a tank in {a} hours and pipe B alone in {b} hours, while a drain "
+                    f"empties a full tank in {c} hours. With both pipes and the drain open, how many hours does "
+                    "it take to fill the empty tank? Give the exact value.")
+        rate = Fraction(1, a) + Fraction(1, b) - Fraction(1, c)
+        code = ("from fractions import Fraction as F\n"
+                f"rate = F(1, {a}) + F(1, {b}) - F(1, {c})\nprint(1 / rate)")
+        return question, 1 / rate, code
+    a, b, c = r.int(3, top), r.int(3, top), r.int(2, top)
+    pair = Fraction(1, a) + Fraction(1, b)
+    days = r.int(1, math.ceil(1 / pair) - 1)  # a, b >= 3: Ann and Ben alone take over a day, never all of it
+    rest = 1 - days * pair
+    total = days + rest / (pair + Fraction(1, c))
+    question = (f"Ann can paint a fence alone in {a} days, Ben in {b} days and Cal in {c} days. Ann and Ben "
+                f"work together for {days} day{'s' if days > 1 else ''}, then Cal joins them until the fence is "
+                "done. How many days does the whole job take? Give the exact value.")
+    code = ("from fractions import Fraction as F\n"
+            f"pair = F(1, {a}) + F(1, {b})\n"
+            f"left = 1 - {days} * pair\n"
+            f"print({days} + left / (pair + F(1, {c})))")
+    return question, total, code
+
+
+def _price(r: _Draw, d: int) -> _Made:
+    cents = r.int(20, 500) * 100 if d == 1 else r.int(1000, 90000)
+    price = Fraction(cents, 100)
+    shown = f"{cents // 100}.{cents % 100:02d}"
+    text = [f"A jacket costs ${shown}."]
+    code = ["from fractions import Fraction as F", f"price = F({cents}, 100)"]
+    for step in range(d + 1):
+        kind = r.pick(("raise", "cut", "coupon"))
+        percent = r.int(1, 9) * 5 if d == 1 else r.int(2, 45)
+        if kind == "raise":
+            price *= 1 + Fraction(percent, 100)
+            text.append(f"{'Its' if step == 0 else 'Then its'} price is raised by {percent}%.")
+            code.append(f"price *= 1 + F({percent}, 100)")
+        elif kind == "cut":
+            price *= 1 - Fraction(percent, 100)
+            text.append(f"{'Its' if step == 0 else 'Then its'} price is cut by {percent}%.")
+            code.append(f"price *= 1 - F({percent}, 100)")
+        else:
+            off = r.int(1, max(1, int(price) // 4))
+            price -= off
+            text.append(f"{'A' if step == 0 else 'Then a'} coupon takes ${off} off.")
+            code.append(f"price -= {off}")
+    tax = r.int(2, 12)
+    price *= 1 + Fraction(tax, 100)
+    text.append(f"Finally a {tax}% sales tax is added. What is the final price in dollars? "
+                "Give the exact value.")
+    code += [f"price *= 1 + F({tax}, 100)", "print(price)"]
+    return " ".join(text), price, "\n".join(code)
+
+
+def _count(r: _Draw, d: int) -> _Made:
+    kind = r.pick(("committee", "strings", "paths") + (("boxes",) if d >= 2 else ()))
+    if kind == "committee":
+        men, women = r.int(5, 8 * d + 6), r.int(5, 8 * d + 6)
+        a, b = r.int(2, min(men - 1, 2 + 2 * d)), r.int(2, min(women - 1, 2 + 2 * d))
+        question = (f"A club has {men} men and {women} women. In how many ways can a committee of {a} men and "
+                    f"{b} women be chosen?")
+        code = f"from math import comb\nprint(comb({men}, {a}) * comb({women}, {b}))"
+        return question, Fraction(math.comb(men, a) * math.comb(women, b)), code
+    if kind == "strings":
+        letters, length = r.int(3, 4 + 4 * d), r.int(4, 4 + 4 * d)
+        question = (f"How many strings of length {length} over an alphabet of {letters} letters have no two "
+                    "equal letters next to each other?")
+        code = f"print({letters} * ({letters} - 1) ** ({length} - 1))"
+        return question, Fraction(letters * (letters - 1) ** (length - 1)), code
+    if kind == "paths":
+        x, y = r.int(3, 4 + 3 * d), r.int(3, 4 + 3 * d)
+        p, q = r.int(1, x - 1), r.int(1, y - 1)
+        total = math.comb(x + y, x) - math.comb(p + q, p) * math.comb(x - p + y - q, x - p)
+        question = (f"A robot walks on a grid from (0, 0) to ({x}, {y}), moving one unit right or one unit up "
+                    f"each step. How many different paths avoid the point ({p}, {q})?")
+        code = (f"from math import comb\n"
+                f"print(comb({x + y}, {x}) - comb({p + q}, {p}) * comb({x - p + y - q}, {x - p}))")
+        return question, Fraction(total), code
+    coins, boxes = r.int(10, 30), r.int(3, 6)
+    cap = r.int(max(2, -(-coins // boxes)), coins - 1)
+    ways = [1] + [0] * coins
+    for _ in range(boxes):
+        ways = [sum(ways[n - k] for k in range(min(cap, n) + 1)) for n in range(coins + 1)]
+    question = (f"In how many ways can {coins} identical coins be put into {boxes} different boxes so that no "
+                f"box holds more than {cap} coins? (Boxes may stay empty.)")
+    code = (f"ways = [1] + [0] * {coins}\n"
+            f"for _ in range({boxes}):\n"
+            f"    ways = [sum(ways[n - k] for k in range(min({cap}, n) + 1)) for n in range({coins} + 1)]\n"
+            f"print(ways[{coins}])")
+    return question, Fraction(ways[coins]), code
+
+
+def _modular(r: _Draw, d: int) -> _Made:
+    if r.pick(("power", "crt")) == "power":
+        base, power = r.int(2, 10**d * 5), r.int(10 ** (d + 1), 10 ** (d + 2))
+        modulus = r.int(7, 10 ** (d + 1))
+        question = f"What is the remainder when {base}^{power} is divided by {modulus}?"
+        return question, Fraction(pow(base, power, modulus)), f"print(pow({base}, {power}, {modulus}))"
+    primes = list(_PRIMES[2:8 + 2 * d])
+    moduli: list[int] = []
+    for _ in range(d + 1):
+        prime = r.pick(primes)
+        primes.remove(prime)
+        moduli.append(prime)
+    rests = [r.int(0, m - 1) for m in moduli]
+    answer, step = 0, 1
+    for modulus, rest in zip(moduli, rests):  # sieve: keep the remainders met so far while stepping
+        while answer % modulus != rest:
+            answer += step
+        step *= modulus
+    parts = ", ".join(f"remainder {k} when divided by {m}" for m, k in zip(moduli, rests))
+    question = f"What is the smallest positive integer that leaves {parts}?"
+    code = (f"pairs = {list(zip(moduli, rests))}\n"
+            "x, step = 0, 1\n"
+            "for m, k in pairs:\n"
+            "    while x % m != k:\n"
+            "        x += step\n"
+            "    step *= m\n"
+            "print(x if x > 0 else step)")
+    return question, Fraction(answer or step), code
+
+
+def _series(r: _Draw, d: int) -> _Made:
+    kind = r.pick(("multiples", "arithmetic", "telescoping", "geometric"))
+    if kind == "multiples":
+        limit, a, b = r.int(10 ** (d + 1), 10 ** (d + 2)), r.int(3, 9 + 2 * d), r.int(3, 9 + 2 * d)
+        while b == a:
+            b = r.int(3, 9 + 2 * d)
+        lcm = a * b // math.gcd(a, b)
+        # Inclusion-exclusion: multiples of a, plus multiples of b, minus those counted twice.
+        total = sum(sign * k * (limit // k) * (limit // k + 1) // 2
+                    for sign, k in ((1, a), (1, b), (-1, lcm)))
+        question = f"What is the sum of all integers from 1 to {limit} that are divisible by {a} or by {b}?"
+        code = f"print(sum(n for n in range(1, {limit} + 1) if n % {a} == 0 or n % {b} == 0))"
+        return question, Fraction(total), code
+    if kind == "arithmetic":
+        first, step, count = r.int(-50 * d, 100 * d), r.int(-9 * d, 12 * d), r.int(20, 60 * d)
+        total = count * (2 * first + (count - 1) * step) // 2
+        question = (f"A sequence starts at {first}, and each term is {step} more than the one before. What is "
+                    f"the sum of its first {count} terms?")
+        return question, Fraction(total), f"print(sum({first} + {step} * k for k in range({count})))"
+    if kind == "telescoping":
+        shift, low = r.int(1, d + 1), r.int(1, 5)
+        high = r.int(low + 10, low + 20 * d)
+        total = sum(Fraction(1, k * (k + shift)) for k in range(low, high + 1))
+        question = (f"What is the exact value of the sum of 1/(k*(k+{shift})) for k = {low}, {low + 1}, ..., "
+                    f"{high}?")
+        code = (f"from fractions import Fraction as F\n"
+                f"print(sum(F(1, k * (k + {shift})) for k in range({low}, {high} + 1)))")
+        return question, total, code
+    first, num, den, count = r.int(2, 20 * d), r.int(1, 4), r.int(2, 5), r.int(4, 4 + 3 * d)
+    ratio = Fraction(num, den) if num != den else Fraction(num + 1, den)
+    total = sum(first * ratio**k for k in range(count))
+    question = (f"A sequence starts at {first}, and each term is {ratio} times the one before. What is the sum "
+                f"of its first {count} terms? Give the exact value.")
+    code = (f"from fractions import Fraction as F\n"
+            f"print(sum({first} * F({ratio.numerator}, {ratio.denominator}) ** k for k in range({count})))")
+    return question, total, code
+
+
+def _digits(r: _Draw, d: int) -> _Made:
+    kind = r.pick(("digit_sum", "coprime", "divisors"))
+    if kind == "digit_sum":
+        base, power = r.int(2, 9), r.int(20 * d, 120 * d)
+        question = f"What is the sum of the decimal digits of {base}^{power}?"
+        code = f"print(sum(int(c) for c in str({base} ** {power})))"
+        return question, Fraction(sum(map(int, str(base**power)))), code
+    if kind == "coprime":
+        limit, modulus = r.int(10 ** (d + 1), 10 ** (d + 2)), r.int(6, 60 * d)
+        factors = [p for p in range(2, modulus + 1) if modulus % p == 0 and all(p % q for q in range(2, p))]
+        total = 0
+        for mask in range(1 << len(factors)):  # inclusion-exclusion over the prime factors
+            chosen = [p for i, p in enumerate(factors) if mask >> i & 1]
+            total += (-1) ** len(chosen) * (limit // math.prod(chosen))
+        question = f"How many integers from 1 to {limit} share no common factor greater than 1 with {modulus}?"
+        code = f"from math import gcd\nprint(sum(1 for n in range(1, {limit} + 1) if gcd(n, {modulus}) == 1))"
+        return question, Fraction(total), code
+    exponents = [r.int(0, 2 + d) for _ in _PRIMES[: 3 + d]]
+    exponents[0] = max(exponents[0], 1)
+    number = math.prod(p**e for p, e in zip(_PRIMES, exponents))
+    count = math.prod(e + 1 for e in exponents)
+    question = f"How many positive divisors does {number} have?"
+    code = (f"n, count, p = {number}, 1, 2\n"
+            "while n > 1:\n"
+            "    e = 0\n"
+            "    while n % p == 0:\n"
+            "        n //= p\n"
+            "        e += 1\n"
+            "    count *= e + 1\n"
+            "    p += 1\n"
+            "print(count)")
+    return question, Fraction(count), code
+
+
+#: Template name → generator ``(draw, difficulty) -> (question, answer, solution)``.
+TEMPLATES: dict[str, Callable[[_Draw, int], _Made]] = {
+    "tank": _tank, "work": _work, "price": _price, "count": _count, "modular": _modular, "series": _series,
+    "digits": _digits,
+}
+
+
+@functools.lru_cache(maxsize=4096)
+def generate_problem(template: str, difficulty: int, seed: int) -> MathProblem:
+    """The problem ``template`` makes at ``difficulty`` from ``seed`` (the same on every platform).
+
+    Args:
+        template: one of ``TEMPLATES``: ``tank`` (arithmetic chains), ``work`` (rates), ``price``
+            (percentages), ``count`` (combinatorics), ``modular``, ``series`` (sums of sequences),
+            ``digits`` (digit sums, coprime counts, divisor counts).
+        difficulty: 1 to 3.
+        seed: any non-negative integer.
+
+    Raises:
+        ConfigError: an unknown template or a difficulty out of range.
+
+    Example:
+        >>> p = generate_problem("work", 1, 7)
+        >>> print(p.question)  # doctest: +NORMALIZE_WHITESPACE
+        Pipe A alone fills a tank in 4 hours and pipe B alone fills it in 9 hours. With both pipes open,
+        how many hours does it take to fill the empty tank? Give the exact value.
+        >>> p.id, p.answer
+        ('work-d1-7', Fraction(36, 13))
+    """
+    if template not in TEMPLATES:
+        raise ConfigError(f"unknown code-math template {template!r}; choose from {', '.join(TEMPLATES)}")
+    if isinstance(difficulty, bool) or difficulty not in (1, 2, 3):
+        raise ConfigError(f"difficulty must be 1, 2 or 3, got {difficulty!r}")
+    rng = np.random.default_rng([zlib.crc32(template.encode()), difficulty, int(seed)])
+    question, answer, solution = TEMPLATES[template](_Draw(rng), difficulty)
+    return MathProblem(f"{template}-d{difficulty}-{seed}", template, difficulty, question, answer, solution)
+
+
+def problem_from_id(task_id: str) -> MathProblem:
+    """Rebuild a problem from its id ``"<template>-d<difficulty>-<seed>"``.
+
+    Raises:
+        ConfigError: a malformed id or an unknown template.
+    """
+    match = _TASK_RE.fullmatch(task_id) if isinstance(task_id, str) else None
+    if match is None:
+        raise ConfigError(f"malformed code-math task_id {task_id!r}; ids look like 'series-d2-1234'")
+    return generate_problem(match.group(1), int(match.group(2)), int(match.group(3)))
+
+
+# --- stateful cells ------------------------------------------------------------------------------
+
+# The program one run executes: earlier successful cells replayed with their output discarded, then
+# the new cell. Each cell runs in one shared namespace, as in a notebook kernel; `random` is seeded
+# so a replay draws what the first run drew.
+_DRIVER = '''\
+import ast as _ast, linecache as _linecache, random as _random, sys as _sys, traceback as _traceback
+_random.seed(0)
+_CELLS = {cells}
+_NS = {{"__name__": "__main__", "__builtins__": __builtins__}}
+
+
+class _Discard:
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def _run(index, show):
+    name = "<cell %d>" % (index + 1)
+    source = _CELLS[index]
+    _linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    tree = _ast.parse(source, name)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
+    exec(compile(tree, name, "exec"), _NS)
+    if last is not None:
+        value = eval(compile(_ast.Expression(last.value), name, "eval"), _NS)
+        if show and value is not None:
+            print(repr(value))
+
+
+for _index in range(len(_CELLS) - 1):
+    _sys.stdout = _sys.stderr = _Discard()
+    try:
+        _run(_index, False)
+    except BaseException:
+        pass
+    finally:
+        _sys.stdout, _sys.stderr = _sys.__stdout__, _sys.__stderr__
+try:
+    _run(len(_CELLS) - 1, True)
+except BaseException as _exc:
+    _tb = _exc.__traceback__
+    while _tb is not None and not _tb.tb_frame.f_code.co_filename.startswith("<cell "):
+        _tb = _tb.tb_next
+    _traceback.print_exception(type(_exc), _exc, _tb)
+    _sys.stderr.flush()
+    _sys.exit(1)
+'''
+
+
+def cell_program(cells: Sequence[str]) -> str:
+    """The program that replays ``cells[:-1]`` silently, then runs ``cells[-1]`` and shows its output.
+
+    Example:
+        >>> compile(cell_program(["x = 6", "x * 7"]), "main.py", "exec") is not None
+        True
+    """
+    return _DRIVER.format(cells=repr(list(cells)))
+
+
+# --- the env -------------------------------------------------------------------------------------
+
+
+class CodeMathEnv(Env):
+    """Tool-integrated math reasoning (ReTool / ARPO style): a Python interpreter and one answer.
+
+    Reset poses a generated word problem (the seed picks template and problem; or
+    ``options={"task_id": "<template>-d<difficulty>-<seed>"}``). Each turn the agent either runs up to
+    ``MAX_CELLS_PER_TURN`` ``<python>`` cells, each answered by an ``<output>…</output>`` block, or
+    answers with ``<answer>value</answer>``, which terminates the episode: reward 1.0 when the
+    value equals the exact answer (``same_number``), else 0.0. The ``<tool_call>`` JSON form
+    (tools ``python`` and ``answer``) is accepted too. Anything else (no call, both kinds in one
+    turn, two answers, too many cells, an answer that is not a number) is an invalid action
+    (``info["invalid_action"]``, reward ``-format_penalty``) whose observation says what was wrong.
+
+    **Interpreter state.** Every run is a fresh sandboxed process, so state is rebuilt: the run
+    replays the episode's earlier *successful* cells (exit without an error or a limit hit) in one
+    namespace with their output discarded, then runs the new cell. Because the sandbox runs the
+    same code the same way and ``random`` is seeded, this is deterministic and needs no
+    long-lived kernel, so snapshot/fork is just the list of cells. Costs: earlier cells' time counts
+    against each run's wall clock, a failed cell's partial effects are dropped, and what code
+    writes to files or prints outside ``sys.stdout`` is not carried over or silenced. Code whose
+    output depends on time or memory addresses is not deterministic, and no env can make it so.
+
+    ``info["answer"]`` holds the exact answer as text (privileged: never in an observation or the
+    instructions); ``info["tools"]`` and ``info["instructions"]`` come with reset. The expert runs
+    the problem's solution cell, reads its output and answers it.
+
+    Args:
+        difficulty: 1 (easy) to 3 (hard).
+        templates: the templates to draw from (default: all of ``TEMPLATES``).
+        format_penalty: subtracted from the reward of an invalid action (``>= 0``).
+        max_output_chars: each cell's output is cut to this many characters in the observation.
+        limits: sandbox ``Limits`` of a run, or a dict of fields overriding ``DEFAULT_LIMITS``.
+        sandbox_url: run code on a sandbox service (``agentgym sandbox serve``) instead of in-process.
+        sandbox_token: bearer token of that service.
+        sandbox_backend: in-process backend (``"auto"``: bwrap, else docker; ``"subprocess"`` is not
+            a security boundary).
+
+    Raises:
+        ConfigError: an argument is out of range, or no sandbox backend can run here.
+
+    Example:
+        >>> problem = problem_from_id("count-d2-4")  # what reset(options={"task_id": "count-d2-4"}) poses
+        >>> problem.question
+        'A club has 19 men and 21 women. In how many ways can a committee of 3 men and 4 women be chosen?'
+        >>> print(problem.solution)  # the expert's cell; it prints the answer
+        from math import comb
+        print(comb(19, 3) * comb(21, 4))
+        >>> str(problem.answer)  # info["answer"]
+        '5799465'
+    """
+
+    has_expert: ClassVar[bool] = True
+    supports_snapshot: ClassVar[bool] = True
+
+    def __init__(self, difficulty: int = 2, templates: Sequence[str] | None = None,
+                 format_penalty: float = 0.0, max_output_chars: int = 2000,
+                 limits: Limits | Mapping[str, Any] | None = None, sandbox_url: str | None = None,
+                 sandbox_token: str | None = None,
+                 sandbox_backend: str = "auto") -> None:
+        if isinstance(difficulty, bool) or difficulty not in (1, 2, 3):
+            raise ConfigError(f"difficulty must be 1, 2 or 3, got {difficulty!r}")
+        chosen = list(TEMPLATES) if templates is None else list(templates)
+        unknown = [t for t in chosen if t not in TEMPLATES]
+        if unknown or not chosen:
+            raise ConfigError(f"templates must be a non-empty list from {', '.join(TEMPLATES)}, "
+                              f"got {templates!r}")
+        if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) \
+                or not format_penalty >= 0:
+            raise ConfigError(f"format_penalty must be a number >= 0, got {format_penalty!r}")
+        if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) \
+                or max_output_chars < 20:
+            raise ConfigError(f"max_output_chars must be an integer >= 20, got {max_output_chars!r}")
+        self.difficulty, self.templates = int(difficulty), chosen
+        self.format_penalty, self.max_output_chars = float(format_penalty), max_output_chars
+        self.limits = make_limits(limits, DEFAULT_LIMITS)
+        self.runner = CodeRunner(self.limits, sandbox_url=sandbox_url, sandbox_token=sandbox_token,
+                                 backend=sandbox_backend)
+        self.instructions = _INSTRUCTIONS.format(timeout=self.limits.wall_clock_s, chars=max_output_chars,
+                                                 cells=MAX_CELLS_PER_TURN)
+        self._problem: MathProblem | None = None
+        self._cells: list[str] = []
+        self._last: tuple[str, str, bool] | None = None  # (code, stdout, succeeded) of the latest cell
+        self._over = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task_id = (options or {}).get("task_id")
+        if task_id is not None:
+            self._problem = problem_from_id(task_id)
+        else:
+            template = self.templates[int(self.np_random.integers(len(self.templates)))]
+            problem_seed = int(self.np_random.integers(MAX_PROBLEM_SEED))
+            self._problem = generate_problem(template, self.difficulty, problem_seed)
+        self._cells, self._last, self._over = [], None, False
+        info = self._info(invalid=False, success=False)
+        info["instructions"] = self.instructions
+        info["tools"] = TOOLS
+        return self._question(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        problem = self._require("step")
+        if self._over:
+            raise EpisodeFinished("the problem was answered; call reset() to start a new one")
+        parsed = parse_tool_calls(action, TOOLS)
+        cells = [c.arguments["code"] for c in parsed.calls if c.name == "python"]
+        answers = [c.arguments["answer"] for c in parsed.calls if c.name == "answer"]
+        problem_text = parsed.errors[0].message if parsed.errors else None
+        if problem_text is None and cells and answers:
+            problem_text = "a turn either runs code or answers, not both"
+        elif problem_text is None and len(answers) > 1:
+            problem_text = "answer once, with a single <answer>...</answer>"
+        elif problem_text is None and len(cells) > MAX_CELLS_PER_TURN:
+            problem_text = f"at most {MAX_CELLS_PER_TURN} python cells per turn, got {len(cells)}"
+        elif problem_text is None and answers and parse_number(answers[0]) is None:
+            shown = " ".join(answers[0].split())[:_ECHO_CHARS]
+            problem_text = f"the answer {shown!r} is not a number; give the exact value only, e.g. 42 or 7/3"
+        if problem_text is not None:
+            hint = "" if problem_text.startswith("no tool call") else (
+                " Run code with <python>code</python> or answer with <answer>value</answer>.")
+            obs = f"Invalid action: {problem_text}.{hint}\n{self._question()}"
+            return obs, -self.format_penalty, False, False, self._info(invalid=True, success=False)
+        if answers:
+            correct = same_number(answers[0], problem.answer)
+            self._over = True
+            shown = " ".join(answers[0].split())[:_ECHO_CHARS]
+            info = self._info(invalid=False, success=correct)
+            return (f"Your answer: {shown}. It is {'correct' if correct else 'not correct'}.",
+                    1.0 if correct else 0.0, True, False, info)
+        return "\n".join(self._run_cell(code) for code in cells), 0.0, False, False, self._info(
+            invalid=False, success=False)
+
+    def expert_action(self) -> str | None:
+        """Run the problem's solution cell; once its output is in, answer what it printed."""
+        problem = self._require("expert_action")
+        if self._over:
+            return None
+        if self._last is not None and self._last[0] == problem.solution and self._last[2]:
+            printed = [line for line in self._last[1].splitlines() if line.strip()]
+            if printed:
+                return f"<answer>{printed[-1].strip()}</answer>"
+        return f"<python>\n{problem.solution}\n</python>"
+
+    def snapshot(self) -> bytes:
+        """Problem id, the successful cells, the latest cell's outcome and ``np_random`` as pickled bytes."""
+        problem = self._require("snapshot")
+        return pack_snapshot(self, {"task_id": problem.id, "cells": list(self._cells), "last": self._last,
+                                    "over": self._over})
+
+    def restore(self, data: bytes) -> None:
+        """Reinstate a ``snapshot`` (trusted bytes only: pickle)."""
+        state = unpack_snapshot(self, data)
+        self._problem = problem_from_id(state["task_id"])
+        self._cells, self._last, self._over = list(state["cells"]), state["last"], bool(state["over"])
+
+    def render(self) -> str | None:
+        return self._question() if self._problem is not None else None
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _run_cell(self, code: str) -> str:
+        result = self.runner.run(cell_program([*self._cells, code]))
+        succeeded = result.exit_code == 0 and result.killed_reason is None
+        if succeeded:
+            self._cells.append(code)
+        self._last = (code, result.stdout, succeeded)
+        text = cut(result.stdout + result.stderr, self.max_output_chars)
+        end = describe_end(result, self.limits)
+        if result.exit_code not in (0, 1, None) and not end:
+            end = f"[exit status {result.exit_code}]"
+        body = "\n".join(part for part in (text.rstrip("\n"), end) if part)
+        body = body or "(no output; print() what you want to see)"
+        return f"<output>\n{body}\n</output>"
+
+    def _require(self, what: str) -> MathProblem:
+        if self._problem is None:
+            raise ResetNeeded(f"CodeMathEnv.{what}() called before reset(); call reset() first")
+        return self._problem
+
+    def _question(self) -> str:
+        assert self._problem is not None
+        return f"Problem: {self._problem.question}"
+
+    def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
+        assert self._problem is not None
+        # The interpreter's state is what the successful cells built (their code, replayed in order):
+        # trajectories that ran the same cells face the same interpreter, whatever failed in between.
+        digest = hashlib.sha256(json.dumps(self._cells).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        return {
+            "state_key": f"{self._problem.id}|cells={digest if self._cells else '-'}",
+            "task_id": self._problem.id,
+            "invalid_action": invalid,
+            "success": success,
+            "answer": str(self._problem.answer),
+        }

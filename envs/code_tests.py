@@ -1,0 +1,660 @@
+"""``CodeTestsEnv`` (``code-tests-v0``): write a Python function that passes hidden unit tests.
+
+Also owns the problem-set loader (``load_problems``; the bundled set is ``data/code_problems.json``)
+and the test harness that runs a submission against the tests in the sandbox (``grade``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from agentgym.core import Env
+from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
+from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
+from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.sandbox import Limits
+from agentgym.snapshot import pack_snapshot, unpack_snapshot
+
+#: The bundled problem set.
+BUNDLED_PROBLEMS = Path(__file__).with_name("data") / "code_problems.json"
+#: Sandbox limits of one submission's run (all its tests together).
+DEFAULT_LIMITS = Limits(wall_clock_s=10.0, memory_mb=512, output_bytes=256 * 1024)
+#: Characters kept of a returned value's repr or a test's printed output, in feedback.
+SHOW_CHARS = 200
+#: Longest submission accepted (characters).
+MAX_CODE_CHARS = 50_000
+
+_FENCE_RE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# Result lines of the harness start with this; everything else on stdout is the program's own.
+_MARK = "@@agentgym-test@@ "
+_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+TOOLS: list[dict[str, Any]] = [
+    tool_spec("submit", "Submit the complete solution code; it is run against the hidden tests.",
+              {"code": {"type": "string", "description": "Python source defining the requested function."}}),
+]
+_INSTRUCTIONS = (
+    "Write a Python function that solves the problem. It is checked against hidden unit tests.\n"
+    "- Submit the complete code (the function with the exact name and parameters asked for, plus any "
+    "imports and helpers it needs) in one ```python code block. If a reply holds several ```python "
+    "blocks, the last one is submitted. The JSON form works too: <tool_call>{{\"name\": \"submit\", "
+    "\"arguments\": {{\"code\": \"...\"}}}}</tool_call>.\n"
+    "- Each test calls your function and compares what it returns with the expected value; printing "
+    "is not returning. Use the standard library only; no input(), files or network. A test may run "
+    "{test_s:g} s and the whole submission {wall_s:g} s.\n"
+    "- After a submission you are told how many hidden tests passed{feedback}. You may submit up to "
+    "{submissions} times; the episode ends when every test passes or the submissions are used up. The "
+    "reward is the fraction of hidden tests passed by your {which} submission.\n"
+    "- You may think before the code block."
+)
+_FEEDBACK_TEXT = {
+    "full": ", and for up to {k} failing ones the input, the expected value and what your function returned or "
+            "raised",
+    "inputs": ", and for up to {k} failing ones the input and what your function returned or raised",
+    "count": "",
+}
+
+
+# --- problems ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CodeProblem:
+    """One programming problem with its reference solution and tests."""
+
+    id: str
+    """The task id; also the name of the function to write."""
+    title: str
+    """A few words."""
+    prompt: str
+    """What the function must do."""
+    signature: str
+    """The ``def`` line to implement."""
+    reference: str
+    """A solution passing every test (the expert's submission)."""
+    examples: tuple[tuple[tuple[Any, ...], Any], ...]
+    """Visible ``(args, expected)`` pairs, shown in the prompt."""
+    tests: tuple[tuple[tuple[Any, ...], Any], ...]
+    """Hidden ``(args, expected)`` pairs: the reward counts these."""
+
+
+def _pairs(raw: Any, where: str) -> tuple[tuple[tuple[Any, ...], Any], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where} must be a non-empty list of {{'args': [...], 'expected': ...}}")
+    out = []
+    for n, case in enumerate(raw):
+        if not isinstance(case, dict) or not isinstance(case.get("args"), list) or "expected" not in case:
+            raise ConfigError(f"{where}[{n}] must be an object with an 'args' list and an 'expected' value")
+        out.append((tuple(case["args"]), case["expected"]))
+    return tuple(out)
+
+
+def load_problems(path: str | None = None) -> tuple[CodeProblem, ...]:
+    """The problems of a JSON file (default: the bundled set of 36).
+
+    Format: ``{"problems": [{"id", "title", "prompt", "signature", "reference", "examples": [{"args":
+    [...], "expected": ...}], "tests": [...]}]}``; ``id`` is the function's name.
+
+    Raises:
+        ConfigError: the file is missing or a problem is malformed (the message names it).
+
+    Example:
+        >>> problems = load_problems()
+        >>> len(problems) >= 30, problems[0].signature
+        (True, 'def is_palindrome(s: str) -> bool:')
+    """
+    file = Path(path) if path is not None else BUNDLED_PROBLEMS
+    if not file.is_file():
+        raise ConfigError(f"problem file {str(file)!r} does not exist; give a JSON file or problems=None")
+    stat = file.stat()
+    return _load_problems(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_problems(path: str, _mtime_ns: int, _size: int) -> tuple[CodeProblem, ...]:
+    """``load_problems`` behind a cache that an edited file misses (the stat is part of the key)."""
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"{file}: not valid JSON ({exc})") from None
+    raw = data.get("problems") if isinstance(data, dict) else None
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{file}: expected {{\"problems\": [...]}} with at least one problem")
+    problems, seen = [], set()
+    for n, item in enumerate(raw):
+        where = f"{file.name}: problem {n}"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where} must be an object")
+        for key in ("id", "title", "prompt", "signature", "reference"):
+            if not isinstance(item.get(key), str) or not item[key].strip():
+                raise ConfigError(f"{where}: {key!r} must be a non-empty string")
+        if not _ID_RE.fullmatch(item["id"]) or item["id"] in seen:
+            raise ConfigError(f"{where}: id {item['id']!r} must be a unique Python identifier "
+                              "(the function name)")
+        seen.add(item["id"])
+        problems.append(CodeProblem(
+            item["id"], item["title"], item["prompt"], item["signature"], item["reference"],
+            _pairs(item.get("examples"), f"{where} examples"), _pairs(item.get("tests"), f"{where} tests")))
+    return tuple(problems)
+
+
+# --- grading -------------------------------------------------------------------------------------
+
+# Values are compared through this canonical form, computed in the sandbox for what the function
+# returned and on the host for the expected value. It follows ``==`` where JSON can say it (True == 1,
+# 2.0 == 2, tuples are lists) and rounds floats to 9 significant digits.
+_CANON_SOURCE = '''\
+def _canon(value, depth=0):
+    import math, numbers
+    if depth > 100:
+        return {"deep": True}
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            return {"float": repr(value)}
+        if value == int(value) and abs(value) < 2 ** 53:
+            return int(value)
+        return {"float": float("%.9g" % value)}
+    if isinstance(value, (list, tuple)):
+        return [_canon(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        pairs = [[_canon(k, depth + 1), _canon(v, depth + 1)] for k, v in value.items()]
+        return {"dict": sorted(pairs, key=lambda pair: repr(pair[0]))}
+    if isinstance(value, (set, frozenset)):
+        return {"set": sorted((_canon(item, depth + 1) for item in value), key=repr)}
+    return {"object": type(value).__name__}
+'''
+_canon_ns: dict[str, Any] = {}
+# Our own source, shared with the harness so both sides canonicalise alike.
+exec(compile(_CANON_SOURCE, "<canon>", "exec"), _canon_ns)  # noqa: S102
+
+
+def value_hash(value: Any) -> str:
+    """The digest the harness reports for a returned value (equal digests: equal values).
+
+    Example:
+        >>> value_hash((1, 2.0, True)) == value_hash([1, 2, 1]), value_hash([1]) == value_hash([2])
+        (True, False)
+    """
+    canon = _canon_ns["_canon"](value)
+    return hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()
+
+
+# The program a submission runs as. Only the tests' arguments go in, never the expected values: the
+# host compares the digests, so code that forges the harness's output still has to know the answers.
+_HARNESS = '''\
+import hashlib as _hashlib, json as _json, signal as _signal, sys as _sys
+_MARK = {mark!r}
+_SOURCE = {source!r}
+_ENTRY = {entry!r}
+_ARGS = {args!r}
+_TEST_S = {test_s!r}
+_SHOW = {show!r}
+{canon}
+
+class _Timeout(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+class _Capture:
+    def __init__(self):
+        self.kept = []
+        self.size = 0
+
+    def write(self, text):
+        text = str(text)
+        if self.size < _SHOW:
+            self.kept.append(text[: _SHOW - self.size])
+        self.size += len(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.kept)
+
+
+def _describe(exc):
+    if isinstance(exc, _Timeout):
+        return "timeout"
+    line, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "solution.py":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    try:
+        if isinstance(exc, SyntaxError):
+            line, text = exc.lineno, exc.msg
+        else:
+            text = str(exc)
+        message = "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
+    except BaseException:
+        message = type(exc).__name__
+    return (message[:_SHOW] + (" (solution.py, line %d)" % line if line else ""))
+
+
+def _emit(record):
+    _sys.__stdout__.write(_MARK + _json.dumps(record) + "\\n")
+    _sys.__stdout__.flush()
+
+
+def _guarded(call):
+    capture = _Capture()
+    _sys.stdout = _sys.stderr = capture
+    _signal.setitimer(_signal.ITIMER_REAL, _TEST_S)
+    try:
+        return call(), None, capture
+    except BaseException as exc:
+        return None, _describe(exc), capture
+    finally:
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+        _sys.stdout, _sys.stderr = _sys.__stdout__, _sys.__stderr__
+
+
+_signal.signal(_signal.SIGALRM, _alarm)
+_NS = {{"__name__": "solution", "__builtins__": __builtins__}}
+try:
+    _code = compile(_SOURCE, "solution.py", "exec")
+except BaseException as _exc:
+    _emit({{"setup": _describe(_exc), "stdout": ""}})
+    _sys.exit(0)
+_, _error, _capture = _guarded(lambda: exec(_code, _NS))
+if _error is None and not callable(_NS.get(_ENTRY)):
+    _error = "the code defines no function %r" % _ENTRY
+if _error is not None:
+    _emit({{"setup": _error, "stdout": _capture.text()}})
+    _sys.exit(0)
+_function = _NS[_ENTRY]
+for _index, _text in enumerate(_ARGS):
+    _args = _json.loads(_text)
+    _value, _error, _capture = _guarded(lambda: _function(*_args))
+    _record = {{"test": _index, "stdout": _capture.text()}}
+    if _error is None:
+        _shown, _ = _guarded(lambda: repr(_value)[:_SHOW])[:2]
+        _digest, _failed = _guarded(lambda: _hashlib.sha256(
+            _json.dumps(_canon(_value), sort_keys=True).encode()).hexdigest())[:2]
+        if _failed is not None:
+            _error = "the returned value could not be compared: " + _failed
+        else:
+            _record.update(hash=_digest, repr=_shown if isinstance(_shown, str) else "?")
+    if _error is not None:
+        _record["error"] = _error
+    _emit(_record)
+'''
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """How one hidden test went."""
+
+    passed: bool
+    """The function returned the expected value in time."""
+    detail: str
+    """What went wrong (``""`` when it passed): a wrong value, an exception, a timeout, or no result."""
+    got: str = ""
+    """``repr`` of the returned value, cut to ``SHOW_CHARS`` (``""`` when nothing came back)."""
+    printed: str = ""
+    """What the test printed, cut to ``SHOW_CHARS``."""
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The verdict on one submission."""
+
+    outcomes: tuple[CaseOutcome, ...]
+    """One per hidden test, in order."""
+    setup_error: str = ""
+    """Why the code could not even be loaded (syntax error, exception at import, no such function)."""
+    setup_printed: str = ""
+    """What loading the code printed."""
+
+    @property
+    def passed(self) -> int:
+        """Hidden tests passed."""
+        return sum(outcome.passed for outcome in self.outcomes)
+
+
+def harness_program(problem: CodeProblem, code: str, test_s: float) -> str:
+    """The program that loads ``code`` and reports each hidden test's result (never the expected values).
+
+    Example:
+        >>> program = harness_program(load_problems()[0], "def is_palindrome(s):\\n    return True", 1.0)
+        >>> compile(program, "main.py", "exec") is not None
+        True
+    """
+    return _HARNESS.format(mark=_MARK, source=code, entry=problem.id, test_s=float(test_s), show=SHOW_CHARS,
+                           args=[json.dumps(list(args)) for args, _ in problem.tests], canon=_CANON_SOURCE)
+
+
+def grade(problem: CodeProblem, code: str, runner: CodeRunner, test_s: float) -> Grade:
+    """Run ``code`` against ``problem``'s hidden tests in the sandbox and compare on this side.
+
+    Whatever the code does comes back as failed tests with a reason, never as an exception.
+    """
+    result = runner.run(harness_program(problem, code, test_s))
+    records: dict[int, dict[str, Any]] = {}
+    setup: dict[str, Any] | None = None
+    for line in result.stdout.split("\n"):
+        if not line.startswith(_MARK):
+            continue
+        try:
+            record = json.loads(line[len(_MARK):])
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if "setup" in record:
+            setup = record
+        elif isinstance(record.get("test"), int):
+            records[record["test"]] = record  # the last line for a test wins: the harness writes it last
+    if setup is not None:
+        error = str(setup.get("setup", ""))[:SHOW_CHARS * 2]
+        printed = str(setup.get("stdout", ""))[:SHOW_CHARS]
+        return Grade(tuple(CaseOutcome(False, "the code did not load") for _ in problem.tests), error, printed)
+    missing = describe_end(result, runner.limits) or (
+        f"no result: the program ended early (exit status {result.exit_code})" if result.exit_code else
+        "no result: the program ended early")
+    outcomes = []
+    for index, (_, expected) in enumerate(problem.tests):
+        record = records.get(index)
+        if record is None:
+            outcomes.append(CaseOutcome(False, missing))
+            continue
+        printed = str(record.get("stdout", ""))[:SHOW_CHARS]
+        if "error" in record:
+            error = str(record["error"])[:SHOW_CHARS * 2]
+            detail = f"timed out after {test_s:g} s" if error == "timeout" else f"raised {error}"
+            outcomes.append(CaseOutcome(False, detail, printed=printed))
+        elif record.get("hash") == value_hash(expected):
+            outcomes.append(CaseOutcome(True, "", str(record.get("repr", ""))[:SHOW_CHARS], printed))
+        else:
+            got = str(record.get("repr", "?"))[:SHOW_CHARS]
+            outcomes.append(CaseOutcome(False, "wrong value", got, printed))
+    return Grade(tuple(outcomes))
+
+
+def extract_code(action: str) -> tuple[str | None, str | None]:
+    """The submitted code of a reply and ``None``, or ``None`` and what is wrong with the reply.
+
+    The last ```` ```python ```` block wins; without one, the last bare ```` ``` ```` block; without
+    either, a ``submit`` tool call (tag or JSON form).
+
+    Example:
+        >>> extract_code("Here:\\n```python\\ndef f():\\n    return 1\\n```")
+        ('def f():\\n    return 1\\n', None)
+        >>> extract_code("def f(): return 1")[1]
+        'no code found; put the whole solution in one ```python block'
+    """
+    if not isinstance(action, str):
+        return None, "the reply must be text"
+    blocks = _FENCE_RE.findall(action[:MAX_CODE_CHARS * 2])
+    tagged = [body for language, body in blocks if language]
+    if blocks:
+        code = tagged[-1] if tagged else blocks[-1][1]
+    else:
+        parsed = parse_tool_calls(action, TOOLS)
+        if not parsed.calls and parsed.errors and parsed.errors[0].message.startswith("no tool call"):
+            return None, "no code found; put the whole solution in one ```python block"
+        if parsed.errors:
+            return None, parsed.errors[0].message
+        if len(parsed.calls) > 1:
+            return None, "submit once per turn"
+        code = parsed.calls[0].arguments["code"]
+    if not code.strip():
+        return None, "the code block is empty"
+    if len(code) > MAX_CODE_CHARS:
+        return None, f"the code is longer than {MAX_CODE_CHARS} characters"
+    return code, None
+
+
+# --- the env -------------------------------------------------------------------------------------
+
+
+def _call(problem: CodeProblem, args: Sequence[Any]) -> str:
+    text = f"{problem.id}({', '.join(repr(a) for a in args)})"
+    return text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS] + "...)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS] + "..."
+
+
+class CodeTestsEnv(Env):
+    """Write a function that passes hidden unit tests, with feedback and retries.
+
+    Reset shows a problem (the seed picks it; or ``options={"task_id": <problem id>}``): what the
+    function must do, its ``def`` line and visible examples. Each turn the agent submits complete
+    code in a ```` ```python ```` block (the last block of the reply), or with the ``submit`` tool
+    (``<tool_call>`` JSON or ``<submit>…</submit>``). The code runs in the sandbox against the hidden
+    tests; the observation says how many passed and, per ``feedback``, shows up to
+    ``max_failures_shown`` failing tests (input, expected value, what came back or was raised, and
+    what the test printed). The episode terminates when all tests pass or after ``max_submissions``
+    submissions. A reply without code is an invalid action (``info["invalid_action"]``, reward
+    ``-format_penalty``); it does not use up a submission.
+
+    **Reward.** Each submission's reward is the change in the score that counts, so an episode's
+    return equals that score whenever it stops (truncated by ``max_turns`` included):
+    ``reward_on="final"`` scores the latest submission (a worse resubmission gives a negative
+    reward), ``"best"`` the best one so far. The score is the fraction of hidden tests passed.
+    Submission steps report ``info["tests_passed"]``/``info["tests_total"]``; ``success`` is all passed.
+
+    ``info["answer"]`` holds the reference solution (privileged: never shown); ``info["tools"]``
+    and ``info["instructions"]`` come with reset. The expert submits the reference solution.
+    Expected values are compared on the host, never inside the sandbox, so code cannot fake a pass
+    by printing; but with ``feedback="full"`` failing tests reveal their expected values, which a
+    policy could copy into a later submission — use ``"inputs"`` or ``"count"`` where that matters.
+
+    Args:
+        problems: a JSON problem file (see ``load_problems``), or ``None`` for the bundled set.
+        max_submissions: submissions per episode.
+        reward_on: ``"final"`` or ``"best"`` submission.
+        feedback: ``"full"``, ``"inputs"`` (no expected values) or ``"count"`` (pass count only).
+        max_failures_shown: failing tests detailed per submission.
+        test_timeout_s: time limit of one test (the whole run has ``limits.wall_clock_s``).
+        format_penalty: subtracted from the reward of an invalid action (``>= 0``).
+        limits: sandbox ``Limits`` of a submission's run, or a dict of fields overriding ``DEFAULT_LIMITS``.
+        sandbox_url: run code on a sandbox service (``agentgym sandbox serve``) instead of in-process.
+        sandbox_token: bearer token of that service.
+        sandbox_backend: in-process backend (``"auto"``: bwrap, else docker; ``"subprocess"`` is not
+            a security boundary).
+
+    Raises:
+        ConfigError: an argument is out of range, the problem file is malformed, or no sandbox
+            backend can run here.
+
+    Example:
+        >>> problem = {p.id: p for p in load_problems()}["two_sum"]
+        >>> problem.signature, len(problem.tests)
+        ('def two_sum(nums: list[int], target: int) -> list[int]:', 8)
+        >>> reply = "```python\\n" + problem.reference + "```"  # the expert's reply
+        >>> extract_code(reply)[0] == problem.reference
+        True
+    """
+
+    has_expert: ClassVar[bool] = True
+    supports_snapshot: ClassVar[bool] = True
+
+    def __init__(self, problems: str | None = None, max_submissions: int = 3,
+                 reward_on: Literal["final", "best"] = "final",
+                 feedback: Literal["full", "inputs", "count"] = "full", max_failures_shown: int = 3,
+                 test_timeout_s: float = 2.0, format_penalty: float = 0.0,
+                 limits: Limits | Mapping[str, Any] | None = None, sandbox_url: str | None = None,
+                 sandbox_token: str | None = None, sandbox_backend: str = "auto") -> None:
+        _check_int(max_submissions, "max_submissions", 1, 100)
+        _check_int(max_failures_shown, "max_failures_shown", 0, 100)
+        if reward_on not in ("final", "best"):
+            raise ConfigError(f"reward_on must be 'final' or 'best', got {reward_on!r}")
+        if feedback not in _FEEDBACK_TEXT:
+            raise ConfigError(f"feedback must be one of {', '.join(_FEEDBACK_TEXT)}, got {feedback!r}")
+        if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) \
+                or not format_penalty >= 0:
+            raise ConfigError(f"format_penalty must be a number >= 0, got {format_penalty!r}")
+        if isinstance(test_timeout_s, bool) or not isinstance(test_timeout_s, (int, float)) \
+                or not 0 < test_timeout_s <= 60:
+            raise ConfigError(f"test_timeout_s must be a number in (0, 60], got {test_timeout_s!r}")
+        self.problems = load_problems(None if problems is None else str(problems))
+        self.by_id = {p.id: p for p in self.problems}
+        self.max_submissions, self.reward_on, self.feedback = int(max_submissions), reward_on, feedback
+        self.max_failures_shown, self.test_timeout_s = int(max_failures_shown), float(test_timeout_s)
+        self.format_penalty = float(format_penalty)
+        self.limits = make_limits(limits, DEFAULT_LIMITS)
+        self.runner = CodeRunner(self.limits, sandbox_url=sandbox_url, sandbox_token=sandbox_token,
+                                 backend=sandbox_backend)
+        self.instructions = _INSTRUCTIONS.format(
+            test_s=self.test_timeout_s, wall_s=self.limits.wall_clock_s, submissions=self.max_submissions,
+            which="latest" if reward_on == "final" else "best",
+            feedback=_FEEDBACK_TEXT[feedback].format(k=self.max_failures_shown))
+        self._problem: CodeProblem | None = None
+        self._submissions = 0
+        self._score = 0  # tests passed by the submission that counts (latest or best)
+        self._over = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task_id = (options or {}).get("task_id")
+        if task_id is not None:
+            if task_id not in self.by_id:
+                raise ConfigError(f"unknown code-tests task_id {task_id!r}; ids are function names such as "
+                                  f"{self.problems[0].id!r}")
+            self._problem = self.by_id[task_id]
+        else:
+            self._problem = self.problems[int(self.np_random.integers(len(self.problems)))]
+        self._submissions, self._score, self._over = 0, 0, False
+        info = self._info(invalid=False, success=False)
+        info["instructions"] = self.instructions
+        info["tools"] = TOOLS
+        return self._statement(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        problem = self._require("step")
+        if self._over:
+            raise EpisodeFinished("the episode is over; call reset() to start a new one")
+        code, problem_text = extract_code(action)
+        if code is None:
+            left = self.max_submissions - self._submissions
+            hint = "" if problem_text.startswith("no code found") else (
+                f" Submit the complete code of {problem.id}() in one ```python block.")
+            obs = f"Invalid action: {problem_text}.{hint} ({left} submission{'s' if left != 1 else ''} left.)"
+            return obs, -self.format_penalty, False, False, self._info(invalid=True, success=False)
+        verdict = grade(problem, code, self.runner, self.test_timeout_s)
+        self._submissions += 1
+        total = len(problem.tests)
+        before = self._score
+        self._score = verdict.passed if self.reward_on == "final" else max(self._score, verdict.passed)
+        solved = verdict.passed == total
+        self._over = solved or self._submissions >= self.max_submissions
+        info = self._info(invalid=False, success=solved)
+        info.update(tests_passed=verdict.passed, tests_total=total)
+        return self._feedback(verdict), (self._score - before) / total, self._over, False, info
+
+    def expert_action(self) -> str | None:
+        """Submit the reference solution."""
+        problem = self._require("expert_action")
+        return None if self._over else f"```python\n{problem.reference}```"
+
+    def snapshot(self) -> bytes:
+        """Problem id, submissions made, the counted score and ``np_random`` as pickled bytes."""
+        problem = self._require("snapshot")
+        return pack_snapshot(self, {"task_id": problem.id, "submissions": self._submissions,
+                                    "score": self._score, "over": self._over})
+
+    def restore(self, data: bytes) -> None:
+        """Reinstate a ``snapshot`` (trusted bytes only: pickle)."""
+        state = unpack_snapshot(self, data)
+        if state["task_id"] not in self.by_id:
+            raise ConfigError(f"snapshot of problem {state['task_id']!r}, which this env's problem set lacks")
+        self._problem = self.by_id[state["task_id"]]
+        self._submissions, self._score = int(state["submissions"]), int(state["score"])
+        self._over = bool(state["over"])
+
+    def render(self) -> str | None:
+        return self._statement() if self._problem is not None else None
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _feedback(self, verdict: Grade) -> str:
+        problem = self._problem
+        assert problem is not None
+        total = len(problem.tests)
+        lines = [f"Submission {self._submissions}: {verdict.passed}/{total} hidden tests passed."]
+        if verdict.setup_error:
+            lines.append(f"Your code could not be loaded: {verdict.setup_error}")
+            if verdict.setup_printed:
+                lines.append(f"It printed: {verdict.setup_printed!r}")
+        elif self.feedback != "count" and self.max_failures_shown:
+            failing = [(args, expected, o) for (args, expected), o in zip(problem.tests, verdict.outcomes)
+                       if not o.passed]
+            if failing:
+                shown = failing[: self.max_failures_shown]
+                lines.append(f"Failing tests ({len(shown)} of {len(failing)} shown):")
+                for args, expected, outcome in shown:
+                    call = _call(problem, args)
+                    if outcome.detail == "wrong value":
+                        want = f"expected {_short(expected)}, " if self.feedback == "full" else ""
+                        lines.append(f"- {call}: {want}got {outcome.got}")
+                    elif self.feedback == "full" and outcome.detail.startswith(("raised", "timed out")):
+                        lines.append(f"- {call}: expected {_short(expected)}, but it {outcome.detail}")
+                    else:
+                        lines.append(f"- {call}: {outcome.detail}")
+                    if outcome.printed:
+                        lines.append(f"  printed: {cut(outcome.printed, SHOW_CHARS)!r}")
+        if verdict.passed == total:
+            lines.append("All hidden tests pass.")
+        elif self._over:
+            lines.append(f"No submissions left; the score is {self._score}/{total}.")
+        else:
+            left = self.max_submissions - self._submissions
+            lines.append(f"{left} submission{'s' if left != 1 else ''} left. "
+                         "Fix the code and submit all of it again.")
+        return "\n".join(lines)
+
+    def _require(self, what: str) -> CodeProblem:
+        if self._problem is None:
+            raise ResetNeeded(f"CodeTestsEnv.{what}() called before reset(); call reset() first")
+        return self._problem
+
+    def _statement(self) -> str:
+        problem = self._problem
+        assert problem is not None
+        examples = "\n".join(f"    {_call(problem, args)} == {_short(expected)}"
+                             for args, expected in problem.examples)
+        return (f"Problem: {problem.title}\n{problem.prompt}\n\nWrite this function:\n    {problem.signature}\n\n"
+                f"Examples:\n{examples}")
+
+    def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
+        problem = self._problem
+        assert problem is not None
+        # The state is the problem and the score that counts so far: the rest of the episode's
+        # return depends on nothing else. Submission texts and counts are history.
+        score = f"{self._score}/{len(problem.tests)}" if self._submissions else "-"
+        return {
+            "state_key": f"{problem.id}|score={score}",
+            "task_id": problem.id,
+            "invalid_action": invalid,
+            "success": success,
+            "answer": problem.reference,
+        }
+
+
+def _check_int(value: Any, name: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
