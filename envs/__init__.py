@@ -28,3 +28,7 @@ register_textworld_envs()
 from agentgym.envs.tools_registration import register_tool_envs  # noqa: E402
 
 register_tool_envs()
+
+from agentgym.envs.alfworld_registration import register_alfworld_envs  # noqa: E402
+
+register_alfworld_envs()

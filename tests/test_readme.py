@@ -33,3 +33,12 @@ def test_readme_names_the_commands_ci_runs() -> None:
     assert "make test" in ci
     test_line = re.search(r"^test: setup\n\t(.+)$", makefile, flags=re.M).group(1)
     assert "pytest" in test_line and test_line.split("pytest", 1)[1].strip() in text
+
+
+def test_env_table_lists_every_registered_env() -> None:
+    import agentgym
+
+    rows = {line.split("|")[1].strip().strip("`") for line in README.read_text().splitlines()
+            if line.startswith("| `") and line.count("|") >= 8}
+    registered = {spec.id for spec in agentgym.list_envs() if str(spec.entry_point).startswith("agentgym.envs.")}
+    assert registered <= rows, f"README's env table lacks {sorted(registered - rows)}"
