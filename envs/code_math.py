@@ -24,7 +24,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
-from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
+from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
 from agentgym.sandbox import Limits
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
@@ -628,28 +628,21 @@ class CodeMathEnv(Env):
         problem = self._require("step")
         if self._over:
             raise EpisodeFinished("the problem was answered; call reset() to start a new one")
-        parsed = parse_tool_calls(action, TOOLS)
-        cells = [c.arguments["code"] for c in parsed.calls if c.name == "python"]
-        answers = [c.arguments["answer"] for c in parsed.calls if c.name == "answer"]
-        problem_text = parsed.errors[0].message if parsed.errors else None
-        if problem_text is None and cells and answers:
-            problem_text = "a turn either runs code or answers, not both"
-        elif problem_text is None and len(answers) > 1:
-            problem_text = "answer once, with a single <answer>...</answer>"
-        elif problem_text is None and len(cells) > MAX_CELLS_PER_TURN:
-            problem_text = f"at most {MAX_CELLS_PER_TURN} python cells per turn, got {len(cells)}"
-        elif problem_text is None and answers and parse_number(answers[0]) is None:
-            shown = " ".join(answers[0].split())[:_ECHO_CHARS]
+        cells, answer, problem_text = work_or_answer(parse_tool_calls(action, TOOLS), "python", "code",
+                                                     MAX_CELLS_PER_TURN, work_verb="runs code",
+                                                     work_noun="python cells")
+        if problem_text is None and answer is not None and parse_number(answer) is None:
+            shown = " ".join(answer.split())[:_ECHO_CHARS]
             problem_text = f"the answer {shown!r} is not a number; give the exact value only, e.g. 42 or 7/3"
         if problem_text is not None:
             hint = "" if problem_text.startswith("no tool call") else (
                 " Run code with <python>code</python> or answer with <answer>value</answer>.")
             obs = f"Invalid action: {problem_text}.{hint}\n{self._question()}"
             return obs, -self.format_penalty, False, False, self._info(invalid=True, success=False)
-        if answers:
-            correct = same_number(answers[0], problem.answer)
+        if answer is not None:
+            correct = same_number(answer, problem.answer)
             self._over = True
-            shown = " ".join(answers[0].split())[:_ECHO_CHARS]
+            shown = " ".join(answer.split())[:_ECHO_CHARS]
             info = self._info(invalid=False, success=correct)
             return (f"Your answer: {shown}. It is {'correct' if correct else 'not correct'}.",
                     1.0 if correct else 0.0, True, False, info)

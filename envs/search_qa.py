@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
 from agentgym.envs.synthetic_qa import generate_corpus
-from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
+from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
 from agentgym.retrieval.index import Index, Retriever, read_corpus
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
@@ -260,23 +260,14 @@ class SearchQAEnv(Env):
         item = self._require("step")
         if self._over:
             raise EpisodeFinished("the question was answered; call reset() to start a new one")
-        parsed = parse_tool_calls(action, TOOLS)
-        searches = [c.arguments["query"] for c in parsed.calls if c.name == "search"]
-        answers = [c.arguments["answer"] for c in parsed.calls if c.name == "answer"]
-        problem = parsed.errors[0].message if parsed.errors else None
-        if problem is None and searches and answers:
-            problem = "a turn either searches or answers, not both"
-        elif problem is None and len(answers) > 1:
-            problem = "answer once, with a single <answer>...</answer>"
-        elif problem is None and len(searches) > MAX_SEARCHES_PER_TURN:
-            problem = f"at most {MAX_SEARCHES_PER_TURN} searches per turn, got {len(searches)}"
+        searches, guess, problem = work_or_answer(parse_tool_calls(action, TOOLS), "search", "query",
+                                                  MAX_SEARCHES_PER_TURN, work_verb="searches", work_noun="searches")
         if problem is not None:
             hint = "" if problem.startswith("no tool call") else (
                 " Search with <search>query</search> or answer with <answer>text</answer>.")
             obs = f"Invalid action: {problem}.{hint}\n{self._question()}"
             return obs, -self.format_penalty, False, False, self._info(invalid=True, success=False)
-        if answers:
-            guess = answers[0]
+        if guess is not None:
             em, f1 = exact_match(guess, item["golden_answers"]), f1_score(guess, item["golden_answers"])
             self._over = True
             shown = " ".join(guess.split())

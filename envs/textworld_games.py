@@ -13,10 +13,8 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +23,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentgym.core import Env
+from agentgym.envs import game_cache
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
 
 #: Bump when the cached files or the way they are generated change; old entries are then ignored.
 CACHE_FORMAT = 1
 #: Environment variable naming the cache directory (default ``~/.cache/agentgym/textworld``).
-CACHE_ENV_VAR = "AGENTGYM_CACHE"
 _GAME_SEED_BOUND = 2**32  # numpy's RandomState (used by TextWorld) takes seeds below 2**32
 _ECHO_CHARS = 60
 _BANNER_LINE = re.compile(r"[\s_|\\$/<>]*")
@@ -193,8 +191,7 @@ def format_task_id(challenge: str, settings: dict[str, Any], game_seed: int) -> 
 
 def default_cache_dir() -> Path:
     """``$AGENTGYM_CACHE/textworld`` when the variable is set, else ``~/.cache/agentgym/textworld``."""
-    root = os.environ.get(CACHE_ENV_VAR)
-    return Path(root) / "textworld" if root else Path.home() / ".cache" / "agentgym" / "textworld"
+    return game_cache.cache_dir("textworld")
 
 
 def _textworld_version() -> str:
@@ -214,20 +211,6 @@ def _generation_settings(challenge: str, settings: dict[str, Any], game_seed: in
     if challenge == "tw-cooking" and full["recipe_seed"] is None:
         full["recipe_seed"] = game_seed if full["take"] else 0
     return full
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _cache_entry_ok(entry: Path) -> bool:
-    """True when ``entry`` holds a complete game whose files match the checksums written last."""
-    try:
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-        return all(_sha256(entry / name) == digest for name, digest in meta["sha256"].items()) and bool(
-            meta["sha256"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
 
 
 def _build_game(challenge: str, settings: dict[str, Any], game_seed: int, out_dir: str) -> None:
@@ -259,20 +242,15 @@ def ensure_game(challenge: str, settings: dict[str, Any], game_seed: int, cache_
     Raises:
         ConfigError: the generation failed (names the challenge, settings and seed).
     """
-    global generation_count
     version = _textworld_version()
     full = _generation_settings(challenge, settings, game_seed)
     params = {"challenge": challenge, "settings": full, "seed": game_seed, "textworld": version,
               "format": CACHE_FORMAT}
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:20]
     entry = cache_dir / challenge / f"seed{game_seed}-{key}"
-    if _cache_entry_ok(entry):
-        return entry / "game.z8"
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    if entry.exists():  # corrupt or half-deleted: regenerate
-        shutil.rmtree(entry, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
-    try:
+
+    def build(tmp: Path) -> tuple[list[str], dict[str, Any]]:
+        global generation_count
         code = ("import json, sys; from agentgym.envs.textworld_games import _build_game; "
                 "_build_game(*json.loads(sys.argv[1]))")
         env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -288,16 +266,9 @@ def ensure_game(challenge: str, settings: dict[str, Any], game_seed: int, cache_
             )
         generation_count += 1
         (tmp / "game.ni").unlink(missing_ok=True)  # the Inform 7 source; playing does not need it
-        digests = {name: _sha256(tmp / name) for name in ("game.z8", "game.json")}
-        (tmp / "meta.json").write_text(json.dumps({**params, "sha256": digests}, sort_keys=True),
-                                       encoding="utf-8")
-        try:
-            os.rename(tmp, entry)
-        except OSError:  # another process put the same game in place first; keep theirs
-            if not _cache_entry_ok(entry):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return ["game.z8", "game.json"], params
+
+    game_cache.build_entry(entry, build)
     return entry / "game.z8"
 
 

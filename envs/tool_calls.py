@@ -288,3 +288,40 @@ def parse_tool_calls(response: str, tools: Sequence[Mapping[str, Any]]) -> Parse
         calls=tuple(item for item in found if isinstance(item, ToolCall)),
         errors=tuple(item for item in found if isinstance(item, ParseError)),
     )
+
+
+def work_or_answer(parsed: ParsedResponse, work_tool: str, work_argument: str, max_work: int, *,
+                   work_verb: str, work_noun: str) -> tuple[list[Any], str | None, str | None]:
+    """Split a turn of a "use a tool, then answer once" env into its tool work and its answer.
+
+    The rule such envs (``search-qa-v0``, ``code-math-v0``) share: a turn either makes up to
+    ``max_work`` calls of ``work_tool`` or gives one ``answer``, never both.
+
+    Returns:
+        ``(work, answer, problem)``: the ``work_argument`` of each ``work_tool`` call, the answer
+        text (``None`` when the turn does not answer), and what is wrong with the turn (``None``
+        when it is well-formed), written for the model.
+
+    Example:
+        >>> tools = [tool_spec("search", "S.", {"query": {"type": "string"}}),
+        ...          tool_spec("answer", "A.", {"answer": {"type": "string"}})]
+        >>> def split(text):
+        ...     return work_or_answer(parse_tool_calls(text, tools), "search", "query", 2,
+        ...                           work_verb="searches", work_noun="searches")
+        >>> split("<search>a</search><search>b</search>")
+        (['a', 'b'], None, None)
+        >>> split("<search>a</search><answer>x</answer>")[2]
+        'a turn either searches or answers, not both'
+    """
+    work = [call.arguments[work_argument] for call in parsed.calls if call.name == work_tool]
+    answers = [call.arguments["answer"] for call in parsed.calls if call.name == "answer"]
+    answer = answers[0] if answers else None
+    if parsed.errors:
+        return work, answer, parsed.errors[0].message
+    if work and answers:
+        return work, answer, f"a turn either {work_verb} or answers, not both"
+    if len(answers) > 1:
+        return work, answer, "answer once, with a single <answer>...</answer>"
+    if len(work) > max_work:
+        return work, answer, f"at most {max_work} {work_noun} per turn, got {len(work)}"
+    return work, answer, None
