@@ -81,6 +81,9 @@ class RolloutConfig:
     """Put the env's ``instructions`` in the system message (tiny models may do better without)."""
     show_admissible_actions: bool = True
     """List ``info["admissible_actions"]`` under each observation."""
+    tool_messages: bool = True
+    """Tool envs (``info["tools"]``): pass the tool specs to the chat template and, in ``full`` mode,
+    render observations after the first as ``tool`` messages."""
     system_prompt: str | None = None
     """Extra system text placed first."""
     max_new_tokens: int = 16

@@ -11,6 +11,11 @@ Two modes:
   (action, observation) pairs, and the current observation.
 - ``current``: the system text and the current observation only — for envs whose observation
   is a sufficient state (a maze's view with the goal direction, a Sokoban board).
+
+Tool envs (those that publish ``info["tools"]``): the tool specs go to the chat template as
+``tools=`` (Qwen/Hermes templates list them in the system prompt), and in ``full`` mode every
+observation after the first is a ``tool`` message — what the template renders as a tool result
+(Qwen wraps it in ``<tool_response>``), the form tool-calling models were trained on.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class Conversation:
     ids: list[int] = field(default_factory=list)
     """``full`` mode: the prompt ids of the next turn."""
     admissible: list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+    """The env's tool specs (``info["tools"]`` at reset), when tool messages are on."""
 
 
 def _ids(result: Any) -> list[int]:
@@ -55,7 +62,8 @@ class PromptRenderer:
 
     def __init__(self, tokenizer: ChatTokenizer, *, mode: PromptMode = "window", window_turns: int = 2,
                  action_format: ActionFormat = "plain", system_prompt: str | None = None,
-                 show_admissible_actions: bool = True, include_instructions: bool = True) -> None:
+                 show_admissible_actions: bool = True, include_instructions: bool = True,
+                 tool_messages: bool = True) -> None:
         if mode not in ("full", "window", "current"):
             raise ConfigError(f"rollout.prompt_mode must be 'full', 'window' or 'current', got {mode!r}")
         if window_turns < 0:
@@ -67,6 +75,7 @@ class PromptRenderer:
         self.system_prompt = system_prompt
         self.show_admissible_actions = show_admissible_actions
         self.include_instructions = include_instructions
+        self.tool_messages = tool_messages
         self._probe: tuple[list[dict[str, str]], int] | None = None
 
     # --- episode lifecycle --------------------------------------------------------------------
@@ -77,12 +86,19 @@ class PromptRenderer:
         parts = (self.system_prompt, info.get("instructions"), _FORMAT_HINT[self.action_format]) \
             if self.include_instructions else (self.system_prompt,)
         system = "\n\n".join(p for p in parts if p)
-        conv = Conversation(system=system, task=observation, admissible=info.get("admissible_actions"))
+        tools = info.get("tools") if self.tool_messages else None
+        conv = Conversation(system=system, task=observation, admissible=info.get("admissible_actions"),
+                            tools=list(tools) if tools else None)
         if self.mode == "full":
             conv.ids = _ids(self.tokenizer.apply_chat_template(
                 self._messages(system, self._user_text(observation, conv)), tokenize=True,
-                add_generation_prompt=True))
+                add_generation_prompt=True, **self._tools_kwarg(conv)))
         return conv
+
+    @staticmethod
+    def _tools_kwarg(conv: Conversation) -> dict[str, Any]:
+        # Only when there are tools: a template that knows no ``tools`` variable renders as before.
+        return {"tools": conv.tools} if conv.tools else {}
 
     @staticmethod
     def _messages(system: str, user: str) -> list[dict[str, str]]:
@@ -94,7 +110,8 @@ class PromptRenderer:
         if self.mode == "full":
             return list(conv.ids)
         return _ids(self.tokenizer.apply_chat_template(
-            self._messages(conv.system, self._window_text(conv)), tokenize=True, add_generation_prompt=True))
+            self._messages(conv.system, self._window_text(conv)), tokenize=True, add_generation_prompt=True,
+            **self._tools_kwarg(conv)))
 
     def record(self, conv: Conversation, response_ids: list[int], action: str, observation: str,
                info: dict[str, Any]) -> None:
@@ -104,7 +121,8 @@ class PromptRenderer:
         if self.mode == "full":
             eos = self.tokenizer.eos_token_id
             closed = response_ids if (response_ids and response_ids[-1] == eos) else [*response_ids, eos]
-            conv.ids = conv.ids + closed + self._next_user_ids(self._user_text(observation, conv))
+            role = "tool" if conv.tools else "user"
+            conv.ids = conv.ids + closed + self._next_message_ids(self._user_text(observation, conv), role)
 
     # --- text -----------------------------------------------------------------------------------
 
@@ -132,11 +150,12 @@ class PromptRenderer:
 
     # --- token splicing (full mode) -------------------------------------------------------------
 
-    def _next_user_ids(self, text: str) -> list[int]:
-        """Ids that follow an assistant turn's end token: the user message + the generation prompt.
+    def _next_message_ids(self, text: str, role: str) -> list[int]:
+        """Ids that follow an assistant turn's end token: the next message (``user`` or ``tool``) +
+        the generation prompt.
 
         Rendered as the difference between a probe conversation ending with a closed assistant turn
-        and the same conversation plus the new user message, cut right after the assistant's end
+        and the same conversation plus the new message, cut right after the assistant's end
         token — exactly what the template puts between two turns.
         """
         if self._probe is None:
@@ -150,6 +169,6 @@ class PromptRenderer:
                 )
             self._probe = (probe, len(base) - base[::-1].index(eos))
         probe, cut = self._probe
-        full = _ids(self.tokenizer.apply_chat_template([*probe, {"role": "user", "content": text}],
+        full = _ids(self.tokenizer.apply_chat_template([*probe, {"role": role, "content": text}],
                                                        tokenize=True, add_generation_prompt=True))
         return full[cut:]

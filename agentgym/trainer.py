@@ -221,7 +221,7 @@ class Run:
         self.renderer = PromptRenderer(
             self.tokenizer, mode=r.prompt_mode, window_turns=r.window_turns, action_format=r.action_format,
             system_prompt=r.system_prompt, show_admissible_actions=r.show_admissible_actions,
-            include_instructions=r.include_instructions)
+            include_instructions=r.include_instructions, tool_messages=r.tool_messages)
         self.make_env = env_factory(cfg)
         self.collector = Collector(self.make_env, self.policy, self.renderer, action_format=r.action_format,
                                    max_prompt_tokens=r.max_prompt_tokens)

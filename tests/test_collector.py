@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from agentgym.http.client import EnvClient, RemoteEnv
 from agentgym.policy import SamplingParams
 from agentgym.prompt import PromptRenderer, _ids
 from agentgym.records import EpisodeGroup
-from agentgym.tiny import TinyModelConfig, build_tiny_model
+from agentgym.tiny import CHATML_TEMPLATE, TinyModelConfig, build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,35 @@ def test_full_mode_splicing_equals_rendering_the_whole_chat(policy: Transformers
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs}]
     expected = _ids(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))
     assert renderer.prompt_ids(conv) == expected
+
+
+def test_tool_env_results_are_tool_messages_and_specs_reach_the_template(policy: TransformersPolicy) -> None:
+    tok = copy.deepcopy(policy.tokenizer)
+    # ChatML that also lists the tool names it is given, as Qwen's template does in its system turn.
+    tok.chat_template = ("{% if tools %}{{ '<|im_start|>tools\\n' }}{% for t in tools %}{{ t.function.name + ' ' }}"
+                         "{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}" + CHATML_TEMPLATE)
+    env = agentgym.make("tools-v0")
+    obs, info = env.reset(seed=4)
+    tools = info["tools"]  # published at reset
+    assert tools
+    renderer = PromptRenderer(tok, mode="full", show_admissible_actions=False)
+    conv = renderer.start(obs, info)
+    messages = [{"role": "system", "content": conv.system}, {"role": "user", "content": obs}]
+    for _ in range(2):
+        action = env.expert_action()
+        reply, _, _, _, info = env.step(action)
+        renderer.record(conv, tok.encode(action, add_special_tokens=False) + [tok.eos_token_id], action, reply, info)
+        messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": reply}]
+    expected = _ids(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, tools=tools))
+    assert renderer.prompt_ids(conv) == expected
+    text = tok.decode(expected)
+    assert text.count("<|im_start|>tool\n") == 2
+    assert all(f"{spec['function']['name']} " in text.split("<|im_end|>")[0] for spec in tools)
+    # Off: the same replies are user messages.
+    plain = PromptRenderer(tok, mode="full", show_admissible_actions=False, tool_messages=False)
+    conv = plain.start(obs, {"tools": tools})
+    plain.record(conv, tok.encode("x", add_special_tokens=False) + [tok.eos_token_id], "x", "reply", info)
+    assert "<|im_start|>tool" not in tok.decode(plain.prompt_ids(conv))
 
 
 def test_window_mode_restates_task_and_keeps_last_k(policy: TransformersPolicy) -> None:
