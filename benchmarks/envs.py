@@ -12,7 +12,7 @@ warm that a first user would not find warm:
 * **cached reset**: a reset of one of those seeds again (games come from the cache); median.
 * **expert**: ``--episodes`` episodes (seeds 1000, 1001, …) driven by ``env.expert_action()``:
   success rate (``info["success"]``), mean turns, and steps/s over the step calls only.
-* **random**: the same seeds, each action drawn uniformly from ``info["admissible_actions"]``
+* **random**: the same seeds, 5 episodes each, each action drawn uniformly from ``info["admissible_actions"]``
   (envs that list them) or from an env-specific random policy (Wordle: a random list word;
   Countdown: a random expression over the numbers); other envs show "—".
 * **HTTP steps/s**: ``agentgym serve ENV_ID`` in a separate process (sharing the cache), one
@@ -71,24 +71,27 @@ def random_policy(env_id: str) -> Policy | None:
     return lambda _env, _obs, info, rng: rng.choice(info["admissible_actions"]) if info.get("admissible_actions") else None
 
 
-def run_episodes(env: Any, policy: Policy, episodes: int, seed: int) -> dict[str, Any]:
-    """Play ``episodes`` episodes; returns success rate, mean turns and steps/s over step calls only."""
+def run_episodes(env: Any, policy: Policy, episodes: int, seed: int, distinct: int | None = None) -> dict[str, Any]:
+    """Play ``episodes`` episodes on seeds ``seed, seed + 1, …`` (cycling over ``distinct`` of them);
+    returns success rate, mean turns and steps/s over step calls only."""
     rng = random.Random(seed)
-    successes, turns, step_s, steps = 0, [], 0.0, 0
+    successes, turns, returns, step_s, steps = 0, [], [], 0.0, 0
     for episode in range(episodes):
-        obs, info = env.reset(seed=seed + episode)
-        done, count = False, 0
+        obs, info = env.reset(seed=seed + episode % (distinct or episodes))
+        done, count, total = False, 0, 0.0
         while not done:
             action = policy(env, obs, info, rng)
             if action is None:
                 return {"unavailable": True}
             start = time.perf_counter()
-            obs, _reward, terminated, truncated, info = env.step(action)
+            obs, reward, terminated, truncated, info = env.step(action)
             step_s += time.perf_counter() - start
-            steps, count, done = steps + 1, count + 1, terminated or truncated
+            steps, count, total, done = steps + 1, count + 1, total + reward, terminated or truncated
         successes += bool(info.get("success"))
         turns.append(count)
-    return {"success": successes / episodes, "mean_turns": statistics.mean(turns), "steps": steps,
+        returns.append(total)
+    return {"success": successes / episodes, "mean_turns": statistics.mean(turns),
+            "mean_return": statistics.mean(returns), "steps": steps,
             "steps_per_s": steps / step_s if step_s else float("nan")}
 
 
@@ -108,11 +111,13 @@ def measure_child(env_id: str, episodes: int, cold_seeds: int) -> dict[str, Any]
         begin = time.perf_counter()
         env.reset(seed=seed)
         cached.append(time.perf_counter() - begin)
+    result["first_reset_ms"] = cold[0] * 1000  # also pays the lazy imports of the first game
     result["cold_reset_ms"] = statistics.median(cold) * 1000
     result["cached_reset_ms"] = statistics.median(cached) * 1000
     result["expert"] = run_episodes(env, expert_policy, episodes, EPISODE_SEED) if env.has_expert else None
     policy = random_policy(env_id)
-    random_result = run_episodes(env, policy, episodes * 5, EPISODE_SEED) if policy else {"unavailable": True}
+    # The expert's seeds again, 5 times each: games that are generated per seed are generated once.
+    random_result = run_episodes(env, policy, episodes * 5, EPISODE_SEED, episodes) if policy else {"unavailable": True}
     result["random"] = None if random_result.get("unavailable") else random_result
     env.close()
 
@@ -135,21 +140,28 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.0%}"
 
 
+def _num(value: float | None, spec: str = ".2f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| env | make s | cold reset ms | cached reset ms | steps/s in-process | steps/s HTTP | expert success | "
-             "expert turns | random success |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| env | make s | first reset ms | cold reset ms | cached reset ms | steps/s in-process | steps/s HTTP | "
+             "expert success | expert return | expert turns | random success | random return |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if "error" in row:
-            lines.append(f"| `{row['env_id']}` | failed: {row['error'][:100]} | | | | | | | |")
+            lines.append(f"| `{row['env_id']}` | failed: {row['error'][:100]} | | | | | | | | | | |")
             continue
         expert, rand, http = row["expert"], row["random"], row["http"]
         inproc = expert or rand
         lines.append(
-            f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['cold_reset_ms']:.1f} | {row['cached_reset_ms']:.2f} | "
+            f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['first_reset_ms']:.1f} | {row['cold_reset_ms']:.1f} | "
+            f"{row['cached_reset_ms']:.2f} | "
             f"{inproc['steps_per_s']:,.0f} | {http['steps_per_s']:,.0f} | {_pct(expert and expert['success'])} | "
-            f"{'—' if not expert else format(expert['mean_turns'], '.1f')} | {_pct(rand and rand['success'])} |"
-            if inproc and http else f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['cold_reset_ms']:.1f} | "
-            f"{row['cached_reset_ms']:.2f} | — | — | — | — | — |")
+            f"{_num(expert and expert['mean_return'])} | {_num(expert and expert['mean_turns'], '.1f')} | "
+            f"{_pct(rand and rand['success'])} | {_num(rand and rand['mean_return'])} |"
+            if inproc and http else f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['first_reset_ms']:.1f} | "
+            f"{row['cold_reset_ms']:.1f} | {row['cached_reset_ms']:.2f} | — | — | — | — | — | — | — |")
     return "\n".join(lines)
 
 
