@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_server import HOST, free_port, start_server, stop_server  # noqa: E402  (the shared process helpers)
+from env_server import HOST, free_port, start_server, stop_server  # the shared process helpers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EPISODE_SEED = 1000
@@ -145,8 +145,8 @@ def _num(value: float | None, spec: str = ".2f") -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| env | make s | first reset ms | cold reset ms | cached reset ms | steps/s in-process | steps/s HTTP | "
-             "expert success | expert return | expert turns | random success | random return |",
+    lines = [("| env | make s | first reset ms | cold reset ms | cached reset ms | steps/s in-process | steps/s HTTP | "
+              "expert success | expert return | expert turns | random success | random return |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if "error" in row:
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--cold-seeds", str(args.cold_seeds)]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s,
-                                      env={**os.environ, "AGENTGYM_CACHE": cache})
+                                      env={**os.environ, "AGENTGYM_CACHE": cache}, check=False)
                 if done.returncode != 0:
                     raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output")
                 row = json.loads(done.stdout.strip().splitlines()[-1])

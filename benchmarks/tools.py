@@ -216,8 +216,8 @@ def retrieval_tables(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines = ["| documents | generate s | index build s | build peak RSS MB | RSS growth over loaded corpus MB | index on disk MB |",
              "|---:|---:|---:|---:|---:|---:|",
-             f"| {s['docs']:,} | {s['generate_s']:.1f} | {s['build_s']:.1f} | {s['peak_rss_mb']:.0f} | "
-             f"{s['peak_rss_mb'] - s['rss_loaded_mb']:.0f} | {s['index_disk_mb']:.0f} |", "",
+             (f"| {s['docs']:,} | {s['generate_s']:.1f} | {s['build_s']:.1f} | {s['peak_rss_mb']:.0f} | "
+              f"{s['peak_rss_mb'] - s['rss_loaded_mb']:.0f} | {s['index_disk_mb']:.0f} |"), "",
              "| mode | query | clients | queries/request | queries/s | p50 ms | p99 ms |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
