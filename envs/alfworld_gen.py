@@ -13,7 +13,7 @@ task's target object(s), distractor objects and, in bedrooms and living rooms, a
 lamp. It is solvable by construction (the target's source receptacle, the parent receptacle and the
 appliance the task needs are placed; the goal does not hold at the start) and checked: ALFWorld's
 handcoded expert must win it within ``EXPERT_STEP_LIMIT`` commands, through the same loading path
-the env plays (``alfworld_env.AlfredEngine``), and its commands become the ``walkthrough``.
+the env plays (``alfworld_engine.AlfredEngine``), and its commands become the ``walkthrough``.
 A layout the expert cannot finish is drawn again (the next ``attempt``).
 
 **Splits.** A game is named by ``(task type, split, seed)``; ``train``, ``valid_seen`` and
@@ -477,7 +477,7 @@ def expert_walkthrough(game_file: Path, *, limit: int = EXPERT_STEP_LIMIT,
     Plays through ``AlfredEngine``, the loading path of the env (and of ALFWorld's own env), taking
     the commands the env's ``expert_action`` would.
     """
-    from agentgym.envs.alfworld_env import AlfredEngine, expert_command
+    from agentgym.envs.alfworld_engine import AlfredEngine, expert_command
 
     engine = AlfredEngine.acquire(expert_type)
     try:

@@ -20,7 +20,8 @@ import pytest
 import agentgym
 from agentgym.checker import check_env
 from agentgym.envs import alfworld_gen as gen
-from agentgym.envs.alfworld_env import AlfredEngine, AlfWorldEnv
+from agentgym.envs.alfworld_engine import AlfredEngine
+from agentgym.envs.alfworld_env import AlfWorldEnv
 from agentgym.envs.alfworld_registration import register_alfworld_envs
 from agentgym.errors import ConfigError
 
@@ -139,7 +140,7 @@ def test_generated_files_are_alfworld_format_and_load_through_alfworld(cache_dir
     # ... and its gym path (textworld.gym + the three wrappers, alfworld's expert unpatched) plays the
     # games to a win with the expert plan it computes: all of them with the planner; all but the
     # two-object one with the handcoded expert, whose bookkeeping misses "move" (see
-    # alfworld_env._move_aware_expert_class).
+    # alfworld_engine._move_aware_expert_class).
     infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile", "expert_plan"])
     for expert_type in ("planner", "handcoded"):
         env_id = textworld.gym.register_games(
