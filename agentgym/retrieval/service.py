@@ -78,7 +78,8 @@ def create_retrieval_app(
     from fastapi.responses import Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
-    from agentgym.http.server import _TELEMETRY_OFF, ErrorResponses, GuardMiddleware, _json
+    from agentgym.http.fastpath import GuardMiddleware
+    from agentgym.http.responses import TELEMETRY_OFF, ErrorResponses, json_response
 
     for name, value in (("max_k", max_k), ("max_queries", max_queries), ("num_workers", num_workers),
                         ("max_body_bytes", max_body_bytes)):
@@ -106,7 +107,7 @@ def create_retrieval_app(
         yield
         pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="agentgym retrieval service", lifespan=lifespan, **_TELEMETRY_OFF,
+    app = FastAPI(title="agentgym retrieval service", lifespan=lifespan, **TELEMETRY_OFF,
                   description="BM25 document retrieval. Every error body is {\"error\": {\"type\", \"message\"}}.")
     app.state.index = searcher
 
@@ -128,11 +129,11 @@ def create_retrieval_app(
         Metrics.requests.inc()
         Metrics.queries.inc(len(body.queries))
         Metrics.seconds.observe(time.perf_counter() - started)
-        return _json({"results": [[hit.to_dict() for hit in hits] for hits in results]})
+        return json_response({"results": [[hit.to_dict() for hit in hits] for hits in results]})
 
     @app.get("/health")
     async def health():
-        return _json({"status": "ok", "num_docs": len(searcher), "max_k": max_k})
+        return json_response({"status": "ok", "num_docs": len(searcher), "max_k": max_k})
 
     @app.get("/metrics")
     async def metrics():

@@ -42,7 +42,8 @@ from agentgym.errors import (
     RequestRejected,
     SessionCapacityError,
 )
-from agentgym.http.server import ErrorResponses, GuardMiddleware, _json
+from agentgym.http.fastpath import GuardMiddleware
+from agentgym.http.responses import ErrorResponses, json_response
 from agentgym.sandbox.backends import Backend, Limits, Result, default_backend
 from agentgym.sandbox.pool import WarmPool
 
@@ -154,7 +155,7 @@ def create_sandbox_app(
 
     @app.get("/health")
     async def health() -> Response:
-        return _json({"status": "ok", "backend": chosen.name, "secure": chosen.secure,
+        return json_response({"status": "ok", "backend": chosen.name, "secure": chosen.secure,
                       "pool_size": pool_size, "pool_idle": pool.idle if pool else 0,
                       "max_concurrency": max_concurrency, "in_flight": in_flight,
                       "max_limits": dataclasses.asdict(maxima)})
@@ -181,7 +182,7 @@ def create_sandbox_app(
             timeouts.inc()
         if result.killed_reason is not None:
             kills.labels(result.killed_reason).inc()
-        return _json(result.to_dict())
+        return json_response(result.to_dict())
 
     return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
 
