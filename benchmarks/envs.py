@@ -51,8 +51,8 @@ def expert_policy(env: Any, _obs: str, _info: dict[str, Any], _rng: random.Rando
     return env.expert_action()
 
 
-def random_policy(env_id: str) -> Policy | None:
-    """A uniformly random policy for ``env_id``, or ``None`` where there is no natural one."""
+def random_policy(env_id: str) -> Policy:
+    """A uniformly random policy for ``env_id``; it answers ``None`` (no action) where there is no natural one."""
     if env_id == "wordle-v0":
         from agentgym.envs.wordle import load_words
 
@@ -117,7 +117,7 @@ def measure_child(env_id: str, episodes: int, cold_seeds: int) -> dict[str, Any]
     result["expert"] = run_episodes(env, expert_policy, episodes, EPISODE_SEED) if env.has_expert else None
     policy = random_policy(env_id)
     # The expert's seeds again, 5 times each: games that are generated per seed are generated once.
-    random_result = run_episodes(env, policy, episodes * 5, EPISODE_SEED, episodes) if policy else {"unavailable": True}
+    random_result = run_episodes(env, policy, episodes * 5, EPISODE_SEED, episodes)
     result["random"] = None if random_result.get("unavailable") else random_result
     env.close()
 
@@ -129,7 +129,7 @@ def measure_child(env_id: str, episodes: int, cold_seeds: int) -> dict[str, Any]
 
         remote = RemoteEnv(env_id, base_url=f"http://{HOST}:{port}")
         result["http"] = run_episodes(remote, expert_policy if remote.has_expert else policy, min(episodes, 10),
-                                      EPISODE_SEED) if (remote.has_expert or policy) else None
+                                      EPISODE_SEED)
         remote.close()
     finally:
         stop_server(server)

@@ -643,11 +643,12 @@ class CodeTestsEnv(Env):
     def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
         problem = self._problem
         assert problem is not None
-        # The state is the problem and the score that counts so far: the rest of the episode's
-        # return depends on nothing else. Submission texts and counts are history.
+        # The state is the problem, the score that counts so far and the submissions left: the rest
+        # of the episode's return depends on nothing else. Submission texts are history.
         score = f"{self._score}/{len(problem.tests)}" if self._submissions else "-"
+        left = self.max_submissions - self._submissions
         return {
-            "state_key": f"{problem.id}|score={score}",
+            "state_key": f"{problem.id}|score={score}|left={left}",
             "task_id": problem.id,
             "invalid_action": invalid,
             "success": success,

@@ -8,12 +8,15 @@ Two processes building the same entry at once both succeed, and the first one's 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +53,23 @@ def entry_complete(entry: Path) -> bool:
         return False
 
 
-def read_meta(entry: Path) -> dict[str, Any]:
-    """The ``meta.json`` of a complete entry."""
-    return json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _entry_lock(entry: Path) -> Iterator[None]:
+    """Exclusive right to build ``entry``: across threads (a lock per path) and processes (flock)."""
+    key = str(entry.resolve())
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    # Lock files live outside the cache, which then holds nothing but entries.
+    lock_dir = Path(tempfile.gettempdir()) / "agentgym-cache-locks"
+    lock_dir.mkdir(exist_ok=True)
+    name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"
+    with lock, open(lock_dir / name, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # the flock goes with the file's close
 
 
 def build_entry(entry: Path, build: Callable[[Path], tuple[Iterable[str], dict[str, Any]]]) -> None:
@@ -61,23 +78,23 @@ def build_entry(entry: Path, build: Callable[[Path], tuple[Iterable[str], dict[s
     Args:
         entry: the folder to create.
         build: called with an empty temporary folder; fills it and returns the paths (relative to
-            it) to checksum and the other ``meta.json`` fields. Whatever it raises propagates, and
-            the temporary folder is removed.
+            it) to checksum and the other ``meta.json`` fields. It runs at most once at a time per
+            entry. Whatever it raises propagates, and the temporary folder is removed.
     """
     if entry_complete(entry):
         return
     entry.parent.mkdir(parents=True, exist_ok=True)
-    if entry.exists():  # corrupt or half-deleted: rebuild
-        shutil.rmtree(entry, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
-    try:
-        names, meta = build(tmp)
-        digests = {name: sha256_file(tmp / name) for name in names}
-        (tmp / "meta.json").write_text(json.dumps({**meta, "sha256": digests}, sort_keys=True), encoding="utf-8")
+    with _entry_lock(entry):
+        if entry_complete(entry):  # built by whoever held the lock before
+            return
+        if entry.exists():  # corrupt or half-deleted: rebuild
+            shutil.rmtree(entry, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
         try:
+            names, meta = build(tmp)
+            digests = {name: sha256_file(tmp / name) for name in names}
+            (tmp / "meta.json").write_text(json.dumps({**meta, "sha256": digests}, sort_keys=True),
+                                           encoding="utf-8")
             os.rename(tmp, entry)
-        except OSError:  # another process put the same entry in place first; keep theirs
-            if not entry_complete(entry):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import string
 from collections import Counter
@@ -185,7 +186,7 @@ class SearchQAEnv(Env):
         reward: ``"em"`` or ``"f1"``.
         format_penalty: subtracted from the reward of an invalid action (``>= 0``).
         max_doc_chars: documents are cut to this many characters in observations.
-        retriever_token: bearer token of the retrieval service.
+        retriever_token: bearer token of the retrieval service (``None``: ``$AGENTGYM_RETRIEVAL_TOKEN`` if set).
 
     Raises:
         ConfigError: an argument is out of range or a file cannot be read.
@@ -224,7 +225,8 @@ class SearchQAEnv(Env):
         if retriever != "bm25":
             from agentgym.retrieval.service import RetrievalClient
 
-            self.retriever = RetrievalClient(retriever, token=retriever_token)
+            token = retriever_token if retriever_token is not None else os.environ.get("AGENTGYM_RETRIEVAL_TOKEN") or None
+            self.retriever = RetrievalClient(retriever, token=token)
         elif corpus is not None:
             self.retriever = _corpus_index(str(corpus))
         elif index is not None:

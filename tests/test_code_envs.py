@@ -325,11 +325,11 @@ def test_wrong_solutions_score_partially_and_rewards_telescope() -> None:
     wrong = "def is_palindrome(s):\n    return s == s[::-1]\n"  # forgets case and punctuation
     env = agentgym.make("code-tests-v0")
     _, info = env.reset(options={"task_id": "is_palindrome"})
-    assert info["state_key"] == "is_palindrome|score=-"
+    assert info["state_key"] == "is_palindrome|score=-|left=3"
     obs, reward, terminated, _, info = env.step(fenced(wrong))
     partial = info["tests_passed"]
     assert 0 < partial < 10 and reward == partial / 10 and not terminated and not info["success"]
-    assert info["state_key"] == f"is_palindrome|score={partial}/10"
+    assert info["state_key"] == f"is_palindrome|score={partial}/10|left=2"
     assert obs.startswith(f"Submission 1: {partial}/10 hidden tests passed.") and "expected True, got False" in obs
     obs, reward, terminated, _, info = env.step(fenced("def is_palindrome(s):\n    return None"))
     assert info["tests_passed"] == 0 and reward == -partial / 10  # final: the latest submission counts

@@ -15,10 +15,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym.errors import AgentGymError
-from agentgym.http.metrics import ServiceMetrics
 
 JSON = "application/json"
 BODY_NOT_JSON = "the request body must be a JSON object sent with 'Content-Type: application/json'"
@@ -57,11 +57,15 @@ def error_response(exc: AgentGymError) -> Response:
 
 
 class ErrorResponses:
-    """The error responses (and their ``agentgym_errors`` counts) of the FastAPI exception handlers
-    and of ``HotRoutes``: one implementation, so the two paths answer a bad request identically."""
+    """The error responses of the FastAPI exception handlers and of ``HotRoutes``: one
+    implementation, so the two paths answer a bad request identically.
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.metrics = metrics
+    Args:
+        errors: the service's Prometheus counter of error responses, labelled by error type.
+    """
+
+    def __init__(self, errors: Counter) -> None:
+        self.errors = errors
 
     def install(self, app: FastAPI) -> None:
         """Register the exception handlers every agentgym service answers errors with."""
@@ -89,15 +93,15 @@ class ErrorResponses:
             return self.unexpected(exc)
 
     def agentgym_error(self, exc: AgentGymError) -> Response:
-        self.metrics.errors.labels(type(exc).__name__).inc()
+        self.errors.labels(type(exc).__name__).inc()
         return error_response(exc)
 
     def unexpected(self, exc: Exception) -> Response:
-        self.metrics.errors.labels("internal").inc()
+        self.errors.labels("internal").inc()
         return json_response(error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}"), 500)
 
     def rejected(self, message: str) -> Response:
-        self.metrics.errors.labels("RequestRejected").inc()
+        self.errors.labels("RequestRejected").inc()
         return json_response(error_payload("RequestRejected", message), 422)
 
     def invalid(self, errors: Sequence[dict[str, Any]], content_type: str | None) -> Response:

@@ -108,7 +108,7 @@ def create_app(
     app.state.store = store
     app.state.metrics = metrics
     errors = {"model": wire.ErrorBody}
-    answers = ErrorResponses(metrics)
+    answers = ErrorResponses(metrics.errors)
 
     # --- error model --------------------------------------------------------------------------
 

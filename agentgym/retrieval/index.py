@@ -163,11 +163,6 @@ class Index:
     def __len__(self) -> int:
         return len(self.ids)
 
-    @property
-    def vocab(self) -> dict[str, int]:
-        """Term → column of the BM25 score matrix."""
-        return self.bm25.vocab_dict
-
     def search(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
         """The top ``k`` documents for each query, best first (ties: corpus order).
 
@@ -187,12 +182,10 @@ class Index:
 
         A term repeated in the query counts once per occurrence (a Lucene boolean query of term clauses).
         """
-        vocab = self.vocab
-        # bm25s fails on unknown terms and on an empty query; neither contributes to any score.
-        known = [token for token in tokenize(query) if token in vocab]
-        if not known:
+        term_ids = self.bm25.get_tokens_ids(tokenize(query))  # unknown terms dropped
+        if not term_ids:  # bm25s cannot score an empty query; nothing matches it
             return np.zeros(len(self.ids), np.float32)
-        return np.asarray(self.bm25.get_scores(known), np.float32)
+        return np.asarray(self.bm25.get_scores_from_ids(term_ids), np.float32)
 
     def _search_one(self, query: str, k: int) -> list[Hit]:
         scores = self.scores(query)

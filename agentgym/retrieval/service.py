@@ -99,7 +99,7 @@ def create_retrieval_app(
                             registry=registry)
         errors = Counter("agentgym_retrieval_errors", "Error responses by error type", ["type"], registry=registry)
 
-    answers = ErrorResponses(Metrics)  # type: ignore[arg-type]  # duck-typed: it only uses .errors
+    answers = ErrorResponses(Metrics.errors)
     pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="retrieval")
 
     @asynccontextmanager

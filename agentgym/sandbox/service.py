@@ -17,7 +17,6 @@ import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -151,7 +150,7 @@ def create_sandbox_app(
 
     app = FastAPI(title="agentgym sandbox", lifespan=lifespan)
 
-    ErrorResponses(SimpleNamespace(errors=errors)).install(app)  # type: ignore[arg-type]  # uses .errors only
+    ErrorResponses(errors).install(app)
 
     @app.get("/health")
     async def health() -> Response:
