@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from agentgym.envs import game_cache
+from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError
 
 #: ALFWorld's six task types, in its own numbering (``alfred_tw_env.TASK_TYPES``: 1 to 6).
@@ -223,8 +224,7 @@ def validate_difficulty(num_receptacles: Any, num_distractors: Any) -> tuple[int
     """
     for name, value, low, high in (("num_receptacles", num_receptacles, MIN_RECEPTACLES, MAX_RECEPTACLES),
                                    ("num_distractors", num_distractors, 0, MAX_DISTRACTORS)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-            raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        check_int(value, name, low, high)
     return int(num_receptacles), int(num_distractors)
 
 

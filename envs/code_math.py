@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from agentgym.core import Env
+from agentgym.envs.arguments import check_non_negative
 from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
 from agentgym.envs.math_problems import (
     TEMPLATES,
@@ -195,9 +196,7 @@ class CodeMathEnv(Env):
         if unknown or not chosen:
             raise ConfigError(f"templates must be a non-empty list from {', '.join(TEMPLATES)}, "
                               f"got {templates!r}")
-        if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) \
-                or not format_penalty >= 0:
-            raise ConfigError(f"format_penalty must be a number >= 0, got {format_penalty!r}")
+        check_non_negative(format_penalty, "format_penalty")
         if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) \
                 or max_output_chars < 20:
             raise ConfigError(f"max_output_chars must be an integer >= 20, got {max_output_chars!r}")

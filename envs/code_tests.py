@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
+from agentgym.envs.arguments import check_int, check_non_negative
 from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
 from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
@@ -498,15 +499,13 @@ class CodeTestsEnv(Env):
                  test_timeout_s: float = 2.0, format_penalty: float = 0.0,
                  limits: Limits | Mapping[str, Any] | None = None, sandbox_url: str | None = None,
                  sandbox_token: str | None = None, sandbox_backend: str = "auto") -> None:
-        _check_int(max_submissions, "max_submissions", 1, 100)
-        _check_int(max_failures_shown, "max_failures_shown", 0, 100)
+        check_int(max_submissions, "max_submissions", 1, 100)
+        check_int(max_failures_shown, "max_failures_shown", 0, 100)
         if reward_on not in ("final", "best"):
             raise ConfigError(f"reward_on must be 'final' or 'best', got {reward_on!r}")
         if feedback not in _FEEDBACK_TEXT:
             raise ConfigError(f"feedback must be one of {', '.join(_FEEDBACK_TEXT)}, got {feedback!r}")
-        if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) \
-                or not format_penalty >= 0:
-            raise ConfigError(f"format_penalty must be a number >= 0, got {format_penalty!r}")
+        check_non_negative(format_penalty, "format_penalty")
         if isinstance(test_timeout_s, bool) or not isinstance(test_timeout_s, (int, float)) \
                 or not 0 < test_timeout_s <= 60:
             raise ConfigError(f"test_timeout_s must be a number in (0, 60], got {test_timeout_s!r}")
@@ -655,7 +654,3 @@ class CodeTestsEnv(Env):
             "answer": problem.reference,
         }
 
-
-def _check_int(value: Any, name: str, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")

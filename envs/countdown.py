@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentgym.core import Env
+from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -318,9 +319,9 @@ class CountdownEnv(Env):
     supports_snapshot: ClassVar[bool] = True
 
     def __init__(self, min_numbers: int = 3, max_numbers: int = 6, max_attempts: int = 1) -> None:
-        _check_int(min_numbers, "min_numbers", MIN_NUMBERS, MAX_NUMBERS)
-        _check_int(max_numbers, "max_numbers", int(min_numbers), MAX_NUMBERS)
-        _check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
+        check_int(min_numbers, "min_numbers", MIN_NUMBERS, MAX_NUMBERS)
+        check_int(max_numbers, "max_numbers", int(min_numbers), MAX_NUMBERS)
+        check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS_LIMIT)
         self.min_numbers, self.max_numbers = int(min_numbers), int(max_numbers)
         self.max_attempts = int(max_attempts)
         attempts = (
@@ -414,7 +415,3 @@ class CountdownEnv(Env):
             "answer": solve(self._numbers, self._target),
         }
 
-
-def _check_int(value: Any, name: str, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")

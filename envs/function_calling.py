@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from agentgym.core import Env
+from agentgym.envs.arguments import check_non_negative
 from agentgym.envs.function_tools import (
     TOOLS,
     UNITS,
@@ -518,9 +519,7 @@ class FunctionCallingEnv(Env):
                               f"got {list(chosen)!r}")
         if split not in ("train", "test", "all"):
             raise ConfigError(f"split must be 'train', 'test' or 'all', got {split!r}")
-        if (isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float))
-                or not format_penalty >= 0):
-            raise ConfigError(f"format_penalty must be a number >= 0, got {format_penalty!r}")
+        check_non_negative(format_penalty, "format_penalty")
         self.families, self.split = chosen, split
         self.partial_credit, self.format_penalty = bool(partial_credit), float(format_penalty)
         lines = []

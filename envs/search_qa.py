@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
+from agentgym.envs.arguments import check_int, check_non_negative
 from agentgym.envs.synthetic_qa import generate_corpus
 from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
@@ -208,12 +209,11 @@ class SearchQAEnv(Env):
                  top_k: int = 3, corpus_seed: int = 0, num_entities: int = 500,
                  reward: Literal["em", "f1"] = "em", format_penalty: float = 0.0, max_doc_chars: int = 1000,
                  retriever_token: str | None = None) -> None:
-        _check_int(top_k, "top_k", 1, 20)
-        _check_int(max_doc_chars, "max_doc_chars", 20, 100_000)
+        check_int(top_k, "top_k", 1, 20)
+        check_int(max_doc_chars, "max_doc_chars", 20, 100_000)
         if reward not in ("em", "f1"):
             raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
-        if isinstance(format_penalty, bool) or not isinstance(format_penalty, (int, float)) or not format_penalty >= 0:
-            raise ConfigError(f"format_penalty must be a number >= 0, got {format_penalty!r}")
+        check_non_negative(format_penalty, "format_penalty")
         if not isinstance(retriever, str) or not (retriever == "bm25" or retriever.startswith(("http://", "https://"))):
             raise ConfigError(f"retriever must be 'bm25' or a retrieval service URL (http://...), got {retriever!r}")
         if dataset is None:
@@ -346,7 +346,3 @@ class SearchQAEnv(Env):
             "answer": list(self._item["golden_answers"]),
         }
 
-
-def _check_int(value: Any, name: str, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentgym.core import Env
+from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError, ResetNeeded
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -70,17 +71,13 @@ def parse_task_id(task_id: Any) -> tuple[int, int, int]:
             "e.g. 'sokoban/size6/boxes1/123'"
         )
     size, num_boxes, seed = (int(g) for g in match.groups())
-    _check_int(size, "task_id size", MIN_SIZE, MAX_SIZE)
-    _check_int(num_boxes, "task_id boxes", 1, MAX_BOXES)
+    check_int(size, "task_id size", MIN_SIZE, MAX_SIZE)
+    check_int(num_boxes, "task_id boxes", 1, MAX_BOXES)
     canonical = format_task_id(size, num_boxes, seed)
     if canonical != task_id:
         raise ConfigError(f"sokoban task_id {task_id!r} is not canonical; write it as {canonical!r}")
     return size, num_boxes, seed
 
-
-def _check_int(value: Any, name: str, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
 
 
 class _Level:
@@ -403,9 +400,9 @@ class SokobanEnv(Env):
         max_generation_tries: int = 100,
         reward_shaping: bool = False,
     ) -> None:
-        _check_int(size, "size", MIN_SIZE, MAX_SIZE)
-        _check_int(num_boxes, "num_boxes", 1, MAX_BOXES)
-        _check_int(max_generation_tries, "max_generation_tries", 1, MAX_GENERATION_TRIES)
+        check_int(size, "size", MIN_SIZE, MAX_SIZE)
+        check_int(num_boxes, "num_boxes", 1, MAX_BOXES)
+        check_int(max_generation_tries, "max_generation_tries", 1, MAX_GENERATION_TRIES)
         if not isinstance(reward_shaping, (bool, np.bool_)):
             raise ConfigError(f"reward_shaping must be True or False, got {reward_shaping!r}")
         self.size = int(size)
