@@ -12,7 +12,6 @@ import atexit
 import dataclasses
 import os
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,7 +48,7 @@ def _shared_client(url: str, token: str | None) -> Any:
     with _shared_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = SandboxClient(url, token=token)
+            client = _clients[key] = SandboxClient(url, token=token, busy_retries=BUSY_ATTEMPTS - 1)
         return client
 
 
@@ -134,17 +133,7 @@ class CodeRunner:
         """Run ``code`` as a fresh ``__main__`` under ``self.limits``."""
         if self._pool is not None:
             return self._pool.run(code, "", self.limits)
-        from agentgym.sandbox.service import SandboxBusy
-
-        attempt = 0
-        while True:
-            try:
-                return self._client.run(code, limits=self.limits)
-            except SandboxBusy:
-                attempt += 1
-                if attempt >= BUSY_ATTEMPTS:
-                    raise
-                time.sleep(min(0.05 * 2**attempt, 2.0))  # back off: the service said retry shortly
+        return self._client.run(code, limits=self.limits)
 
 
 def cut(text: str, max_chars: int) -> str:

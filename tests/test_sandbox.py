@@ -10,7 +10,15 @@ import pytest
 from conftest import LiveServer
 
 from agentgym.errors import AuthenticationError, ConfigError, RequestRejected
-from agentgym.sandbox import BwrapBackend, DockerBackend, Limits, SubprocessBackend, WarmPool, run_code
+from agentgym.sandbox import (
+    BwrapBackend,
+    DockerBackend,
+    Limits,
+    Result,
+    SubprocessBackend,
+    WarmPool,
+    run_code,
+)
 from agentgym.sandbox.service import SandboxBusy, SandboxClient, create_sandbox_app
 
 pytestmark = pytest.mark.timeout(120)
@@ -252,6 +260,25 @@ def test_client_maps_503_to_sandbox_busy() -> None:
 
     with pytest.raises(SandboxBusy):
         SandboxClient("http://sandbox", transport=httpx.MockTransport(handler)).run("print(1)")
+
+
+def test_client_resends_a_busy_request_after_retry_after() -> None:
+    answers = iter([503, 503, 200])
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        status = next(answers)
+        if status == 503:
+            return httpx.Response(503, headers={"Retry-After": "0"},
+                                  json={"error": {"type": "SandboxBusy", "message": "busy"}})
+        return httpx.Response(200, json=Result("1\n", "", 0, False, None, 0.01, False).to_dict())
+
+    client = SandboxClient("http://sandbox", transport=httpx.MockTransport(handler), busy_retries=2)
+    assert client.run("print(1)").stdout == "1\n" and seen == ["/run"] * 3
+    answers = iter([503, 503, 503])
+    with pytest.raises(SandboxBusy):  # out of retries: the service's answer stands
+        SandboxClient("http://sandbox", transport=httpx.MockTransport(handler), busy_retries=2).run("print(1)")
 
 
 # --- the service on a real socket ------------------------------------------------------------

@@ -41,6 +41,7 @@ from agentgym.errors import (
     RequestRejected,
     SessionCapacityError,
 )
+from agentgym.http.client import _retry_after_s
 from agentgym.http.fastpath import GuardMiddleware
 from agentgym.http.responses import ErrorResponses, json_response
 from agentgym.sandbox.backends import Backend, Limits, Result, default_backend
@@ -197,20 +198,30 @@ class SandboxClient:
 
     Raises the classes the service names (``RequestRejected``, ``AuthenticationError``,
     ``SandboxBusy``...); transport failures become ``RemoteEnvError``/``RemoteTimeout``.
+
+    Args:
+        busy_retries: how many times a request the service turned away as busy (503, nothing was
+            run) is sent again, each after the service's ``Retry-After``; then ``SandboxBusy``.
     """
 
     def __init__(self, base_url: str = "http://127.0.0.1:8100", *, token: str | None = None,
-                 timeout_s: float = 60.0, transport: httpx.BaseTransport | None = None) -> None:
+                 timeout_s: float = 60.0, transport: httpx.BaseTransport | None = None,
+                 busy_retries: int = 0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s, transport=transport)
+        self.busy_retries = busy_retries
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise RemoteTimeout(f"{method} {path} timed out: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise RemoteEnvError(f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
+        for attempt in range(self.busy_retries + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TimeoutException as exc:
+                raise RemoteTimeout(f"{method} {path} timed out: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise RemoteEnvError(f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
+            if response.status_code != 503 or attempt == self.busy_retries:
+                break
+            time.sleep(_retry_after_s(response))
         if response.status_code >= 400:
             try:
                 detail = response.json()["error"]
