@@ -232,14 +232,14 @@ class CodeMathEnv(Env):
         problem = self._require("step")
         if self._over:
             raise EpisodeFinished("the problem was answered; call reset() to start a new one")
-        cells, answer, problem_text = work_or_answer(parse_tool_calls(action, TOOLS), "python", "code",
-                                                     MAX_CELLS_PER_TURN, work_verb="runs code",
-                                                     work_noun="python cells")
+        parsed = parse_tool_calls(action, TOOLS)
+        cells, answer, problem_text = work_or_answer(parsed, "python", "code", MAX_CELLS_PER_TURN,
+                                                     work_verb="runs code", work_noun="python cells")
         if problem_text is None and answer is not None and parse_number(answer) is None:
             shown = " ".join(answer.split())[:_ECHO_CHARS]
             problem_text = f"the answer {shown!r} is not a number; give the exact value only, e.g. 42 or 7/3"
         if problem_text is not None:
-            hint = "" if problem_text.startswith("no tool call") else (
+            hint = "" if parsed.no_call else (
                 " Run code with <python>code</python> or answer with <answer>value</answer>.")
             obs = f"Invalid action: {problem_text}.{hint}\n{self._question()}"
             return obs, -self.format_penalty, False, False, self._info(invalid=True, success=False)

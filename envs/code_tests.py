@@ -411,7 +411,7 @@ def extract_code(action: str) -> tuple[str | None, str | None]:
         code = tagged[-1] if tagged else blocks[-1][1]
     else:
         parsed = parse_tool_calls(action, TOOLS)
-        if not parsed.calls and parsed.errors and parsed.errors[0].message.startswith("no tool call"):
+        if parsed.no_call:
             return None, "no code found; put the whole solution in one ```python block"
         if parsed.errors:
             return None, parsed.errors[0].message

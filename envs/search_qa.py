@@ -262,10 +262,11 @@ class SearchQAEnv(Env):
         item = self._require("step")
         if self._over:
             raise EpisodeFinished("the question was answered; call reset() to start a new one")
-        searches, guess, problem = work_or_answer(parse_tool_calls(action, TOOLS), "search", "query",
-                                                  MAX_SEARCHES_PER_TURN, work_verb="searches", work_noun="searches")
+        parsed = parse_tool_calls(action, TOOLS)
+        searches, guess, problem = work_or_answer(parsed, "search", "query", MAX_SEARCHES_PER_TURN,
+                                                  work_verb="searches", work_noun="searches")
         if problem is not None:
-            hint = "" if problem.startswith("no tool call") else (
+            hint = "" if parsed.no_call else (
                 " Search with <search>query</search> or answer with <answer>text</answer>.")
             obs = f"Invalid action: {problem}.{hint}\n{self._question()}"
             return obs, -self.format_penalty, False, False, self._info(invalid=True, success=False)

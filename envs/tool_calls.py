@@ -24,6 +24,8 @@ from typing import Any, Literal
 #: Tag names recognised as tool calls in the tag protocol (when the tool is not offered, using the
 #: tag is an "unknown tool" error; other tags such as ``<think>`` are ordinary text).
 TAG_TOOLS = ("search", "python", "answer")
+#: How the error of a response without any tool call starts (``ParsedResponse.no_call``).
+NO_CALL_FOUND = "no tool call found"
 #: Longest response the parser looks at (characters); the rest is ignored.
 MAX_RESPONSE_CHARS = 100_000
 
@@ -74,6 +76,11 @@ class ParsedResponse:
     def ok(self) -> bool:
         """At least one call and no errors."""
         return bool(self.calls) and not self.errors
+
+    @property
+    def no_call(self) -> bool:
+        """The response attempted no tool call at all (its one error already lists the call forms)."""
+        return not self.calls and len(self.errors) == 1 and self.errors[0].message.startswith(NO_CALL_FOUND)
 
 
 def tool_spec(name: str, description: str, properties: Mapping[str, Mapping[str, Any]],
@@ -280,7 +287,7 @@ def parse_tool_calls(response: str, tools: Sequence[Mapping[str, Any]]) -> Parse
     if not found:
         offered = ", ".join(f"<{n}>...</{n}>" for n in specs if n in TAG_TOOLS)
         found.append(ParseError(
-            f"no tool call found; use {offered + ' or ' if offered else ''}"
+            f"{NO_CALL_FOUND}; use {offered + ' or ' if offered else ''}"
             '<tool_call>{"name": ..., "arguments": {...}}</tool_call>',
             _snippet(text),
         ))
