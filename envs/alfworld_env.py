@@ -311,9 +311,7 @@ class AlfWorldEnv(Env):
         path = gen.ensure_game(task_type, game_seed, num_receptacles=self.num_receptacles,
                                num_distractors=self.num_distractors, cache_dir=self.cache_dir)
         split = gen.split_of_seed(game_seed)
-        task_id = (f"gen-r{self.num_receptacles}-d{self.num_distractors}/{split}/{task_type}/"
-                   f"seed{game_seed - gen.SPLIT_FIRST_SEED[split]}")
-        return task_id, path
+        return self._generated_id(split, task_type, game_seed - gen.SPLIT_FIRST_SEED[split]), path
 
     def _resolve_task(self, task_id: Any) -> Path:
         if not isinstance(task_id, str):
@@ -324,7 +322,7 @@ class AlfWorldEnv(Env):
                 raise ConfigError(
                     f"malformed alfworld task_id {task_id!r} for generated games: expected "
                     f"'gen-r<receptacles>-d<distractors>/<split>/<task type>/seed<N>', e.g. "
-                    f"{self._generated_id(self.task_types[0], 0)!r}"
+                    f"{self._generated_id(self.split, self.task_types[0], 0)!r}"
                 )
             settings = (int(match.group(1)), int(match.group(2)))
             if settings != (self.num_receptacles, self.num_distractors):
@@ -344,8 +342,9 @@ class AlfWorldEnv(Env):
             )
         return path
 
-    def _generated_id(self, task_type: str, seed: int) -> str:
-        return f"gen-r{self.num_receptacles}-d{self.num_distractors}/{self.split}/{task_type}/seed{seed}"
+    def _generated_id(self, split: str, task_type: str, index: int) -> str:
+        """The task id of generated game ``index`` of ``task_type`` in ``split`` (what ``_GEN_TASK_RE`` reads)."""
+        return f"gen-r{self.num_receptacles}-d{self.num_distractors}/{split}/{task_type}/seed{index}"
 
     def _admissible(self) -> list[str]:
         return admissible_commands(self._state)

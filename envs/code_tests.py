@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_int, check_non_negative
-from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
+from agentgym.envs.code_runner import CodeRunner, describe_end, make_limits
 from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
 from agentgym.sandbox import Limits
@@ -615,7 +615,7 @@ class CodeTestsEnv(Env):
                     else:
                         lines.append(f"- {call}: {outcome.detail}")
                     if outcome.printed:
-                        lines.append(f"  printed: {cut(outcome.printed, SHOW_CHARS)!r}")
+                        lines.append(f"  printed: {outcome.printed!r}")
         if verdict.passed == total:
             lines.append("All hidden tests pass.")
         elif self._over:
