@@ -163,7 +163,7 @@ def train(
     import time
     from pathlib import Path
 
-    from agentgym.config import config_from_dict, load_config
+    from agentgym.training.config import config_from_dict, load_config
 
     try:
         if resume:
@@ -177,7 +177,7 @@ def train(
             run_dir = Path(out or f"runs/{cfg.env.id.replace('/', '_')}-{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     except AgentGymError as exc:
         _fail(exc)
-    from agentgym.trainer import train as run_training
+    from agentgym.training.loop import train as run_training
 
     console.print(f"[bold]agentgym train[/] {config or '(embedded quickstart)'}: {cfg.algorithm.name} on "
                   f"{cfg.env.id}, {cfg.iterations} iterations, {cfg.rollout.num_tasks}×{cfg.rollout.group_size} "

@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentgym.config import load_config
-from agentgym.trainer import train
+from agentgym.training.config import load_config
+from agentgym.training.loop import train
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -8,14 +8,14 @@ import json
 import pytest
 
 import agentgym
-from agentgym.actions import parse_action
+from agentgym.rollout.actions import parse_action
 from agentgym.backends.transformers_backend import TransformersPolicy
-from agentgym.collector import Collector
+from agentgym.rollout.collector import Collector
 from agentgym.http.client import EnvClient, RemoteEnv
-from agentgym.policy import SamplingParams
-from agentgym.prompt import PromptRenderer, _ids
-from agentgym.records import EpisodeGroup
-from agentgym.tiny import CHATML_TEMPLATE, TinyModelConfig, build_tiny_model
+from agentgym.rollout.policy import SamplingParams
+from agentgym.rollout.prompt import PromptRenderer, _ids
+from agentgym.rollout.records import EpisodeGroup
+from agentgym.backends.tiny import CHATML_TEMPLATE, TinyModelConfig, build_tiny_model
 
 
 @pytest.fixture(scope="module")

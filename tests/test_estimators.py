@@ -8,10 +8,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from agentgym.advantage import TurnTable, discounted_returns
-from agentgym.algorithms import get_algorithm, list_algorithms
+from agentgym.training.turn_table import TurnTable, discounted_returns
+from agentgym.training.algorithm import get_algorithm, list_algorithms
 from agentgym.errors import ConfigError, RegistryError
-from agentgym.records import EpisodeGroup, Trajectory, Turn
+from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 
 def traj(steps: list[tuple[str, float] | tuple[str, float, bool]]) -> Trajectory:

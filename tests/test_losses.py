@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentgym.errors import ConfigError, RegistryError
-from agentgym.losses import (
+from agentgym.training.losses import (
     AGG_MODES,
     LossConfig,
     aggregate,
@@ -386,7 +386,7 @@ def test_registry_builtins_duplicates_and_suggestions():
     with pytest.raises(ConfigError):
         register_policy_loss("")
 
-    from agentgym import losses
+    from agentgym.training import losses
 
     def first(logprobs, old_logprobs, advantages, mask, cfg):
         return logprobs.sum() * 0, {"loss/policy": 0.0}

@@ -10,10 +10,10 @@ pytest.importorskip("transformers")
 
 from agentgym.backends.transformers_backend import TransformersPolicy, entropy_of
 from agentgym.errors import ConfigError
-from agentgym.losses import LossConfig, total_loss
-from agentgym.packing import TokenBatch, minibatches, pack_turns, sequence_logprobs, token_minibatches
-from agentgym.records import Turn
-from agentgym.tiny import TinyModelConfig, build_tiny_model
+from agentgym.training.losses import LossConfig, total_loss
+from agentgym.training.packing import TokenBatch, minibatches, pack_turns, sequence_logprobs, token_minibatches
+from agentgym.rollout.records import Turn
+from agentgym.backends.tiny import TinyModelConfig, build_tiny_model
 
 PAD = 256
 

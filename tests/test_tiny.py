@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentgym.errors import ConfigError
-from agentgym.tiny import (
+from agentgym.backends.tiny import (
     CHATML_TEMPLATE,
     SPECIAL_TOKENS,
     ByteTokenizer,

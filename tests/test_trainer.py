@@ -9,10 +9,10 @@ import pytest
 import torch
 import yaml
 
-from agentgym.config import load_config
+from agentgym.training.config import load_config
 from agentgym.errors import ConfigError
-from agentgym.quickstart import QUICKSTART
-from agentgym.trainer import Run, flatten, rl_update, train
+from agentgym.training.quickstart import QUICKSTART
+from agentgym.training.loop import Run, flatten, rl_update, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

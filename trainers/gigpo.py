@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from agentgym.advantage import (
+from agentgym.training.turn_table import (
     NormMode,
     TurnTable,
     discounted_returns,
@@ -23,8 +23,8 @@ from agentgym.advantage import (
     group_mean_std,
     normalize,
 )
-from agentgym.algorithms import register_algorithm
-from agentgym.records import EpisodeGroup
+from agentgym.training.algorithm import register_algorithm
+from agentgym.rollout.records import EpisodeGroup
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def gigpo_advantages(groups: Sequence[EpisodeGroup], args: GiGPOArgs) -> np.ndar
     Example (two trajectories of one task: they share the start state "s0"; the successful one
     moved to "s1" and got reward 1, the other bumped a wall and stayed; γ = 1, so A^E = ±0.5, and
     from "s0" the returns are [1, 0, 0], giving A^S = 1 − 1/3 and −1/3 twice; "s1" is a singleton):
-        >>> from agentgym.records import Trajectory, Turn
+        >>> from agentgym.rollout.records import Trajectory, Turn
         >>> win = Trajectory([Turn([], [], [], 0.0, "s0"), Turn([], [], [], 1.0, "s1")], "t", 0)
         >>> lose = Trajectory([Turn([], [], [], 0.0, "s0"), Turn([], [], [], 0.0, "s0")], "t", 0)
         >>> adv = gigpo_advantages([EpisodeGroup("g", "t", 0, [win, lose])], GiGPOArgs(gamma=1.0,

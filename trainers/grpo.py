@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentgym.advantage import TurnTable, episode_advantages
-from agentgym.algorithms import register_algorithm
-from agentgym.records import EpisodeGroup
+from agentgym.training.turn_table import TurnTable, episode_advantages
+from agentgym.training.algorithm import register_algorithm
+from agentgym.rollout.records import EpisodeGroup
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def grpo_advantages(groups: Sequence[EpisodeGroup], args: GRPOArgs) -> np.ndarra
     """Â_i = (R_i − mean_G R) / (std_G R + ε), broadcast to every turn of trajectory i.
 
     Example:
-        >>> from agentgym.records import Trajectory, Turn
+        >>> from agentgym.rollout.records import Trajectory, Turn
         >>> def traj(*rewards): return Trajectory([Turn([], [], [], r, "s") for r in rewards], "t", 0)
         >>> group = EpisodeGroup("g", "t", 0, [traj(0.0, 1.0), traj(0.0)])
         >>> grpo_advantages([group], GRPOArgs(normalize_std=False)).tolist()

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentgym.advantage import TurnTable, episode_advantages
-from agentgym.algorithms import register_algorithm
-from agentgym.records import EpisodeGroup
+from agentgym.training.turn_table import TurnTable, episode_advantages
+from agentgym.training.algorithm import register_algorithm
+from agentgym.rollout.records import EpisodeGroup
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ def rloo_advantages(groups: Sequence[EpisodeGroup], args: RLOOArgs) -> np.ndarra
     """Leave-one-out advantages; a group of one trajectory has no baseline and gets 0.
 
     Example:
-        >>> from agentgym.records import Trajectory, Turn
+        >>> from agentgym.rollout.records import Trajectory, Turn
         >>> def traj(r): return Trajectory([Turn([], [], [], r, "s")], "t", 0)
         >>> rloo_advantages([EpisodeGroup("g", "t", 0, [traj(1.0), traj(0.0), traj(0.0)])], RLOOArgs()).tolist()
         [1.0, -0.5, -0.5]

@@ -1,4 +1,4 @@
-"""Generation backends implementing ``agentgym.policy.Policy`` (each imports its ML framework lazily).
+"""Generation backends implementing ``agentgym.rollout.policy.Policy`` (each imports its ML framework lazily).
 
 ``transformers_backend.TransformersPolicy`` runs any ``transformers`` causal LM on CPU or CUDA.
 """

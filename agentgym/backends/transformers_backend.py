@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentgym.errors import ConfigError
-from agentgym.policy import Generation, SamplingParams
+from agentgym.rollout.policy import Generation, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from agentgym.tiny import TinyModelConfig
+    from agentgym.backends.tiny import TinyModelConfig
 
 
 def pack_left(
@@ -181,7 +181,7 @@ class TransformersPolicy:
             model's ``generation_config.eos_token_id`` (one id or a list).
 
     Example:
-        >>> from agentgym.tiny import TinyModelConfig
+        >>> from agentgym.backends.tiny import TinyModelConfig
         >>> policy = TransformersPolicy.from_pretrained(TinyModelConfig(num_layers=1))
         >>> prompt = policy.tokenizer.encode("2+2=", add_special_tokens=False)
         >>> [gen] = policy.generate([prompt], SamplingParams(max_new_tokens=5, temperature=0))
@@ -234,10 +234,10 @@ class TransformersPolicy:
     ) -> TransformersPolicy:
         """Build the policy from a local HF model directory or a ``TinyModelConfig``.
 
-        See ``agentgym.tiny.load_model_and_tokenizer`` for ``source`` and ``dtype`` (and its
+        See ``agentgym.backends.tiny.load_model_and_tokenizer`` for ``source`` and ``dtype`` (and its
         ``ConfigError``s); ``device`` and ``seed`` are as in the constructor.
         """
-        from agentgym.tiny import load_model_and_tokenizer
+        from agentgym.backends.tiny import load_model_and_tokenizer
 
         model, tokenizer = load_model_and_tokenizer(source, dtype=dtype, device=device)
         return cls(model, tokenizer, seed=seed)
@@ -547,7 +547,7 @@ class TransformersPolicy:
 
 def _check_params(params: SamplingParams) -> None:
     if not isinstance(params, SamplingParams):
-        raise ConfigError(f"params must be agentgym.policy.SamplingParams, got {type(params).__name__}")
+        raise ConfigError(f"params must be agentgym.rollout.policy.SamplingParams, got {type(params).__name__}")
     if params.max_new_tokens < 0:
         raise ConfigError(f"SamplingParams.max_new_tokens must be >= 0, got {params.max_new_tokens}")
     if params.temperature < 0:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.records import EpisodeGroup
+from agentgym.rollout.records import EpisodeGroup
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentgym.actions import ActionFormat
+from agentgym.rollout.actions import ActionFormat
 from agentgym.errors import ConfigError
-from agentgym.policy import ChatTokenizer
+from agentgym.rollout.policy import ChatTokenizer
 
 PromptMode = Literal["full", "window", "current"]
 

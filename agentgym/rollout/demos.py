@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agentgym.actions import ActionFormat
+from agentgym.rollout.actions import ActionFormat
 from agentgym.core import Env
 from agentgym.errors import ConfigError
-from agentgym.prompt import PromptRenderer
-from agentgym.records import Turn
+from agentgym.rollout.prompt import PromptRenderer
+from agentgym.rollout.records import Turn
 
 
 def format_action(action: str, fmt: ActionFormat) -> str:

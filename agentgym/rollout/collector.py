@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym.actions import ActionFormat, parse_action
+from agentgym.rollout.actions import ActionFormat, parse_action
 from agentgym.core import Env
 from agentgym.errors import ConfigError
-from agentgym.policy import Policy, SamplingParams
-from agentgym.prompt import Conversation, PromptRenderer
-from agentgym.records import EpisodeGroup, Trajectory, Turn
+from agentgym.rollout.policy import Policy, SamplingParams
+from agentgym.rollout.prompt import Conversation, PromptRenderer
+from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The training loop: SFT warm start, then RL iterations (collect → estimate → pack → update → log).
 
 Read ``train`` top to bottom: it is the whole algorithm-independent recipe. What differs between
-algorithms is only the estimator (``agentgym.algorithms``). Every iteration's task seeds, sampling
+algorithms is only the estimator (``agentgym.training.algorithm``). Every iteration's task seeds, sampling
 seed and minibatch order derive from ``(cfg.seed, iteration)``, so a resumed run replays exactly
 what an uninterrupted one would have done.
 """
@@ -22,20 +22,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentgym.algorithms import get_algorithm
+from agentgym.training.algorithm import get_algorithm
 from agentgym.backends.transformers_backend import TransformersPolicy
-from agentgym.collector import Collector
-from agentgym.config import TrainConfig, config_to_dict
+from agentgym.rollout.collector import Collector
+from agentgym.training.config import TrainConfig, config_to_dict
 from agentgym.core import Env
-from agentgym.demos import collect_demos
+from agentgym.rollout.demos import collect_demos
 from agentgym.errors import ConfigError
-from agentgym.evaluation import summarize
-from agentgym.losses import LossConfig, total_loss
-from agentgym.packing import minibatches, pack_turns, sequence_logprobs
-from agentgym.policy import SamplingParams
-from agentgym.prompt import PromptRenderer
-from agentgym.records import EpisodeGroup, Turn
-from agentgym.tiny import TinyModelConfig, load_model_and_tokenizer
+from agentgym.eval.summary import summarize
+from agentgym.training.losses import LossConfig, total_loss
+from agentgym.training.packing import minibatches, pack_turns, sequence_logprobs
+from agentgym.rollout.policy import SamplingParams
+from agentgym.rollout.prompt import PromptRenderer
+from agentgym.rollout.records import EpisodeGroup, Turn
+from agentgym.backends.tiny import TinyModelConfig, load_model_and_tokenizer
 
 CHECKPOINT = "checkpoint.pt"
 

@@ -1,6 +1,6 @@
 """The shared token-level loss: ``LossConfig``, ``aggregate``, PPO-clip/GSPO ``policy_loss``, KL, entropy, registry.
 
-Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.packing`` and a
+Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.training.packing`` and a
 ``response_mask`` of the same shape; only positions where the mask is 1 (generated response tokens)
 enter any term. Values at masked-out positions, even ``inf`` or ``nan``, change neither a loss nor
 its gradients: inputs are replaced by 0 there (``torch.where``) before any arithmetic.

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from agentgym.errors import ConfigError
-from agentgym.records import Turn
+from agentgym.rollout.records import Turn
 
 #: Upper bound on the elements of the float32 (rows, seq, vocab) temporaries that
 #: ``sequence_logprobs`` creates per chunk of rows (2**26 floats = 256 MiB).

@@ -343,7 +343,7 @@ def load_model_and_tokenizer(
                 f"the tokenizer in '{path}' has no chat template; agentgym renders prompts with "
                 f"apply_chat_template, so it expects 'chat_template' in {path / 'tokenizer_config.json'} "
                 f"or a {path / 'chat_template.jinja'} file (set tokenizer.chat_template to a Jinja "
-                f"template, e.g. agentgym.tiny.CHATML_TEMPLATE, and save_pretrained again)"
+                f"template, e.g. agentgym.backends.tiny.CHATML_TEMPLATE, and save_pretrained again)"
             )
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **_dtype_kwargs(dtype))
         model.eval()

@@ -134,7 +134,7 @@ class OptimConfig:
 
 @dataclass
 class LossSettings:
-    """The shared PPO-style loss (see ``agentgym.losses``)."""
+    """The shared PPO-style loss (see ``agentgym.training.losses``)."""
 
     clip_ratio_low: float = 0.2
     """ε_low of the PPO clip."""
@@ -208,7 +208,7 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Cross-field checks; raises ``ConfigError`` naming the field to change."""
-        from agentgym.algorithms import get_algorithm
+        from agentgym.training.algorithm import get_algorithm
 
         positive = {
             "iterations": self.iterations, "rollout.num_tasks": self.rollout.num_tasks,
@@ -374,13 +374,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML preset (``None``: the embedded quickstart), apply overrides, validate."""
     if path is None:
-        from agentgym.quickstart import QUICKSTART
+        from agentgym.training.quickstart import QUICKSTART
 
         data: Any = QUICKSTART
     else:
         file = Path(path)
         if not file.is_file():
-            presets = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+            presets = sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
             raise ConfigError(f"config file {str(file)!r} not found" + (
                 f"; presets in configs/: {', '.join(presets)}" if presets else ""))
         try:

@@ -19,7 +19,7 @@ import numpy as np
 
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.plugins import load_plugins
-from agentgym.records import EpisodeGroup
+from agentgym.rollout.records import EpisodeGroup
 
 ENTRY_POINT_GROUP = "agentgym.trainers"
 

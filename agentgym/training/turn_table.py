@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from agentgym.records import EpisodeGroup
+from agentgym.rollout.records import EpisodeGroup
 
 NormMode = Literal["mean_norm", "mean_std_norm"]
 
@@ -111,7 +111,7 @@ def discounted_returns(table: TurnTable, gamma: float) -> np.ndarray:
     at γ = 0.95, far beyond any turn budget.
 
     Example:
-        >>> from agentgym.records import EpisodeGroup, Trajectory, Turn
+        >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
         >>> turns = [Turn([], [], [], r, "s") for r in (0.0, 0.0, 1.0)]
         >>> table = TurnTable.from_groups([EpisodeGroup("g", "t", 0, [Trajectory(turns, "t", 0)])])
         >>> discounted_returns(table, 0.5).tolist()

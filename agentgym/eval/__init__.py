@@ -1,0 +1,1 @@
+"""Evaluation: episode summaries (success with confidence intervals, returns, turns, invalid actions)."""

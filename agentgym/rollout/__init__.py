@@ -1,0 +1,1 @@
+"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, hooks, demos."""

@@ -1,0 +1,1 @@
+"""Training: turn table and statistics, algorithms, packing, losses, update plans, config, the loop."""
