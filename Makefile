@@ -30,7 +30,7 @@ serve-demo: setup
 	$(BIN)/python -m agentgym.http.demo
 
 test: setup
-	$(BIN)/python -m pytest -m "not gpu" --doctest-modules agentgym envs trainers tests
+	$(BIN)/python -m pytest -m "not gpu" --doctest-modules agentgym tests
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 
-def check_env(*args, **kwargs):  # noqa: ANN002, ANN003 - re-exported lazily to keep import light
+def check_env(*args, **kwargs):
     """See ``agentgym.checker.check_env``."""
     from agentgym.checker import check_env as _check_env
 

@@ -16,7 +16,8 @@ import numpy as np
 from agentgym.core import Env
 from agentgym.errors import EnvContractError, EnvCrashed, EpisodeFinished, ResetNeeded
 from agentgym.guard import EpisodeGuard
-from agentgym.registry import EnvSpec, spec as lookup_spec
+from agentgym.registry import EnvSpec
+from agentgym.registry import spec as lookup_spec
 
 EnvSource = str | EnvSpec | EpisodeGuard | Callable[[], Env]
 _GARBAGE_ACTIONS = ("", "   ", "\x00\u2603 <not an action>", "x" * 5000)
@@ -28,9 +29,9 @@ def _factory_for(source: EnvSource) -> Callable[[], EpisodeGuard]:
     if isinstance(source, EnvSpec):
         return source.make
     if isinstance(source, EpisodeGuard):
-        if source._factory is None:  # noqa: SLF001 - the checker is the guard's friend
+        if source._factory is None:
             raise EnvContractError("check_env needs an env made by agentgym.make() (or an id)")
-        return source._factory  # noqa: SLF001
+        return source._factory
     if callable(source):
         def factory() -> EpisodeGuard:
             env = source()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -67,7 +66,7 @@ def serve(
     ttl_s: float = typer.Option(600.0, "--ttl-s", help="Close sessions idle longer than this (seconds)."),
     step_timeout_s: float = typer.Option(60.0, "--step-timeout-s", help="Deadline of one env call (seconds)."),
     workers: int = typer.Option(8, help="Threads that run env code."),
-    token: Optional[str] = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Require this bearer token."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Require this bearer token."),
     max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Larger request bodies get 413."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
@@ -93,11 +92,11 @@ def serve(
 @app.command()
 def play(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. maze-v0."),
-    seed: Optional[int] = typer.Option(None, help="Episode seed (default: random)."),
-    url: Optional[str] = typer.Option(None, help="Play against a service at this URL instead of in-process."),
-    token: Optional[str] = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Bearer token for --url."),
+    seed: int | None = typer.Option(None, help="Episode seed (default: random)."),
+    url: str | None = typer.Option(None, help="Play against a service at this URL instead of in-process."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Bearer token for --url."),
     expert: bool = typer.Option(False, "--expert", help="Let the env's expert play and print the episode."),
-    max_turns: Optional[int] = typer.Option(None, help="Override the turn budget."),
+    max_turns: int | None = typer.Option(None, help="Override the turn budget."),
 ) -> None:
     """Play an env in the terminal: shows the observation, reward and admissible actions."""
     try:
@@ -153,10 +152,10 @@ def _play(env: agentgym.Env, seed: int | None, expert: bool) -> None:
 
 @app.command()
 def train(
-    config: Optional[str] = typer.Argument(None, help="YAML config (default: the embedded quickstart)."),
+    config: str | None = typer.Argument(None, help="YAML config (default: the embedded quickstart)."),
     set_: list[str] = typer.Option([], "--set", help="Override a field: --set rollout.group_size=4 (repeatable)."),
-    out: Optional[str] = typer.Option(None, help="Run folder (default: runs/<env>-<algorithm>-<time>)."),
-    resume: Optional[str] = typer.Option(None, help="Continue the run saved in this folder."),
+    out: str | None = typer.Option(None, help="Run folder (default: runs/<env>-<algorithm>-<time>)."),
+    resume: str | None = typer.Option(None, help="Continue the run saved in this folder."),
 ) -> None:
     """Train a policy: SFT warm start (optional), then RL. Writes report.json and learning_curve.png."""
     import json
@@ -237,7 +236,7 @@ def sandbox_serve(
     backend: str = typer.Option("auto", help="auto | bwrap | docker | subprocess (subprocess is NOT a security boundary)."),
     pool_size: int = typer.Option(2, help="Pre-spawned sandboxed workers (each used once)."),
     max_concurrency: int = typer.Option(4, help="Runs at once; more get 503."),
-    token: Optional[str] = typer.Option(None, envvar="AGENTGYM_SANDBOX_TOKEN", help="Require this bearer token."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_SANDBOX_TOKEN", help="Require this bearer token."),
 ) -> None:
     """Serve the code sandbox over HTTP: POST /run {code, stdin?, limits?}."""
     from agentgym.sandbox.service import serve as serve_sandbox
@@ -291,7 +290,7 @@ def retrieval_serve(
     index: str = typer.Argument(..., help="Index folder from `agentgym retrieval index`."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind."),
     port: int = typer.Option(8001, help="TCP port."),
-    token: Optional[str] = typer.Option(None, envvar="AGENTGYM_RETRIEVAL_TOKEN", help="Require this bearer token."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_RETRIEVAL_TOKEN", help="Require this bearer token."),
     max_k: int = typer.Option(50, help="Largest k a request may ask for."),
 ) -> None:
     """Serve an index over HTTP: POST /retrieve {queries, k}."""

@@ -23,8 +23,14 @@ import agentgym
 from agentgym.checker import check_env
 from agentgym.envs import code_math, code_tests
 from agentgym.envs.code_math import CodeMathEnv
-from agentgym.envs.math_problems import TEMPLATES, generate_problem, parse_number, problem_from_id, same_number
 from agentgym.envs.code_tests import CodeTestsEnv, extract_code, load_problems
+from agentgym.envs.math_problems import (
+    TEMPLATES,
+    generate_problem,
+    parse_number,
+    problem_from_id,
+    same_number,
+)
 from agentgym.envs.tools_registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.http.client import EnvClient, RemoteEnv

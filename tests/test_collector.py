@@ -8,14 +8,14 @@ import json
 import pytest
 
 import agentgym
-from agentgym.rollout.actions import parse_action
+from agentgym.backends.tiny import CHATML_TEMPLATE, TinyModelConfig, build_tiny_model
 from agentgym.backends.transformers_backend import TransformersPolicy
-from agentgym.rollout.collector import Collector
 from agentgym.http.client import EnvClient, RemoteEnv
+from agentgym.rollout.actions import parse_action
+from agentgym.rollout.collector import Collector
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.prompt import PromptRenderer, _ids
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.backends.tiny import CHATML_TEMPLATE, TinyModelConfig, build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from agentgym.training.turn_table import TurnTable, discounted_returns
-from agentgym.training.algorithm import get_algorithm, list_algorithms
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
+from agentgym.training.algorithm import get_algorithm, list_algorithms
+from agentgym.training.turn_table import TurnTable, discounted_returns
 
 
 def traj(steps: list[tuple[str, float] | tuple[str, float, bool]]) -> Trajectory:
@@ -245,11 +245,17 @@ def test_registry_lists_builtins_and_validates_args() -> None:
     assert {"grpo", "rloo", "gigpo"} <= {a.name for a in list_algorithms()}
     with pytest.raises(RegistryError, match="Did you mean 'gigpo'"):
         get_algorithm("gigppo")
-    with pytest.raises(ConfigError, match="did you mean 'gamma'"):
+    with pytest.raises(ConfigError, match="Did you mean algorithm.args.gamma"):
         get_algorithm("gigpo").make_args({"gama": 0.9})
-    with pytest.raises(ConfigError, match="algorithm.gamma must be float"):
+    with pytest.raises(ConfigError, match="algorithm.args.gamma must be a number"):
         get_algorithm("gigpo").make_args({"gamma": "high"})
+    # Literal fields are checked when the arguments are built, not when the estimator first runs.
+    with pytest.raises(ConfigError, match="algorithm.args.mode must be one of 'mean_norm', 'mean_std_norm'"):
+        get_algorithm("gigpo").make_args({"mode": "bogus"})
+    with pytest.raises(ConfigError, match="algorithm.args.episode_baseline must be one of"):
+        get_algorithm("gigpo").make_args({"episode_baseline": "step"})
     assert get_algorithm("gigpo").make_args({"gamma": 1}).gamma == 1.0
+    assert get_algorithm("gigpo").make_args({"gamma": "0.5"}).gamma == 0.5  # YAML 1.1 strings of numbers
 
 
 def test_repeated_state_within_one_trajectory_forms_a_step_group() -> None:
@@ -261,3 +267,65 @@ def test_repeated_state_within_one_trajectory_forms_a_step_group() -> None:
 def test_empty_batch() -> None:
     for algo in list_algorithms():
         assert algo.estimator([], algo.make_args({})).shape == (0,)
+
+
+# --- precision: long trajectories, small γ, all-equal groups -------------------------------------------
+
+
+def loop_returns(groups: list[EpisodeGroup], gamma: float) -> list[float]:
+    expected: list[float] = []
+    for g in groups:
+        for tr in g.trajectories:
+            running, row = 0.0, []
+            for t in reversed(tr.turns):
+                running = t.reward + gamma * running
+                row.append(running)
+            expected.extend(reversed(row))
+    return expected
+
+
+def test_long_trajectory_then_an_early_reward_keeps_every_return() -> None:
+    """800 zero rewards then a 1, followed in the batch by a trajectory that starts with a 1: the old
+    suffix-sum / γ^t form underflowed to returns of 0 where the answer is γ^k (and 1 at the start)."""
+    long = traj([("s", 0.0)] * 800 + [("s", 1.0)])
+    short = traj([("s", 1.0), ("s", 0.0)])
+    table = TurnTable.from_groups([group(long, short)])
+    returns = discounted_returns(table, 0.95)
+    assert returns[800] == 1.0 and returns[801] == 1.0  # last turn of the long one, first of the short one
+    np.testing.assert_allclose(returns[:801], 0.95 ** np.arange(800, -1, -1), rtol=1e-12)
+    assert returns.tolist() == loop_returns([group(long, short)], 0.95)
+
+
+@pytest.mark.parametrize("gamma", [0.5, 0.1, 0.95])
+def test_small_gamma_long_trajectories_are_exact(gamma: float) -> None:
+    rng = np.random.default_rng(0)
+    trajectories = [traj([(f"s{int(rng.integers(0, 3))}", float(rng.choice([0.0, 1.0, -0.5]))) for _ in range(n)])
+                    for n in rng.integers(40, 60, size=12)]
+    groups = [group(*trajectories[:6], gid="a"), group(*trajectories[6:], gid="b")]
+    assert discounted_returns(TurnTable.from_groups(groups), gamma).tolist() == loop_returns(groups, gamma)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1e-12, 1e-6])
+@pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
+def test_anchor_groups_with_equal_returns_get_exactly_zero(epsilon: float, mode: str) -> None:
+    """Three visits of state A with identical futures: their step advantages are exactly 0, whatever ε
+    (returns like 0.1 would otherwise give a mean of 0.1000…02 and a noise-sized std)."""
+    same = [("A", 0.0), ("B", 0.1), ("C", 0.1), ("D", 0.1)]
+    groups = [group(traj(same), traj(same), traj(same))]
+    for gamma in (0.5, 0.95, 1.0):
+        adv = gigpo(groups, gamma=gamma, mode=mode, epsilon=epsilon, invalid_action_penalty=0.0)
+        assert (adv == 0.0).all(), adv
+    adv = get_algorithm("grpo").estimator(groups, get_algorithm("grpo").make_args({"epsilon": epsilon}))
+    assert (adv == 0.0).all()
+
+
+def test_rloo_invalid_action_penalty_is_subtracted_not_scaled() -> None:
+    """λ = 0.1 costs exactly 0.1 at G = 2 (the G/(G−1) factor used to double it)."""
+    algo = get_algorithm("rloo")
+    clean = algo.estimator([group(traj([("s", 1.0), ("t", 0.0)]), traj([("s", 0.0)]))], algo.make_args({}))
+    penalised = algo.estimator([group(traj([("s", 1.0), ("t", 0.0, True)]), traj([("s", 0.0)]))],
+                               algo.make_args({"invalid_action_penalty": 0.1}))
+    np.testing.assert_allclose(penalised - clean, [0.0, -0.1, 0.0], atol=1e-12)
+    # A group of one has no baseline: 0 whatever the penalty.
+    alone = algo.estimator([group(traj([("s", 1.0, True)]))], algo.make_args({"invalid_action_penalty": 0.1}))
+    assert alone.tolist() == [0.0]

@@ -9,9 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentgym.errors import ConfigError, RegistryError
+from agentgym.training.config import LossConfig
 from agentgym.training.losses import (
     AGG_MODES,
-    LossConfig,
+    POLICY_LOSSES,
     aggregate,
     entropy_bonus,
     get_policy_loss,
@@ -20,8 +21,32 @@ from agentgym.training.losses import (
     list_policy_losses,
     policy_loss,
     register_policy_loss,
-    total_loss,
 )
+from agentgym.training.packing import TokenBatch
+from agentgym.training.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
+
+
+def as_batch(mask, advantages, old_logprobs):
+    """A TokenBatch around raw (rows, seq) tensors: what loss terms read."""
+    rows, seq = mask.shape
+    return TokenBatch(torch.zeros(rows, seq, dtype=torch.long), torch.ones(rows, seq, dtype=torch.long),
+                      mask, advantages, old_logprobs, torch.arange(rows))
+
+
+def terms_of(cfg):
+    terms = {}
+    if cfg.kl_coef:
+        terms["kl"] = KLTerm(KLArgs(cfg.kl_coef, cfg.kl_type))
+    if cfg.entropy_coef:
+        terms["entropy"] = EntropyTerm(EntropyArgs(cfg.entropy_coef))
+    return terms
+
+
+def combined(logprobs, old_logprobs, advantages, mask, cfg=None, *, ref_logprobs=None, entropy=None):
+    """Policy loss (cfg.loss_mode) plus the kl and entropy terms the config switches on."""
+    cfg = cfg or LossConfig()
+    return total_loss(get_policy_loss(cfg.loss_mode or "ppo_clip"), terms_of(cfg),
+                      as_batch(mask, advantages, old_logprobs), ForwardOutputs(logprobs, entropy, ref_logprobs), cfg)
 
 # --- the hand-computed example ---------------------------------------------------------------------
 #
@@ -97,7 +122,7 @@ def test_hand_computed_gradient():
     # d loss / d logπ = -A·ρ / 5 on unclipped tokens (token-mean), 0 on clipped and dual-clipped ones:
     # row 0: ρ=0.5 -> -0.1, ρ=1 -> -0.2, ρ=1.5 clipped -> 0; row 1: clipped -> 0, dual -> 0.
     new, old, adv = hand_inputs()
-    policy_loss(new, old, adv, MASK)[0].backward()
+    policy_loss(new, old, adv, MASK, LossConfig())[0].backward()
     expected = torch.tensor([[0.0, -0.1, -0.2, 0.0], [0.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(new.grad, expected)
 
@@ -284,7 +309,7 @@ def masked_batch(seed: int = 0):
 
 def loss_and_grads(mask, tensors, cfg):
     leaves = {k: v.clone().requires_grad_(k in ("logprobs", "entropy")) for k, v in tensors.items()}
-    loss, metrics = total_loss(
+    loss, metrics = combined(
         leaves["logprobs"],
         leaves["old_logprobs"],
         leaves["advantages"],
@@ -327,7 +352,7 @@ def test_masked_positions_change_neither_loss_nor_gradients(mode, loss_mode, kl_
 def test_total_loss_combines_terms():
     mask, t = masked_batch(3)
     cfg = LossConfig(kl_coef=0.2, entropy_coef=0.01, kl_type="k3")
-    loss, metrics = total_loss(
+    loss, metrics = combined(
         t["logprobs"], t["old_logprobs"], t["advantages"], mask, cfg,
         ref_logprobs=t["ref_logprobs"], entropy=t["entropy"],
     )
@@ -338,19 +363,19 @@ def test_total_loss_combines_terms():
     assert metrics["loss/kl"] == pytest.approx(kl.item()) and metrics["loss/entropy"] == pytest.approx(ent.item())
     assert metrics["loss/total"] == pytest.approx(loss.item())
     # Without ref/entropy (and zero coefficients) only the policy term and total are reported.
-    _, plain = total_loss(t["logprobs"], t["old_logprobs"], t["advantages"], mask)
+    _, plain = combined(t["logprobs"], t["old_logprobs"], t["advantages"], mask)
     assert "loss/kl" not in plain and "loss/entropy" not in plain and "loss/total" in plain
 
 
 def test_total_loss_needs_inputs_for_its_coefficients():
     mask, t = masked_batch()
     args = (t["logprobs"], t["old_logprobs"], t["advantages"], mask)
-    with pytest.raises(ConfigError, match="ref_logprobs"):
-        total_loss(*args, LossConfig(kl_coef=0.1))
-    with pytest.raises(ConfigError, match="entropy"):
-        total_loss(*args, LossConfig(entropy_coef=0.1))
+    with pytest.raises(ConfigError, match="reference log-probs"):
+        combined(*args, LossConfig(kl_coef=0.1))
+    with pytest.raises(ConfigError, match="entropies"):
+        combined(*args, LossConfig(entropy_coef=0.1))
     with pytest.raises(RegistryError, match="Did you mean 'ppo_clip'"):
-        total_loss(*args, LossConfig(loss_mode="ppo_clp"))
+        combined(*args, LossConfig(loss_mode="ppo_clp"))
 
 
 # --- config and registry ---------------------------------------------------------------------------------
@@ -383,10 +408,8 @@ def test_registry_builtins_duplicates_and_suggestions():
         register_policy_loss("ppo_clip")(lambda *args: None)
     with pytest.raises(RegistryError, match="Did you mean 'gspo'"):
         get_policy_loss("gpso")
-    with pytest.raises(ConfigError):
+    with pytest.raises(RegistryError, match="non-empty"):
         register_policy_loss("")
-
-    from agentgym.training import losses
 
     def first(logprobs, old_logprobs, advantages, mask, cfg):
         return logprobs.sum() * 0, {"loss/policy": 0.0}
@@ -401,8 +424,8 @@ def test_registry_builtins_duplicates_and_suggestions():
             register_policy_loss("test_custom")(second)
         register_policy_loss("test_custom", override=True)(second)
         mask, t = masked_batch()
-        _, metrics = total_loss(t["logprobs"], t["old_logprobs"], t["advantages"], mask,
-                                LossConfig(loss_mode="test_custom"))
+        _, metrics = combined(t["logprobs"], t["old_logprobs"], t["advantages"], mask,
+                              LossConfig(loss_mode="test_custom"))
         assert metrics["loss/policy"] == 1.0
     finally:
-        losses._POLICY_LOSSES.pop("test_custom", None)
+        POLICY_LOSSES.unregister("test_custom")

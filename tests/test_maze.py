@@ -8,9 +8,9 @@ from collections import deque
 
 import numpy as np
 import pytest
-from agentgym.envs.maze import MazeEnv
 
 import agentgym
+from agentgym.envs.maze import MazeEnv
 
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 STEP = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from agentgym.backends.tiny import TinyModelConfig, build_tiny_model
 from agentgym.backends.transformers_backend import TransformersPolicy, entropy_of
 from agentgym.errors import ConfigError
-from agentgym.training.losses import LossConfig, total_loss
-from agentgym.training.packing import TokenBatch, minibatches, pack_turns, sequence_logprobs, token_minibatches
 from agentgym.rollout.records import Turn
-from agentgym.backends.tiny import TinyModelConfig, build_tiny_model
+from agentgym.training.config import LossConfig
+from agentgym.training.losses import get_policy_loss
+from agentgym.training.packing import (
+    TokenBatch,
+    minibatches,
+    pack_turns,
+    sequence_logprobs,
+    token_minibatches,
+)
+from agentgym.training.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
 
 PAD = 256
 
@@ -219,10 +229,10 @@ def test_end_to_end_loss_at_recomputed_old_logprobs(tiny):
         old, _ = sequence_logprobs(model, batch)
     logprobs, entropy = sequence_logprobs(model, batch, return_entropy=True)
     logprobs.retain_grad()
-    loss, metrics = total_loss(
-        logprobs, old, batch.advantages, batch.response_mask, LossConfig(entropy_coef=0.01, kl_coef=0.1),
-        ref_logprobs=old, entropy=entropy,
-    )
+    terms = {"kl": KLTerm(KLArgs(coef=0.1)), "entropy": EntropyTerm(EntropyArgs(coef=0.01))}
+    batch = dataclasses.replace(batch, old_logprobs=old)
+    loss, metrics = total_loss(get_policy_loss("ppo_clip"), terms, batch,
+                               ForwardOutputs(logprobs, entropy, ref_logprobs=old), LossConfig())
     loss.backward()
     assert metrics["loss/clipfrac"] == 0.0 and metrics["loss/kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-6)

@@ -9,7 +9,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
 def test_register_example_runs_and_passes_check_env() -> None:
@@ -31,7 +31,7 @@ def test_readme_names_the_commands_ci_runs() -> None:
     ci = (README.parent / ".ci" / "run").read_text()
     assert "make test" in text and "make demo" in text
     assert "make test" in ci
-    test_line = re.search(r"^test: setup\n\t(.+)$", makefile, flags=re.M).group(1)
+    test_line = re.search(r"^test: setup\n\t(.+)$", makefile, flags=re.MULTILINE).group(1)
     assert "pytest" in test_line and test_line.split("pytest", 1)[1].strip() in text
 
 

@@ -111,7 +111,7 @@ def test_broken_plugin_warns_but_builtins_survive(monkeypatch: pytest.MonkeyPatc
     class GoodEntryPoint:
         name, value = "good", "good_plugin:register"
 
-        def load(self):  # noqa: ANN202
+        def load(self):
             return lambda: reg.register("plugin/echo-v0", "agentgym.examples:EchoEnv")
 
     reg = Registry()

@@ -66,7 +66,7 @@ def test_bm25_scores_match_a_hand_computed_example() -> None:
     index = Index([{"id": "0", "text": "cat sat"}, {"id": "1", "text": "dog ran"},
                    {"id": "2", "text": "cat cat dog slept"}])
     idf = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))  # = ln 1.6
-    norm = lambda length: 1.5 * (0.25 + 0.75 * length / (8 / 3))  # noqa: E731
+    norm = lambda length: 1.5 * (0.25 + 0.75 * length / (8 / 3))
     expected = [idf * 1 / (1 + norm(2)), 0.0, idf * 2 / (2 + norm(4))]
     assert index.scores("cat").tolist() == pytest.approx(expected, rel=1e-6)
     assert [hit.id for hit in index.search(["cat"], k=3)[0]] == ["2", "0"]  # doc 1 has no "cat": not returned

@@ -13,11 +13,11 @@ import re
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import httpx
 import pytest
+import tomllib
 import yaml
 from conftest import free_port
 

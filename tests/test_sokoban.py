@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from agentgym.envs.sokoban import MAX_SOLUTION_MOVES, MIN_SOLUTION_MOVES, SokobanEnv
 
 import agentgym
+from agentgym.envs.sokoban import MAX_SOLUTION_MOVES, MIN_SOLUTION_MOVES, SokobanEnv
 
 STEP = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}

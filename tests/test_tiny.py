@@ -13,7 +13,6 @@ pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentgym.errors import ConfigError
 from agentgym.backends.tiny import (
     CHATML_TEMPLATE,
     SPECIAL_TOKENS,
@@ -23,6 +22,7 @@ from agentgym.backends.tiny import (
     load_model_and_tokenizer,
     save_tiny,
 )
+from agentgym.errors import ConfigError
 
 TEXTS = [
     "",

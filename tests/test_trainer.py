@@ -9,10 +9,10 @@ import pytest
 import torch
 import yaml
 
-from agentgym.training.config import load_config
 from agentgym.errors import ConfigError
+from agentgym.training.config import load_config
+from agentgym.training.loop import Trainer, flatten, train, turn_index
 from agentgym.training.quickstart import QUICKSTART
-from agentgym.training.loop import Run, flatten, rl_update, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +26,14 @@ def test_preset_file_equals_embedded_quickstart() -> None:
 
 def test_every_trainable_parameter_changes_and_loss_is_finite(tmp_path: Path) -> None:
     cfg = load_config(None, [*SMALL, "sft.enabled=false", "loss.entropy_coef=0.01", "loss.kl_coef=0"])
-    run = Run(cfg, tmp_path)
+    run = Trainer(cfg, tmp_path)
     try:
         groups = run.collector.collect([1, 2], 4, run.sampling(1.0, 0))
         turns = flatten(groups)
         # Non-zero advantages on every turn so every parameter gets a gradient.
         advantages = torch.linspace(-1.0, 1.0, len(turns)).numpy()
         before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
-        metrics = rl_update(run.model, None, run.optimizer, turns, advantages, cfg, 1, run.pad_token_id)
+        metrics = run.update(turns, advantages, turn_index(groups), 1)
         for key in ("loss/policy", "loss/total", "loss/entropy", "loss/grad_norm"):
             assert torch.isfinite(torch.tensor(metrics[key])), key
         unchanged = [n for n, p in run.model.named_parameters() if p.requires_grad and torch.equal(p, before[n])]
@@ -75,7 +75,14 @@ def test_report_and_outputs(tmp_path: Path) -> None:
     ("rollout.gruop_size=4", "Did you mean rollout.group_size"),
     ("optim.lr=-1", "optim.lr"),
     ("algorithm.name=gipgo", "Did you mean 'gigpo'"),
-    ("algorithm.args.gama=0.9", "did you mean 'gamma'"),
+    ("algorithm.args.gama=0.9", "Did you mean algorithm.args.gamma"),
+    ("algorithm.args.mode=bogus", "algorithm.args.mode must be one of"),
+    ("loss.loss_mode=gpso", "Did you mean 'gspo'"),
+    ("loss.kl_type=k4", "loss.kl_type must be one of"),
+    ("loss.terms.nope.coef=1", "no loss term named 'nope'"),
+    ("algorithm.hooks.nope.x=1", "no rollout-hook option named 'nope'"),
+    ("model.tiny.hidden_size=90", "model.tiny.hidden_size (90) must be divisible"),
+    ("model.backend=vllm", "model.backend 'vllm' is not a registered backend"),
     ("rollout.prompt_mode=chat", "rollout.prompt_mode must be one of"),
     ("loss.dual_clip_c=0.5", "loss.dual_clip_c"),
     ("iterations=many", "iterations must be an integer"),

@@ -10,10 +10,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agentgym.backends import transformers_backend
+from agentgym.backends.tiny import ByteTokenizer, TinyModelConfig, build_tiny_model
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError
 from agentgym.rollout.policy import Generation, Policy, SamplingParams
-from agentgym.backends.tiny import ByteTokenizer, TinyModelConfig, build_tiny_model
 
 EOS = 259
 #: Prompts of different lengths (1 to 23 tokens), so left padding and position ids matter.

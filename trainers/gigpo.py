@@ -15,6 +15,8 @@ from typing import Literal
 
 import numpy as np
 
+from agentgym.rollout.records import EpisodeGroup
+from agentgym.training.algorithm import register_algorithm
 from agentgym.training.turn_table import (
     NormMode,
     TurnTable,
@@ -23,8 +25,6 @@ from agentgym.training.turn_table import (
     group_mean_std,
     normalize,
 )
-from agentgym.training.algorithm import register_algorithm
-from agentgym.rollout.records import EpisodeGroup
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentgym.training.turn_table import TurnTable, episode_advantages
-from agentgym.training.algorithm import register_algorithm
 from agentgym.rollout.records import EpisodeGroup
+from agentgym.training.algorithm import register_algorithm
+from agentgym.training.turn_table import TurnTable, episode_advantages
 
 
 @dataclass(frozen=True)

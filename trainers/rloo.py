@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentgym.training.turn_table import TurnTable, episode_advantages
-from agentgym.training.algorithm import register_algorithm
 from agentgym.rollout.records import EpisodeGroup
+from agentgym.training.algorithm import register_algorithm
+from agentgym.training.turn_table import TurnTable, episode_advantages
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,12 @@ def rloo_advantages(groups: Sequence[EpisodeGroup], args: RLOOArgs) -> np.ndarra
         [1.0, -0.5, -0.5]
     """
     table = TurnTable.from_groups(groups)
-    centred = episode_advantages(table, args.invalid_action_penalty, "mean_norm", 0.0)
+    centred = episode_advantages(table, 0.0, "mean_norm", 0.0)
     size = np.bincount(table.trajectory_group, minlength=len(groups)).astype(np.float64)[table.group]
-    return centred * size / np.maximum(size - 1.0, 1.0)
+    # The G/(G−1) factor turns mean-centring into leave-one-out; the penalty is subtracted after it,
+    # so λ stays λ whatever the group size.
+    penalty = args.invalid_action_penalty * table.invalid
+    return np.where(size > 1, centred * size / np.maximum(size - 1.0, 1.0) - penalty, 0.0)
 
 
 register_algorithm("rloo", rloo_advantages, RLOOArgs, description="REINFORCE leave-one-out trajectory advantages")

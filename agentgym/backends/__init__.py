@@ -1,17 +1,21 @@
-"""Generation backends implementing ``agentgym.rollout.policy.Policy`` (each imports its ML framework lazily).
+"""Generation backends behind ``agentgym.rollout.policy.Policy``, and ``make_policy`` to build one from config.
 
-``transformers_backend.TransformersPolicy`` runs any ``transformers`` causal LM on CPU or CUDA.
+``TransformersPolicy`` runs any ``transformers`` causal LM on CPU or CUDA; ``tiny`` builds small
+models from a config alone. Importing this package does not import torch: backends load on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TransformersPolicy"]
+from agentgym.backends.builder import list_backends, make_policy, register_backend
+from agentgym.backends.config import ModelConfig, TinyModelConfig
+
+__all__ = ["ModelConfig", "TinyModelConfig", "TransformersPolicy", "list_backends", "make_policy",
+           "register_backend"]
 
 
 def __getattr__(name: str) -> Any:
-    # Importing agentgym.backends must not import torch; the backend loads on first use.
     if name == "TransformersPolicy":
         from agentgym.backends.transformers_backend import TransformersPolicy
 

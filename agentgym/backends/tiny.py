@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -31,6 +31,7 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from agentgym.backends.config import TinyModelConfig
 from agentgym.errors import ConfigError
 
 #: ChatML: ``<|im_start|>{role}\n{content}<|im_end|>\n`` per message, then ``<|im_start|>assistant\n``
@@ -49,7 +50,6 @@ TURN_END_TOKEN = "<|im_end|>"
 #: The special tokens, in id order after the 256 byte ids. ``<|im_end|>`` ends a turn and is the eos.
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, TURN_START_TOKEN, TURN_END_TOKEN)
 
-ARCHS = ("llama", "qwen2")
 
 
 def _byte_level_tokenizer() -> Tokenizer:
@@ -112,66 +112,6 @@ class ByteTokenizer(PreTrainedTokenizerFast):
             json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
         )
         return files
-
-
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """Shape of a tiny causal LM built from scratch (no download).
-
-    The defaults (about 0.4 M parameters) train on two CPU cores in minutes.
-
-    Example:
-        >>> TinyModelConfig(arch="qwen2", num_layers=4).num_layers
-        4
-        >>> TinyModelConfig(hidden_size=100, num_heads=3)
-        Traceback (most recent call last):
-        ...
-        agentgym.errors.ConfigError: TinyModelConfig.hidden_size (100) must be divisible by num_heads (3)
-    """
-
-    arch: Literal["llama", "qwen2"] = "llama"
-    """Architecture: ``"llama"`` (``LlamaForCausalLM``) or ``"qwen2"`` (``Qwen2ForCausalLM``, q/k/v biases)."""
-    hidden_size: int = 128
-    """Width of the residual stream."""
-    num_layers: int = 2
-    """Number of transformer blocks."""
-    num_heads: int = 4
-    """Attention heads; ``hidden_size`` must be divisible by it."""
-    num_kv_heads: int = 2
-    """Key/value heads (grouped-query attention); must divide ``num_heads``."""
-    intermediate_size: int = 384
-    """Width of the gated MLP."""
-    max_position_embeddings: int = 2048
-    """Longest sequence (prompt plus generation) the rotary embedding is configured for, in tokens."""
-    tie_word_embeddings: bool = True
-    """The output projection shares the input embedding matrix."""
-    seed: int = 0
-    """Seed of the weight initialisation; the same config gives the same weights."""
-
-    def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ConfigError(f"TinyModelConfig.arch must be one of {list(ARCHS)}, got {self.arch!r}")
-        for name in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"TinyModelConfig.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                f"TinyModelConfig.hidden_size ({self.hidden_size}) must be divisible by "
-                f"num_heads ({self.num_heads})"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"TinyModelConfig.num_heads ({self.num_heads}) must be divisible by "
-                f"num_kv_heads ({self.num_kv_heads})"
-            )
 
 
 def _hf_config(config: TinyModelConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig | Qwen2Config:

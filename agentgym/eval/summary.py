@@ -25,7 +25,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def summarize(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
-    """Per-episode statistics of a batch: success rate (+ 95% CI), return, turns, invalid rate, tokens."""
+    """Per-episode statistics of a batch: success rate (+ 95% CI), return, turns, invalid rate, tokens, tool calls."""
     trajectories = [t for g in groups for t in g.trajectories]
     n = len(trajectories)
     successes = sum(t.success for t in trajectories)
@@ -40,4 +40,5 @@ def summarize(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
         "invalid_rate": sum(t.invalid for t in turns) / len(turns) if turns else 0.0,
         "truncation_rate": sum(t.truncated for t in trajectories) / n if n else 0.0,
         "mean_response_tokens": sum(len(t.response_ids) for t in turns) / len(turns) if turns else 0.0,
+        "tool_calls_per_episode": sum(t.tool_calls for t in turns) / n if n else 0.0,
     }

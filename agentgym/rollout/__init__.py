@@ -1,1 +1,25 @@
-"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, hooks, demos."""
+"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, hooks, demos.
+
+Example:
+    >>> from agentgym.rollout import Turn, Trajectory, EpisodeGroup
+    >>> group = EpisodeGroup("g0", "task", 0, [Trajectory([Turn([1], [2], [-0.1], 1.0, "s")], "task", 0)])
+    >>> group.trajectories[0].episode_return
+    1.0
+"""
+
+from __future__ import annotations
+
+from agentgym.rollout.actions import ACTION_FORMATS, ActionFormat, ParsedAction, parse_action
+from agentgym.rollout.collector import Collector, CollectStats
+from agentgym.rollout.demos import collect_demos, format_action
+from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, HookChain, RolloutHooks
+from agentgym.rollout.policy import ChatTokenizer, Generation, Policy, SamplingParams, Scorer
+from agentgym.rollout.prompt import Conversation, PromptMode, PromptRenderer
+from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
+
+__all__ = [
+    "ACTION_FORMATS", "ActionFormat", "ChatTokenizer", "CollectContext", "CollectStats", "Collector", "Conversation",
+    "EpisodeGroup", "EpisodeView", "Fork", "Generation", "HookChain", "ParsedAction", "Policy", "PromptMode",
+    "PromptRenderer", "RolloutHooks", "SamplingParams", "Scorer", "Trajectory", "Turn", "collect_demos",
+    "format_action", "parse_action",
+]

@@ -1,20 +1,25 @@
-"""Action parsing: turn a policy's response text into the action string sent to the env.
+"""Action parsing: ``parse_action`` turns a policy's response text into the action sent to the env.
 
-Formats:
-    ``plain``  the response itself (first non-empty line, stripped).
+Formats (``ActionFormat``):
+    ``plain``  the first non-empty line of the response, stripped (one-line actions: games, mazes).
     ``tag``    the content of the last ``<action>…</action>``; a response without one is invalid.
+    ``raw``    the whole response, stripped. The env parses it and says with
+               ``info["invalid_action"]`` whether it could (tool envs: a fenced code block or a
+               multi-line ``<tool_call>`` must reach the env whole).
 
 A response that does not parse is still sent to the env (as its stripped text, so the env can
-explain what was wrong) and the turn is flagged invalid.
+explain what was wrong) and the turn is flagged invalid. End-of-turn markers that a tokenizer
+decodes as text are removed first.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-ActionFormat = Literal["plain", "tag"]
+ActionFormat = Literal["plain", "tag", "raw"]
+ACTION_FORMATS: tuple[str, ...] = get_args(ActionFormat)
 _TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>")
 
@@ -32,6 +37,9 @@ class ParsedAction:
 def parse_action(text: str, fmt: ActionFormat = "plain") -> ParsedAction:
     """Extract the action from a response.
 
+    Raises:
+        ValueError: an unknown format.
+
     Example:
         >>> parse_action("I should go up.\\n<action>up</action>", "tag")
         ParsedAction(action='up', valid=True)
@@ -39,6 +47,8 @@ def parse_action(text: str, fmt: ActionFormat = "plain") -> ParsedAction:
         ParsedAction(action='up', valid=False)
         >>> parse_action("  left \\nbecause...", "plain")
         ParsedAction(action='left', valid=True)
+        >>> parse_action("<search>\\nwho founded X\\n</search><|im_end|>", "raw")
+        ParsedAction(action='<search>\\nwho founded X\\n</search>', valid=True)
     """
     for marker in _END_MARKERS:
         text = text.replace(marker, "")
@@ -50,4 +60,7 @@ def parse_action(text: str, fmt: ActionFormat = "plain") -> ParsedAction:
     if fmt == "plain":
         lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
         return ParsedAction(lines[0] if lines else "", bool(lines))
-    raise ValueError(f"unknown action format {fmt!r}; use 'plain' or 'tag'")
+    if fmt == "raw":
+        whole = text.strip()
+        return ParsedAction(whole, bool(whole))
+    raise ValueError(f"unknown action format {fmt!r}; use one of {', '.join(map(repr, ACTION_FORMATS))}")

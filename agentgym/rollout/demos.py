@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agentgym.rollout.actions import ActionFormat
 from agentgym.core import Env
 from agentgym.errors import ConfigError
+from agentgym.rollout.actions import ActionFormat
 from agentgym.rollout.prompt import PromptRenderer
 from agentgym.rollout.records import Turn
 

@@ -1,9 +1,10 @@
-"""The ``Policy`` protocol (what the collector needs from a model) and its records.
+"""The ``Policy`` and ``Scorer`` protocols (what rollouts need from a model) and their records.
 
 A policy turns a batch of prompts (token ids, chat template already applied) into sampled
-continuations with per-token log-probs. Backends: ``agentgym.backends.transformers_backend``
-(CPU/GPU, the test backend), vLLM in-process (GPU) and any OpenAI-compatible server over HTTP.
-This module imports no ML framework, so the env side stays torch-free.
+continuations with per-token log-probs. A policy that can also compute teacher-forced log-probs of
+given continuations is a ``Scorer`` (IGPO needs one). Backends live in ``agentgym.backends``
+(``TransformersPolicy`` on CPU or CUDA today). This module imports no ML framework, so the env side
+stays torch-free.
 """
 
 from __future__ import annotations
@@ -84,3 +85,17 @@ class Policy(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]: ...
 
     def sync_weights(self, state_dict: Any) -> None: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """A policy capability: teacher-forced log-probs of given continuations after given prompts.
+
+    ``score(prompts, continuations)`` returns, per pair, one log-prob per continuation id under the
+    model's temperature-1 distribution (``temperature`` divides the logits), computed without
+    sampling. ``TransformersPolicy`` implements it; algorithms that need it (``needs.scorer``) fail
+    at start-up with a clear message on a backend that does not.
+    """
+
+    def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *,
+              temperature: float = 1.0, batch_size: int | None = None) -> list[list[float]]: ...

@@ -1,6 +1,6 @@
 """``PromptRenderer``: builds each turn's prompt token ids from an episode's history.
 
-Two modes:
+Three modes:
 
 - ``full``: the whole chat (system, first observation, then assistant/user turns). Prompt ids grow
   by splicing: the previous prompt + the *generated* ids + the template's ids for the next
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentgym.rollout.actions import ActionFormat
 from agentgym.errors import ConfigError
+from agentgym.rollout.actions import ActionFormat
 from agentgym.rollout.policy import ChatTokenizer
 
 PromptMode = Literal["full", "window", "current"]
@@ -32,6 +32,7 @@ PromptMode = Literal["full", "window", "current"]
 _FORMAT_HINT = {
     "plain": "Reply with the action only.",
     "tag": "Think briefly if you need to, then give your action as <action>...</action>.",
+    "raw": "",  # the env's own instructions say how to call its tools and answer
 }
 
 

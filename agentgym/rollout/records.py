@@ -6,7 +6,6 @@ episode's turns; a *group* holds the trajectories that started from the same tas
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +30,8 @@ class Turn:
     """The action sent to the env (parsed from the response)."""
     observation: str = ""
     """The env's reply to the action."""
+    tool_calls: int = 0
+    """Tool calls the env executed for this action (``info["tool_calls"]``; 0 for envs without tools)."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Algorithm data: entropies, top-k log-probs, IGPO scores... (JSON-safe values only)."""
 
@@ -55,6 +56,9 @@ class Trajectory:
     """For forked trajectories (ARPO branches): the trajectory it was forked from."""
     fork_turn: int | None = None
     """For forked trajectories: how many turns were shared with the parent."""
+    answer: str | list[str] | None = None
+    """The env's privileged ground truth (``info["answer"]``), for trainers that read it (IGPO);
+    never shown to the policy."""
 
     @property
     def episode_return(self) -> float:

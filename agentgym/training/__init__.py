@@ -1,1 +1,47 @@
-"""Training: turn table and statistics, algorithms, packing, losses, update plans, config, the loop."""
+"""Training: turn table and statistics, algorithms and their plug-in points, packing, losses and loss
+terms, update plans, config, checkpoints, metrics, and the loop.
+
+Importing this package imports no ML framework; the modules that compute (losses, terms, packing,
+update, loop) import torch when they are imported.
+
+Example:
+    >>> from agentgym.training import get_algorithm, load_config
+    >>> cfg = load_config(None, ["algorithm.name=grpo", "algorithm.args={}"])
+    >>> get_algorithm(cfg.algorithm.name).description.split(" ")[0]
+    'GRPO'
+"""
+
+from __future__ import annotations
+
+from agentgym.training.algorithm import (
+    AdvantageEstimator,
+    Algorithm,
+    AlgorithmNeeds,
+    get_algorithm,
+    list_algorithms,
+    register_algorithm,
+)
+from agentgym.training.config import (
+    AlgorithmConfig,
+    EnvConfig,
+    EvalConfig,
+    LossConfig,
+    OptimConfig,
+    RolloutConfig,
+    SFTConfig,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+)
+from agentgym.training.options import HookOption, get_hook_option, list_hook_options, register_hook_option
+from agentgym.training.plan import Phase, TurnIndex, UpdatePlan
+from agentgym.training.turn_table import TurnTable, discounted_returns, episode_advantages, group_mean_std, normalize
+
+__all__ = [
+    "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig", "HookOption",
+    "LossConfig", "OptimConfig", "Phase", "RolloutConfig", "SFTConfig", "TrainConfig", "TurnIndex", "TurnTable",
+    "UpdatePlan", "config_from_dict", "config_to_dict", "discounted_returns", "episode_advantages",
+    "get_algorithm", "get_hook_option", "group_mean_std", "list_algorithms", "list_hook_options", "load_config",
+    "normalize", "register_algorithm", "register_hook_option",
+]

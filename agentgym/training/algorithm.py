@@ -1,25 +1,35 @@
-"""The algorithm plug-in: ``Algorithm``, ``register_algorithm``, ``get_algorithm``, ``list_algorithms``.
+"""The algorithm plug-in: ``Algorithm``, ``AlgorithmNeeds``, ``register_algorithm``, ``get_algorithm``.
 
-An algorithm is a name plus an advantage estimator with one signature for all,
-``estimator(groups, args) -> advantages`` (one float per turn, order group → trajectory → turn),
-and a dataclass of arguments with defaults. Built-ins live in ``agentgym.trainers``; third-party
-packages register through the entry-point group ``agentgym.trainers``.
+An algorithm is a name plus any of six plug-in points; the trainer wires them and never tests an
+algorithm's name:
+
+1. ``estimator(groups, args) -> float64[num_turns]``: per-turn advantages, a pure function of the
+   records (required);
+2. ``hooks(args) -> RolloutHooks``: act during collection (sampling parameters, forks after a turn,
+   annotate or filter groups after collection);
+3. a **scorer**: declared with ``needs.scorer``; the policy must implement ``Scorer``;
+4. ``update_plan(args) -> UpdatePlan``: the sequence of update phases within an iteration;
+5. ``policy_loss``: the registered policy loss it uses unless the config picks another;
+6. ``loss_terms``: registered loss terms (name → arguments) added to the loss.
+
+It also declares what it needs (``AlgorithmNeeds``) and its minimum group size, so a config that
+cannot work fails at start-up. Built-ins live in ``agentgym.trainers``; third-party packages
+register through the entry-point group ``agentgym.trainers``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, get_type_hints
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
-from agentgym.errors import ConfigError, RegistryError
-from agentgym.plugins import load_plugins
+from agentgym.plugins import PluginRegistry
+from agentgym.rollout.hooks import RolloutHooks
 from agentgym.rollout.records import EpisodeGroup
+from agentgym.training.coercion import build
+from agentgym.training.plan import UpdatePlan
 
 ENTRY_POINT_GROUP = "agentgym.trainers"
 
@@ -41,8 +51,22 @@ class AdvantageEstimator(Protocol):
 
 
 @dataclass(frozen=True)
+class AlgorithmNeeds:
+    """What an algorithm needs from the backend and the env; checked before a run starts."""
+
+    entropies: bool = False
+    """Per-token entropies of the sampling distribution in ``Turn.extras["entropies"]``."""
+    top_logprobs: int = 0
+    """The k most likely log-probs per generated token in ``Turn.extras["top_logprobs"]`` (0: none)."""
+    answer: bool = False
+    """The env's privileged ``info["answer"]`` (``Trajectory.answer``)."""
+    scorer: bool = False
+    """Teacher-forced log-probs from the policy (the backend must be an ``agentgym.rollout.policy.Scorer``)."""
+
+
+@dataclass(frozen=True)
 class Algorithm:
-    """A registered algorithm."""
+    """A registered algorithm: an estimator plus optional plug-ins (see the module docstring)."""
 
     name: str
     """Registry key, config value and metric prefix (lowercase paper acronym)."""
@@ -52,95 +76,59 @@ class Algorithm:
     """Dataclass of the algorithm's arguments; every field has a default and a docstring."""
     description: str = ""
     """One line for listings."""
+    hooks: Callable[[Any], RolloutHooks] | None = None
+    """Builds the algorithm's rollout hooks from its arguments (once per run)."""
+    update_plan: Callable[[Any], UpdatePlan] | None = None
+    """Builds the update plan from its arguments; None: one phase with every row."""
+    policy_loss: str = "ppo_clip"
+    """Registered policy loss used unless ``loss.loss_mode`` names another."""
+    loss_terms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Registered loss terms (name → arguments) the algorithm adds; ``loss.terms`` may override them."""
+    needs: AlgorithmNeeds = AlgorithmNeeds()
+    """What it needs from the backend and the env."""
+    min_group_size: int = 2
+    """Smallest ``rollout.group_size`` it can work with (group-relative baselines need 2)."""
 
-    def make_args(self, values: Mapping[str, Any] | None = None) -> Any:
-        """Build validated arguments; unknown fields raise ``ConfigError`` naming the valid ones."""
-        values = dict(values or {})
-        fields = {f.name: f for f in dataclasses.fields(self.args_type)}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            hints = [difflib.get_close_matches(u, fields, n=1) for u in unknown]
-            suggestion = "; ".join(f"{u!r} (did you mean {h[0]!r}?)" if h else repr(u) for u, h in zip(unknown, hints))
-            raise ConfigError(
-                f"algorithm {self.name!r} has no argument {suggestion}; valid: {', '.join(sorted(fields))}"
-            )
-        types = get_type_hints(self.args_type)
-        for name, value in values.items():
-            expected = types[name]
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                values[name] = float(value)
-            elif expected in (float, int, bool, str) and not isinstance(values[name], expected):
-                raise ConfigError(
-                    f"algorithm.{name} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
-                )
-        return self.args_type(**values)
+    def make_args(self, values: Mapping[str, Any] | None = None, where: str = "algorithm.args") -> Any:
+        """Build validated arguments; every error names the config path (``algorithm.args.gamma``)."""
+        return build(self.args_type, dict(values or {}), where)
 
 
-class _AlgorithmRegistry:
-    def __init__(self) -> None:
-        self._algorithms: dict[str, Algorithm] = {}
-        self._lock = threading.RLock()
-        self._plugins_loaded = False
-
-    def register(self, algorithm: Algorithm, *, override: bool = False) -> Algorithm:
-        with self._lock:
-            existing = self._algorithms.get(algorithm.name)
-            if existing is not None and not override and not _same_code(existing, algorithm):
-                raise RegistryError(f"algorithm {algorithm.name!r} is already registered; pass override=True")
-            self._algorithms[algorithm.name] = algorithm
-        return algorithm
-
-    def get(self, name: str) -> Algorithm:
-        self._load_plugins()
-        found = self._algorithms.get(name)
-        if found is None:
-            close = difflib.get_close_matches(name, list(self._algorithms), n=3, cutoff=0.4)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise RegistryError(
-                f"no algorithm named {name!r}.{hint} Registered: {', '.join(sorted(self._algorithms))}"
-            )
-        return found
-
-    def all(self) -> list[Algorithm]:
-        self._load_plugins()
-        return sorted(self._algorithms.values(), key=lambda a: a.name)
-
-    def _load_plugins(self) -> None:
-        if self._plugins_loaded:
-            return
-        with self._lock:
-            if self._plugins_loaded:
-                return
-            self._plugins_loaded = True
-            load_plugins("agentgym.trainers", ENTRY_POINT_GROUP)
-
-
-def _same_code(a: Algorithm, b: Algorithm) -> bool:
-    """The same module imported under two names (``agentgym.trainers.x`` and ``trainers.x`` by
-    doctest collection) registers twice; that is not a conflict."""
-    return (a.estimator.__qualname__, a.args_type.__qualname__, a.estimator.__module__.rsplit(".", 1)[-1]) == (
-        b.estimator.__qualname__, b.args_type.__qualname__, b.estimator.__module__.rsplit(".", 1)[-1])
-
-
-_registry = _AlgorithmRegistry()
+ALGORITHMS: PluginRegistry[Algorithm] = PluginRegistry("algorithm", "agentgym.trainers", ENTRY_POINT_GROUP)
 
 
 def register_algorithm(name: str, estimator: AdvantageEstimator, args_type: type, *, description: str = "",
+                       hooks: Callable[[Any], RolloutHooks] | None = None,
+                       update_plan: Callable[[Any], UpdatePlan] | None = None, policy_loss: str = "ppo_clip",
+                       loss_terms: Mapping[str, Mapping[str, Any]] | None = None,
+                       needs: AlgorithmNeeds = AlgorithmNeeds(), min_group_size: int = 2,
                        override: bool = False) -> Algorithm:
-    """Register an algorithm under ``name``."""
-    return _registry.register(Algorithm(name, estimator, args_type, description), override=override)
+    """Register an algorithm under ``name`` (see ``Algorithm`` for the fields).
+
+    Raises:
+        RegistryError: ``name`` is taken and ``override`` is False.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class NoArgs:
+        ...     pass
+        >>> def zeros(groups, args):
+        ...     return np.zeros(sum(len(t.turns) for g in groups for t in g.trajectories))
+        >>> algo = register_algorithm("doc_zeros", zeros, NoArgs, description="all-zero advantages")
+        >>> get_algorithm("doc_zeros") is algo
+        True
+    """
+    algorithm = Algorithm(name, estimator, args_type, description, hooks, update_plan, policy_loss,
+                          dict(loss_terms or {}), needs, min_group_size)
+    return ALGORITHMS.register(name, algorithm, override=override)
 
 
 def get_algorithm(name: str) -> Algorithm:
     """Look up an algorithm; unknown names raise with suggestions and the registered names."""
-    return _registry.get(name)
+    return ALGORITHMS.get(name)
 
 
 def list_algorithms() -> list[Algorithm]:
     """Every registered algorithm, sorted by name."""
-    return _registry.all()
-
-
-def estimator_for(name: str) -> Callable[[Sequence[EpisodeGroup], Any], np.ndarray]:
-    """The estimator of a registered algorithm (shortcut for ``get_algorithm(name).estimator``)."""
-    return get_algorithm(name).estimator
+    return [ALGORITHMS.get(name) for name in ALGORITHMS.names()]

@@ -1,52 +1,31 @@
-"""Training configuration: typed config objects, YAML loading and ``--set key=value`` overrides.
+"""Training configuration: one typed config dataclass per component, YAML loading and ``--set`` overrides.
 
 ``TrainConfig`` is the whole run. Every field has a default and a docstring; YAML presets in
 ``configs/`` are flat, complete files. Errors name the field to fix (``rollout.group_size``) and
-suggest the nearest field name for typos.
+suggest the nearest field name for typos. This module imports no ML framework.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import types
-import typing
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args
 
 import yaml
 
+from agentgym.backends.config import ModelConfig
 from agentgym.errors import ConfigError
+from agentgym.rollout.actions import ActionFormat
+from agentgym.training.coercion import build, to_plain
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
+KlType = Literal["k1", "k2", "k3"]
+KL_TYPES: tuple[str, ...] = get_args(KlType)
 
 
-@dataclass
-class ModelConfig:
-    """Which policy model to train."""
-
-    path: str | None = None
-    """Local Hugging Face model directory (with a chat template); None builds the tiny model below."""
-    arch: Literal["llama", "qwen2"] = "llama"
-    """Tiny model architecture."""
-    hidden_size: int = 128
-    """Tiny model width."""
-    num_layers: int = 2
-    """Tiny model depth."""
-    num_heads: int = 4
-    """Tiny model attention heads."""
-    num_kv_heads: int = 2
-    """Tiny model key/value heads (grouped-query attention)."""
-    intermediate_size: int = 384
-    """Tiny model MLP width."""
-    max_position_embeddings: int = 2048
-    """Longest sequence the tiny model handles (tokens)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype."""
-    device: str = "auto"
-    """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``, ``cuda:1``..."""
-
-
-@dataclass
+@dataclass(frozen=True)
 class EnvConfig:
     """The environment the agent trains and is evaluated on."""
 
@@ -62,7 +41,7 @@ class EnvConfig:
     """Bearer token for ``url``."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutConfig:
     """How episodes are collected."""
 
@@ -75,8 +54,10 @@ class RolloutConfig:
     ``current``: the current observation only (for envs whose observation is a sufficient state)."""
     window_turns: int = 2
     """History turns shown in ``window`` mode."""
-    action_format: Literal["plain", "tag"] = "plain"
-    """``plain``: the response is the action; ``tag``: ``<action>…</action>``."""
+    action_format: ActionFormat | None = None
+    """How a response becomes an action: ``plain`` (its first line), ``tag`` (``<action>…</action>``)
+    or ``raw`` (the whole response; the env judges it). None: what the env's spec asks for
+    (``raw`` for tool envs, else ``plain``)."""
     include_instructions: bool = True
     """Put the env's ``instructions`` in the system message (tiny models may do better without)."""
     show_admissible_actions: bool = True
@@ -96,21 +77,28 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     top_k: int = 0
     """Top-k sampling (0 disables)."""
+    stop_strings: tuple[str, ...] = ()
+    """End a turn when the response ends with one of these (e.g. ``</search>``); kept in the response."""
+    require_tool_calls: bool = True
+    """On an env with tools, stop the run with an error when an iteration's rollouts make no tool call
+    at all (a format or prompt problem that would otherwise train on nothing)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlgorithmConfig:
-    """The advantage estimator and its arguments."""
+    """The algorithm, its arguments and the rollout-hook options added to it."""
 
     name: str = "gigpo"
-    """Registered algorithm: ``grpo``, ``rloo``, ``gigpo``, ..."""
+    """Registered algorithm: ``grpo``, ``rloo``, ``gigpo``, ... (``agentgym algorithms`` lists them)."""
     args: dict[str, Any] = field(default_factory=dict)
     """The algorithm's arguments (see its args dataclass); validated against it."""
+    hooks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Extra rollout hooks usable with any algorithm, by registered name → arguments."""
     drop_zero_advantage_turns: bool = False
     """Leave turns with advantage exactly 0 out of the update (they carry no gradient for the policy term)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     """Optimiser and update schedule."""
 
@@ -127,35 +115,85 @@ class OptimConfig:
     warmup_iterations: int = 0
     """Linear warm-up iterations."""
     num_epochs: int = 1
-    """Passes over each iteration's batch."""
+    """Passes over each update phase's rows."""
     num_minibatches: int = 4
     """Optimiser steps per epoch."""
 
 
-@dataclass
-class LossSettings:
-    """The shared PPO-style loss (see ``agentgym.training.losses``)."""
+@dataclass(frozen=True)
+class LossConfig:
+    """The shared loss: the policy term, the KL and entropy terms, and any other registered loss terms.
 
+    Example:
+        >>> LossConfig(clip_ratio_high=0.28).clip_ratio_high
+        0.28
+        >>> LossConfig(loss_agg_mode="token-sum")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: LossConfig.loss_agg_mode must be one of ['token-mean', \
+'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'], got 'token-sum'
+    """
+
+    loss_mode: str | None = None
+    """Registered policy loss (``ppo_clip``, ``gspo``, ...); None uses the algorithm's (``ppo_clip``
+    unless it declares another)."""
     clip_ratio_low: float = 0.2
-    """ε_low of the PPO clip."""
+    """PPO ε_low: the ratio is clipped below at ``1 - clip_ratio_low``. GSPO's paper uses 3e-4."""
     clip_ratio_high: float = 0.2
-    """ε_high of the PPO clip (0.28 = DAPO clip-higher)."""
+    """PPO ε_high: clipped above at ``1 + clip_ratio_high``; DAPO's clip-higher uses 0.28, GSPO 4e-4."""
     dual_clip_c: float | None = 3.0
-    """Dual-clip bound for negative advantages (None disables)."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
-        "token-mean")
-    """How token losses are aggregated."""
+    """Dual-clip bound c > 1 for negative advantages (loss ≤ -A·c); None disables dual clip."""
+    loss_agg_mode: AggMode = "token-mean"
+    """How per-token losses become a scalar (``agentgym.training.losses.aggregate``). Dr.GRPO:
+    ``seq-mean-token-sum-norm``; original GRPO and GSPO: ``seq-mean-token-mean``; DAPO and verl's
+    default: ``token-mean``."""
+    loss_agg_norm_tokens: int | None = None
+    """Constant normaliser L of ``seq-mean-token-sum-norm`` in tokens (Dr.GRPO: the max response
+    length); None uses the batch's padded width, which changes with the batch."""
     sequence_ratio: bool = False
-    """GSPO sequence-level ratio."""
+    """GSPO: replace the token ratio by the sequence ratio s_i = exp(mean_t log ratio) in its token
+    form s_{i,t} = sg[s_i]·π/sg[π], so per-token (per-turn) advantages still apply."""
     kl_coef: float = 0.0
-    """Weight of the KL to the frozen reference policy (0: no reference model)."""
-    kl_type: Literal["k1", "k3"] = "k3"
-    """KL estimator."""
+    """β of the ``kl`` term (KL to the frozen post-SFT reference policy); 0 turns it off and no
+    reference model is kept."""
+    kl_type: KlType = "k3"
+    """KL estimator of the ``kl`` term: ``k1`` (log ratio), ``k2`` (half squared log ratio) or ``k3``
+    (verl's ``low_var_kl``)."""
     entropy_coef: float = 0.0
-    """Weight of the entropy bonus."""
+    """Weight of the ``entropy`` term (an entropy bonus subtracted from the loss); 0 turns it off."""
+    terms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Other registered loss terms by name → arguments (``agentgym.training.terms``)."""
+
+    def __post_init__(self) -> None:
+        if self.loss_agg_mode not in AGG_MODES:
+            raise ConfigError(
+                f"LossConfig.loss_agg_mode must be one of {list(AGG_MODES)}, got {self.loss_agg_mode!r}"
+            )
+        if self.kl_type not in KL_TYPES:
+            raise ConfigError(f"LossConfig.kl_type must be one of {list(KL_TYPES)}, got {self.kl_type!r}")
+        if not 0.0 <= self.clip_ratio_low < 1.0:
+            raise ConfigError(f"LossConfig.clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}")
+        if not 0.0 <= self.clip_ratio_high < math.inf:
+            raise ConfigError(f"LossConfig.clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
+        if self.dual_clip_c is not None and not 1.0 < self.dual_clip_c < math.inf:
+            raise ConfigError(
+                f"LossConfig.dual_clip_c must be > 1 (or None to disable dual clip), got {self.dual_clip_c}"
+            )
+        if not 0.0 <= self.kl_coef < math.inf:
+            raise ConfigError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
+        if not math.isfinite(self.entropy_coef):
+            raise ConfigError(f"LossConfig.entropy_coef must be finite, got {self.entropy_coef}")
+        if self.loss_mode is not None and (not isinstance(self.loss_mode, str) or not self.loss_mode):
+            raise ConfigError(f"LossConfig.loss_mode must name a registered policy loss, got {self.loss_mode!r}")
+        norm = self.loss_agg_norm_tokens
+        if norm is not None and (isinstance(norm, bool) or not isinstance(norm, int) or norm < 1):
+            raise ConfigError(f"LossConfig.loss_agg_norm_tokens must be a positive integer or None, got {norm!r}")
+        if "kl" in self.terms or "entropy" in self.terms:
+            raise ConfigError("LossConfig.terms: the kl and entropy terms are set by kl_coef/kl_type and "
+                              "entropy_coef, not under terms")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SFTConfig:
     """Supervised warm start on the env's expert demonstrations."""
 
@@ -173,7 +211,7 @@ class SFTConfig:
     """Demo seeds start here (disjoint from RL and eval seeds)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation before and after training."""
 
@@ -187,28 +225,32 @@ class EvalConfig:
     """Also evaluate every N iterations (0: only before and after)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """A whole training run."""
 
     seed: int = 0
-    """Seeds Python, NumPy and torch, and the task seeds."""
+    """Seeds Python, NumPy and torch, the tiny model's initialisation and the task seeds."""
     iterations: int = 30
     """RL iterations (collect → estimate → update)."""
     checkpoint_every: int = 10
     """Save a resumable checkpoint every N iterations (0: only at the end)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model (``agentgym.backends.config.ModelConfig``)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    loss: LossSettings = field(default_factory=LossSettings)
+    loss: LossConfig = field(default_factory=LossConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> TrainConfig:
-        """Cross-field checks; raises ``ConfigError`` naming the field to change."""
-        from agentgym.training.algorithm import get_algorithm
+        """Field ranges and the registries: the algorithm, its arguments and group size, loss terms,
+        rollout hooks and policy loss must exist and accept their arguments. Raises ``ConfigError``
+        (or ``RegistryError`` with suggestions) naming the field to change."""
+        from agentgym.backends.builder import list_backends, make_policy
+        from agentgym.training.recipe import Recipe
 
         positive = {
             "iterations": self.iterations, "rollout.num_tasks": self.rollout.num_tasks,
@@ -221,93 +263,12 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
-        if not 0 <= self.loss.clip_ratio_low < 1 or self.loss.clip_ratio_high < 0:
-            raise ConfigError("loss.clip_ratio_low must be in [0, 1) and loss.clip_ratio_high >= 0")
-        if self.loss.dual_clip_c is not None and self.loss.dual_clip_c <= 1:
-            raise ConfigError(f"loss.dual_clip_c must be > 1 (or null to disable), got {self.loss.dual_clip_c}")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:
             raise ConfigError("rollout.temperature and eval.temperature must be >= 0")
-        if self.rollout.group_size < 2 and self.algorithm.name in ("grpo", "rloo", "gigpo"):
-            raise ConfigError(
-                f"rollout.group_size must be >= 2 for {self.algorithm.name!r}: a group of one has no baseline"
-            )
-        get_algorithm(self.algorithm.name).make_args(self.algorithm.args)  # names the bad argument
+        if self.model.backend not in list_backends():
+            make_policy(self.model)  # raises the registry's error, with suggestions
+        Recipe.from_config(self)
         return self
-
-
-# --- building typed configs from plain data ----------------------------------------------------
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a mapping of its fields, got {value!r}")
-        return _build(tp, value, where)
-    if origin in (Union, types.UnionType):
-        options = get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of "
-                          f"{', '.join(_type_name(o) for o in options)}")
-    if origin is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            raise ConfigError(f"{where} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
-            raise ConfigError(f"{where} must be a list of {len(get_args(tp))} values, got {value!r}")
-        return tuple(_coerce(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, get_args(tp))))
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a mapping, got {value!r}")
-        return dict(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
-    if tp is typing.Any:
-        return value
-    raise ConfigError(f"{where}: unsupported field type {tp!r}")  # pragma: no cover
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in data.items():
-        where = f"{prefix}.{key}" if prefix else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" Did you mean {f'{prefix}.' if prefix else ''}{close[0]}?" if close else ""
-            raise ConfigError(f"unknown config field {where!r}.{hint} Valid here: {', '.join(names)}")
-        values[key] = _coerce(value, hints[key], where)
-    return cls(**values)
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
@@ -320,21 +281,12 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping at the top level, got {type(data).__name__}")
-    return _build(TrainConfig, data).validate()
+    return build(TrainConfig, data).validate()
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
     """Plain nested data (tuples as lists), the inverse of ``config_from_dict``."""
-    def plain(value: Any) -> Any:
-        if isinstance(value, tuple):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [plain(v) for v in value]
-        return value
-
-    return plain(dataclasses.asdict(cfg))
+    return to_plain(cfg)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -371,6 +323,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return result
 
 
+def presets_dir() -> Path:
+    """The ``configs/`` folder of presets next to the package (a source checkout)."""
+    return Path(__file__).resolve().parents[2] / "configs"
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML preset (``None``: the embedded quickstart), apply overrides, validate."""
     if path is None:
@@ -380,7 +337,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     else:
         file = Path(path)
         if not file.is_file():
-            presets = sorted(p.name for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+            presets = sorted(p.name for p in presets_dir().glob("*.yaml"))
             raise ConfigError(f"config file {str(file)!r} not found" + (
                 f"; presets in configs/: {', '.join(presets)}" if presets else ""))
         try:

@@ -1,4 +1,4 @@
-"""The shared token-level loss: ``LossConfig``, ``aggregate``, PPO-clip/GSPO ``policy_loss``, KL, entropy, registry.
+"""The shared token-level loss pieces: ``aggregate``, the policy losses (PPO-clip, GSPO) and their registry, KL.
 
 Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.training.packing`` and a
 ``response_mask`` of the same shape; only positions where the mask is 1 (generated response tokens)
@@ -7,96 +7,32 @@ its gradients: inputs are replaced by 0 there (``torch.where``) before any arith
 
 Policy losses are plain callables registered by name (verl's ``core_algos`` pattern) with one
 signature, ``fn(logprobs, old_logprobs, advantages, mask, cfg) -> (loss, metrics)``; built-ins are
-``"ppo_clip"`` and ``"gspo"``.
+``"ppo_clip"`` and ``"gspo"``. ``cfg`` is the run's ``agentgym.training.config.LossConfig``. The KL and
+entropy terms added to the policy loss are loss terms (``agentgym.training.terms``).
 """
 
 from __future__ import annotations
 
 import difflib
-import math
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Literal, Protocol, TypeVar, get_args
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
 from agentgym.errors import ConfigError, RegistryError
+from agentgym.plugins import PluginRegistry
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-AGG_MODES: tuple[str, ...] = get_args(AggMode)
-KlType = Literal["k1", "k2", "k3"]
-KL_TYPES: tuple[str, ...] = get_args(KlType)
+if TYPE_CHECKING:
+    from agentgym.training.config import AggMode, KlType, LossConfig
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_TYPES = ("k1", "k2", "k3")
 
 #: GSPO: the log of the sequence ratio is capped here (verl's guard), so exp() stays finite.
 MAX_SEQUENCE_LOG_RATIO = 10.0
 #: Token log-ratios are clamped to +-this before exp() (verl's guard against float32 overflow).
 MAX_TOKEN_LOG_RATIO = 20.0
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Settings of the shared loss (policy term, KL to a reference, entropy bonus).
-
-    Example:
-        >>> LossConfig(clip_ratio_high=0.28).clip_ratio_high
-        0.28
-        >>> LossConfig(loss_agg_mode="token-sum")
-        Traceback (most recent call last):
-        ...
-        agentgym.errors.ConfigError: LossConfig.loss_agg_mode must be one of ['token-mean', \
-'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'], got 'token-sum'
-    """
-
-    clip_ratio_low: float = 0.2
-    """PPO ε_low: the ratio is clipped below at ``1 - clip_ratio_low``. GSPO's paper uses 3e-4."""
-    clip_ratio_high: float = 0.2
-    """PPO ε_high: clipped above at ``1 + clip_ratio_high``; DAPO's clip-higher uses 0.28, GSPO 4e-4."""
-    dual_clip_c: float | None = 3.0
-    """Dual-clip bound c > 1 for negative advantages (loss ≤ -A·c); None disables dual clip."""
-    loss_agg_mode: AggMode = "token-mean"
-    """How per-token losses become a scalar; see ``aggregate``. Dr.GRPO: ``seq-mean-token-sum-norm``;
-    original GRPO and GSPO: ``seq-mean-token-mean``; DAPO and verl's default: ``token-mean``."""
-    sequence_ratio: bool = False
-    """GSPO: replace the token ratio by the sequence ratio s_i = exp(mean_t log ratio) in its token
-    form s_{i,t} = sg[s_i]·π/sg[π], so per-token (per-turn) advantages still apply."""
-    kl_coef: float = 0.0
-    """β of the KL-to-reference term added to the loss; > 0 needs ``ref_logprobs``."""
-    kl_type: KlType = "k3"
-    """KL estimator, see ``kl_penalty``: ``k1`` (log ratio), ``k2`` (half squared log ratio) or
-    ``k3`` (verl's ``low_var_kl``)."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus subtracted from the loss; non-zero needs ``entropy``."""
-    loss_mode: str = "ppo_clip"
-    """Name of the registered policy loss (``get_policy_loss``): ``ppo_clip`` or ``gspo``."""
-    loss_agg_norm_tokens: int | None = None
-    """Constant normaliser L of ``seq-mean-token-sum-norm`` in tokens (Dr.GRPO: the max response
-    length); None uses the batch's padded width, which changes with the batch."""
-
-    def __post_init__(self) -> None:
-        if self.loss_agg_mode not in AGG_MODES:
-            raise ConfigError(
-                f"LossConfig.loss_agg_mode must be one of {list(AGG_MODES)}, got {self.loss_agg_mode!r}"
-            )
-        if self.kl_type not in KL_TYPES:
-            raise ConfigError(f"LossConfig.kl_type must be one of {list(KL_TYPES)}, got {self.kl_type!r}")
-        if not 0.0 <= self.clip_ratio_low <= 1.0:
-            raise ConfigError(f"LossConfig.clip_ratio_low must be in [0, 1], got {self.clip_ratio_low}")
-        if not 0.0 <= self.clip_ratio_high < math.inf:
-            raise ConfigError(f"LossConfig.clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
-        if self.dual_clip_c is not None and not 1.0 < self.dual_clip_c < math.inf:
-            raise ConfigError(
-                f"LossConfig.dual_clip_c must be > 1 (or None to disable dual clip), got {self.dual_clip_c}"
-            )
-        if not 0.0 <= self.kl_coef < math.inf:
-            raise ConfigError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")
-        if not math.isfinite(self.entropy_coef):
-            raise ConfigError(f"LossConfig.entropy_coef must be finite, got {self.entropy_coef}")
-        if not isinstance(self.loss_mode, str) or not self.loss_mode:
-            raise ConfigError(f"LossConfig.loss_mode must name a registered policy loss, got {self.loss_mode!r}")
-        norm = self.loss_agg_norm_tokens
-        if norm is not None and (isinstance(norm, bool) or not isinstance(norm, int) or norm < 1):
-            raise ConfigError(f"LossConfig.loss_agg_norm_tokens must be a positive integer or None, got {norm!r}")
 
 
 # --- masking and aggregation ---------------------------------------------------------------------
@@ -203,26 +139,17 @@ class PolicyLoss(Protocol):
 
 
 _LossT = TypeVar("_LossT", bound=Callable[..., tuple[torch.Tensor, dict[str, float]]])
-_POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {}
-_LOCK = threading.Lock()
-
-
-def _same_function(a: Callable[..., object], b: Callable[..., object]) -> bool:
-    """A module imported under two names registers the same function twice; that is no conflict."""
-    return (getattr(a, "__qualname__", None), getattr(a, "__module__", "").rsplit(".", 1)[-1]) == (
-        getattr(b, "__qualname__", None),
-        getattr(b, "__module__", "").rsplit(".", 1)[-1],
-    )
+POLICY_LOSSES: PluginRegistry[PolicyLoss] = PluginRegistry("policy loss", "agentgym.trainers", "agentgym.trainers")
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_LossT], _LossT]:
-    """Decorator registering a ``PolicyLoss`` under ``name`` (the value of ``LossConfig.loss_mode``).
+    """Decorator registering a ``PolicyLoss`` under ``name`` (a value of ``loss.loss_mode``).
 
     Raises:
-        RegistryError: ``name`` is already taken by another function and ``override`` is False.
-        ConfigError: ``name`` is not a non-empty string.
+        RegistryError: ``name`` is empty, or taken by another function and ``override`` is False.
 
     Example:
+        >>> from agentgym.training.config import LossConfig
         >>> @register_policy_loss("doc_reinforce")
         ... def reinforce(logprobs, old_logprobs, advantages, mask, cfg):
         ...     loss = aggregate(-advantages * logprobs, mask, cfg.loss_agg_mode)
@@ -231,17 +158,10 @@ def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_Los
         True
     """
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"a policy loss name must be a non-empty string, got {name!r}")
+        raise RegistryError(f"a policy loss name must be a non-empty string, got {name!r}")
 
     def decorator(fn: _LossT) -> _LossT:
-        with _LOCK:
-            existing = _POLICY_LOSSES.get(name)
-            if existing is not None and not override and not _same_function(existing, fn):
-                raise RegistryError(
-                    f"policy loss {name!r} is already registered ({existing.__module__}."
-                    f"{existing.__qualname__}); pass override=True to replace it"
-                )
-            _POLICY_LOSSES[name] = fn
+        POLICY_LOSSES.register(name, fn, override=override)
         return fn
 
     return decorator
@@ -261,20 +181,12 @@ def get_policy_loss(name: str) -> PolicyLoss:
         ...
         agentgym.errors.RegistryError: no policy loss named 'ppo-clip'. Did you mean 'ppo_clip'? ...
     """
-    found = _POLICY_LOSSES.get(name)
-    if found is None:
-        close = difflib.get_close_matches(str(name), list(_POLICY_LOSSES), n=3, cutoff=0.4)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise RegistryError(
-            f"no policy loss named {name!r}.{hint} Registered: {', '.join(sorted(_POLICY_LOSSES))}; "
-            f"set LossConfig.loss_mode to one of them or register_policy_loss a new one"
-        )
-    return found
+    return POLICY_LOSSES.get(name)
 
 
 def list_policy_losses() -> list[str]:
     """Registered policy-loss names, sorted."""
-    return sorted(_POLICY_LOSSES)
+    return POLICY_LOSSES.names()
 
 
 @register_policy_loss("ppo_clip")
@@ -283,7 +195,7 @@ def policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: LossConfig | None = None,
+    cfg: LossConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip with asymmetric and dual clip (and GSPO's sequence ratio when ``cfg.sequence_ratio``).
 
@@ -302,7 +214,7 @@ def policy_loss(
         old_logprobs: ``(rows, seq)`` behaviour log-probs.
         advantages: ``(rows, seq)`` per-token advantages.
         mask: ``(rows, seq)`` response mask.
-        cfg: Loss settings; None uses ``LossConfig()``.
+        cfg: Loss settings (clip ranges, dual clip, aggregation, sequence ratio).
 
     Returns:
         ``(loss, metrics)``; metrics are python floats over the masked tokens: ``loss/policy``,
@@ -314,13 +226,13 @@ def policy_loss(
         ConfigError: Mismatched shapes.
 
     Example:
+        >>> from agentgym.training.config import LossConfig
         >>> old = torch.zeros(1, 3)
         >>> new = torch.log(torch.tensor([[1.0, 1.5, 0.5]]))
-        >>> loss, metrics = policy_loss(new, old, torch.ones(1, 3), torch.tensor([[0, 1, 1]]))
+        >>> loss, metrics = policy_loss(new, old, torch.ones(1, 3), torch.tensor([[0, 1, 1]]), LossConfig())
         >>> round(loss.item(), 4), metrics["loss/clipfrac"]   # ratios 1.5 -> 1.2 (clipped), 0.5
         (-0.85, 0.5)
     """
-    cfg = cfg or LossConfig()
     _check_same_shape(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     keep = mask.bool()
     logprobs = _masked(logprobs, keep)
@@ -373,14 +285,14 @@ def gspo_policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: LossConfig | None = None,
+    cfg: LossConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: ``policy_loss`` with ``sequence_ratio=True`` whatever ``cfg`` says.
 
     GSPO's paper pairs it with ``loss_agg_mode="seq-mean-token-mean"``, clip ranges 3e-4/4e-4 and
     no KL; verl's GSPO has no dual clip (set ``dual_clip_c=None`` to match it exactly).
     """
-    return policy_loss(logprobs, old_logprobs, advantages, mask, replace(cfg or LossConfig(), sequence_ratio=True))
+    return policy_loss(logprobs, old_logprobs, advantages, mask, replace(cfg, sequence_ratio=True))
 
 
 # --- KL and entropy ---------------------------------------------------------------------------------
@@ -442,79 +354,10 @@ def entropy_bonus(
     *,
     norm_tokens: int | None = None,
 ) -> torch.Tensor:
-    """The aggregated entropy of the response tokens (a scalar to *maximise*; see ``total_loss``).
+    """The aggregated entropy of the response tokens (a scalar to *maximise*; the ``entropy`` term).
 
     Example:
         >>> entropy_bonus(torch.tensor([[9.0, 1.0, 3.0]]), torch.tensor([[0, 1, 1]])).item()
         2.0
     """
     return aggregate(entropy, mask, mode, norm_tokens=norm_tokens)
-
-
-def total_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: LossConfig | None = None,
-    *,
-    ref_logprobs: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Policy loss + ``kl_coef``·agg(KL) − ``entropy_coef``·agg(entropy), all under the same mask.
-
-    The policy term is the registered loss ``cfg.loss_mode``; the KL and entropy terms use
-    ``cfg.loss_agg_mode`` too.
-
-    Args:
-        logprobs, old_logprobs, advantages, mask: As for ``policy_loss`` (``(rows, seq)`` each).
-        cfg: Loss settings; None uses ``LossConfig()``.
-        ref_logprobs: ``(rows, seq)`` reference log-probs; needed when ``kl_coef > 0``.
-        entropy: ``(rows, seq)`` per-token entropies with grad (``sequence_logprobs(...,
-            return_entropy=True)``); needed when ``entropy_coef != 0``.
-
-    Returns:
-        ``(loss, metrics)``: the policy loss's metrics plus ``loss/kl`` (when ``ref_logprobs`` is
-        given), ``loss/entropy`` (when ``entropy`` is given) and ``loss/total``.
-
-    Raises:
-        ConfigError: A coefficient is set but its input is missing, or mismatched shapes.
-        RegistryError: ``cfg.loss_mode`` is not a registered policy loss.
-
-    Example:
-        >>> mask = torch.tensor([[0, 1, 1]])
-        >>> lp = torch.tensor([[0.0, -1.0, -2.0]])
-        >>> cfg = LossConfig(kl_coef=0.5, kl_type="k1", entropy_coef=0.1)
-        >>> loss, metrics = total_loss(lp, lp, torch.ones(1, 3), mask, cfg,
-        ...                            ref_logprobs=lp - 1.0, entropy=torch.full((1, 3), 2.0))
-        >>> metrics["loss/policy"], metrics["loss/kl"], metrics["loss/entropy"], round(loss.item(), 4)
-        (-1.0, 1.0, 2.0, -0.7)
-    """
-    cfg = cfg or LossConfig()
-    loss, metrics = get_policy_loss(cfg.loss_mode)(logprobs, old_logprobs, advantages, mask, cfg)
-    if ref_logprobs is not None:
-        kl = aggregate(
-            kl_penalty(logprobs, ref_logprobs, cfg.kl_type, mask=mask),
-            mask,
-            cfg.loss_agg_mode,
-            norm_tokens=cfg.loss_agg_norm_tokens,
-        )
-        metrics["loss/kl"] = kl.item()
-        if cfg.kl_coef:
-            loss = loss + cfg.kl_coef * kl
-    elif cfg.kl_coef > 0:
-        raise ConfigError(
-            f"LossConfig.kl_coef is {cfg.kl_coef} but no ref_logprobs were given; pass them or set kl_coef=0"
-        )
-    if entropy is not None:
-        bonus = entropy_bonus(entropy, mask, cfg.loss_agg_mode, norm_tokens=cfg.loss_agg_norm_tokens)
-        metrics["loss/entropy"] = bonus.item()
-        if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * bonus
-    elif cfg.entropy_coef != 0:
-        raise ConfigError(
-            f"LossConfig.entropy_coef is {cfg.entropy_coef} but no entropy was given; pass "
-            f"sequence_logprobs(..., return_entropy=True)'s entropy or set entropy_coef=0"
-        )
-    metrics["loss/total"] = loss.item()
-    return loss, metrics

@@ -60,6 +60,9 @@ class TokenBatch:
     ref_logprobs: torch.Tensor | None = None
     """float32 ``(rows, seq)`` or None: log-probs under the frozen reference model, aligned like
     ``old_logprobs``; filled by the trainer (``replace``) when the loss has a KL term."""
+    turn_step: torch.Tensor | None = None
+    """int64 ``(rows,)`` or None: each row's turn position in its trajectory (0-based), filled by the
+    trainer (``replace``) for loss terms that depend on it."""
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)
@@ -69,10 +72,10 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
                 raise ConfigError(f"TokenBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
-        if tuple(self.turn_index.shape) != shape[:1]:
-            raise ConfigError(
-                f"TokenBatch.turn_index has shape {tuple(self.turn_index.shape)}, expected ({shape[0]},)"
-            )
+        for name in ("turn_index", "turn_step"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != shape[:1]:
+                raise ConfigError(f"TokenBatch.{name} has shape {tuple(value.shape)}, expected ({shape[0]},)")
 
     @property
     def num_rows(self) -> int:

@@ -76,15 +76,27 @@ def group_mean_std(ids: np.ndarray, values: np.ndarray, num_ids: int | None = No
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-id count, mean and unbiased (n−1) std of ``values``; std is 0 for ids seen once.
 
+    A group whose values are all equal gets exactly that value as its mean and exactly 0 as its
+    std (a float sum divided by the count can miss the value by a rounding error, which
+    normalisation would then blow up into an O(1) advantage).
+
     Example:
         >>> count, mean, std = group_mean_std(np.array([0, 0, 1]), np.array([1.0, 3.0, 5.0]))
         >>> count.tolist(), mean.tolist(), np.round(std, 4).tolist()
         ([2, 1], [2.0, 5.0], [1.4142, 0.0])
+        >>> float(group_mean_std(np.zeros(3, dtype=int), np.full(3, 0.1))[1][0])  # sum/count gives 0.1000...02
+        0.1
     """
     num_ids = int(ids.max()) + 1 if num_ids is None and ids.size else (num_ids or 0)
     count = np.bincount(ids, minlength=num_ids)
     safe = np.maximum(count, 1)
     mean = np.bincount(ids, weights=values, minlength=num_ids) / safe
+    low = np.full(num_ids, np.inf)
+    high = np.full(num_ids, -np.inf)
+    np.minimum.at(low, ids, values)
+    np.maximum.at(high, ids, values)
+    constant = (count > 0) & (low == high)
+    mean = np.where(constant, low, mean)
     squares = np.bincount(ids, weights=(values - mean[ids]) ** 2, minlength=num_ids)
     std = np.sqrt(squares / np.maximum(count - 1, 1))
     return count, mean, std
@@ -98,17 +110,19 @@ def normalize(values: np.ndarray, mean: np.ndarray, std: np.ndarray, mode: NormM
         return centred
     if mode == "mean_std_norm":
         scale = std + epsilon
-        # All-equal groups have centred == 0; dividing by 1 there keeps epsilon=0 from making NaNs.
+        # All-equal groups have centred == 0 exactly (see group_mean_std); dividing by 1 there keeps
+        # epsilon=0 from making NaNs.
         return centred / np.where(scale > 0, scale, 1.0)
     raise ValueError(f"unknown normalisation mode {mode!r}; use 'mean_norm' or 'mean_std_norm'")
 
 
 def discounted_returns(table: TurnTable, gamma: float) -> np.ndarray:
-    """G_t = r_t + γ G_{t+1} within each trajectory, shape (num_turns,), without a Python loop.
+    """G_t = r_t + γ G_{t+1} within each trajectory, shape (num_turns,), computed exactly.
 
-    Uses G_t = (Σ_{k≥t} γ^k r_k) / γ^t within each trajectory (k, t counted from the trajectory's
-    start), via one reversed cumulative sum. γ^k stays representable in float64 for k up to ~10^4
-    at γ = 0.95, far beyond any turn budget.
+    The recursion runs backwards over the step index — one vectorised update per step, across all
+    trajectories at once — so it costs O(num_turns) arithmetic plus one Python iteration per step of
+    the longest trajectory. (Scaling rewards by γ^k and dividing a suffix sum by γ^t cancels
+    catastrophically at small γ and long trajectories; this form never divides.)
 
     Example:
         >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
@@ -117,22 +131,24 @@ def discounted_returns(table: TurnTable, gamma: float) -> np.ndarray:
         >>> discounted_returns(table, 0.5).tolist()
         [0.25, 0.5, 1.0]
     """
-    if table.num_turns == 0:
-        return np.zeros(0)
-    if gamma == 1.0:
-        scaled = table.reward
-    elif gamma <= 0.0:
-        return table.reward.copy()
-    else:
-        scaled = table.reward * np.power(gamma, table.step.astype(np.float64))
-    # Suffix sums over the flat array, minus the suffix that starts after the trajectory ends.
-    suffix = np.cumsum(scaled[::-1])[::-1]
-    run_starts = np.flatnonzero(np.r_[True, table.trajectory[1:] != table.trajectory[:-1]])
-    run_ends = np.r_[run_starts[1:], table.num_turns]
-    within = suffix - np.repeat(np.r_[suffix, 0.0][run_ends], run_ends - run_starts)
-    if gamma == 1.0:
-        return within
-    return within / np.power(gamma, table.step.astype(np.float64))
+    n = table.num_turns
+    returns = np.zeros(n)
+    if n == 0:
+        return returns
+    # The next turn of the same trajectory (turns are stored contiguously, in order), or -1.
+    following = np.arange(1, n + 1)
+    following[-1] = -1
+    last = np.r_[table.trajectory[1:] != table.trajectory[:-1], True]
+    following[last] = -1
+    by_step = np.argsort(table.step, kind="stable")
+    bounds = np.cumsum(np.bincount(table.step))
+    starts = np.r_[0, bounds[:-1]]
+    for start, stop in zip(starts[::-1], bounds[::-1]):
+        turns = by_step[start:stop]
+        after = following[turns]
+        later = np.where(after >= 0, returns[np.maximum(after, 0)], 0.0)
+        returns[turns] = table.reward[turns] + gamma * later
+    return returns
 
 
 def episode_advantages(table: TurnTable, invalid_action_penalty: float, mode: NormMode, epsilon: float,

@@ -1,0 +1,160 @@
+"""Plain data (YAML, JSON, ``--set`` values) into typed dataclasses, with errors that name the field.
+
+``build(cls, data, where)`` builds a dataclass from a mapping: unknown keys get a "did you mean"
+hint, values are checked against the field types (``Literal`` choices, unions, tuples, nested
+dataclasses), and numbers written as strings (YAML 1.1 reads ``1e-4`` as a string) are accepted for
+numeric fields. A ``ConfigError`` raised by a dataclass's own ``__post_init__`` is re-worded to name
+the config path (``loss.clip_ratio_low``) instead of the class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from agentgym.errors import ConfigError
+
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _number_from_text(value: Any, integer: bool) -> Any:
+    if isinstance(value, str) and _NUMBER.match(value.strip()):
+        number = float(value)
+        if not integer:
+            return number
+        if number.is_integer():
+            return int(number)
+    return value
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` checked (and converted where lossless) against the type ``tp``; ``where`` names it.
+
+    Example:
+        >>> coerce("1e-4", float, "optim.lr")
+        0.0001
+        >>> coerce("bogus", Literal["mean_norm", "mean_std_norm"], "algorithm.args.mode")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: algorithm.args.mode must be one of 'mean_norm', 'mean_std_norm'; got 'bogus'
+    """
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping of its fields, got {value!r}")
+        return build(tp, value, where)
+    if origin in (Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of "
+                          f"{', '.join(_type_name(o) for o in options)}")
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
+            raise ConfigError(f"{where} must be a list of {len(get_args(tp))} values, got {value!r}")
+        return tuple(coerce(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, get_args(tp))))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is float:
+        value = _number_from_text(value, integer=False)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        value = _number_from_text(value, integer=True)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    if tp is typing.Any:
+        return value
+    raise ConfigError(f"{where}: unsupported field type {tp!r}")  # pragma: no cover
+
+
+def build(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """An instance of the dataclass ``cls`` from ``data``; every problem names ``where.field``.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Args:
+        ...     gamma: float = 0.95
+        >>> build(Args, {"gama": 0.9}, "algorithm.args")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: unknown config field 'algorithm.args.gama'. Did you mean algorithm.args.gamma? Valid here: gamma
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'the config'} must be a mapping of its fields, got {data!r}")
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    prefix = f"{where}." if where else ""
+    for key, value in data.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" Did you mean {prefix}{close[0]}?" if close else ""
+            raise ConfigError(f"unknown config field '{prefix}{key}'.{hint} Valid here: {', '.join(names)}")
+        values[key] = coerce(value, hints[key], f"{prefix}{key}")
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        # A dataclass's own checks say "ClassName.field ..."; the user wrote "where.field".
+        message = str(exc)
+        if where and message.startswith(f"{cls.__name__}."):
+            message = f"{where}." + message[len(cls.__name__) + 1:]
+        raise ConfigError(message) from None
+
+
+def to_plain(value: Any) -> Any:
+    """Nested plain data (dicts, lists, scalars) of a dataclass instance: the inverse of ``build``.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Pair:
+        ...     betas: tuple = (0.9, 0.999)
+        >>> to_plain(Pair())
+        {'betas': [0.9, 0.999]}
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,164 @@
+"""The two updates: ``PolicyUpdate`` (RL: phases × epochs × minibatches of policy loss + loss terms) and ``sft_update``.
+
+``PolicyUpdate`` is built once per run from the recipe (policy loss, loss terms, update plan) and
+called once per iteration with the iteration's turns and advantages. For every phase of the plan it
+packs the phase's turns (advantages broadcast to response tokens in one place: ``pack_turns``),
+recomputes the "old" log-probs with the current weights (as verl does: they then match the first
+minibatch's own forward pass exactly), and takes ``optim.num_epochs`` passes of
+``optim.num_minibatches`` optimiser steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from agentgym.rollout.records import Turn
+from agentgym.training.packing import TokenBatch, minibatches, pack_turns, sequence_logprobs
+from agentgym.training.plan import TurnIndex
+from agentgym.training.terms import ForwardOutputs, total_loss
+
+if TYPE_CHECKING:
+    from agentgym.training.config import LossConfig, OptimConfig, SFTConfig
+    from agentgym.training.recipe import Recipe
+
+#: Rows per no-grad forward pass when recomputing log-probs (bounds activation memory).
+LOGPROB_CHUNK_ROWS = 64
+
+
+class PolicyUpdate:
+    """The RL update step of a run.
+
+    Args:
+        model: the policy model being trained.
+        optimizer: its optimiser.
+        recipe: the run's recipe (policy loss, loss terms, update plan).
+        loss: the loss settings.
+        optim: epochs, minibatches, gradient clipping.
+        temperature: the sampling temperature; ratios are taken under the distribution the rollouts
+            were drawn from (logits / T), as verl does; greedy rollouts (0) use T = 1.
+        max_length: longest packed row (prompt cut from the left beyond it).
+        pad_token_id: id written into padding.
+        seed: the run's seed (minibatch order derives from it and the iteration).
+        drop_zero_advantage_turns: leave rows whose advantage is exactly 0 out.
+        ref_model: the frozen reference policy, needed when a loss term reads reference log-probs.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe, loss: LossConfig,
+                 optim: OptimConfig, *, temperature: float, max_length: int, pad_token_id: int, seed: int,
+                 drop_zero_advantage_turns: bool = False, ref_model: torch.nn.Module | None = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.recipe = recipe
+        self.loss_cfg = loss
+        self.optim = optim
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.max_length = max_length
+        self.pad_token_id = pad_token_id
+        self.seed = seed
+        self.drop_zero_advantage_turns = drop_zero_advantage_turns
+        self.ref_model = ref_model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def __call__(self, turns: Sequence[Turn], advantages: np.ndarray, index: TurnIndex,
+                 iteration: int) -> dict[str, float]:
+        """Update on one iteration's turns; returns metrics (means over minibatches)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
+        plan = self.recipe.plan
+        collected: dict[str, list[float]] = {}
+        train_tokens = 0.0
+        phases = plan.phases(index)
+        for phase in phases:
+            rows = phase.rows
+            phase_advantages = np.asarray(plan.advantages(phase, index, advantages[rows]), dtype=np.float64)
+            if self.drop_zero_advantage_turns:
+                keep = phase_advantages != 0
+                rows, phase_advantages = rows[keep], phase_advantages[keep]
+            if rows.size == 0:
+                continue
+            batch = pack_turns([turns[i] for i in rows], phase_advantages, pad_token_id=self.pad_token_id,
+                               max_length=self.max_length)
+            batch = dataclasses.replace(batch, turn_step=torch.as_tensor(index.step[rows], dtype=torch.long))
+            old = self.logprobs(batch)
+            batch = dataclasses.replace(batch, old_logprobs=old)
+            self.model.train()
+            for _ in range(self.optim.num_epochs):
+                for mb in minibatches(batch, min(self.optim.num_minibatches, batch.num_rows), generator=generator):
+                    for key, value in self._step(mb.to(self.device)).items():
+                        collected.setdefault(key, []).append(value)
+            train_tokens += float(batch.attention_mask.sum()) * self.optim.num_epochs
+            if plan.wants_logprobs_after:
+                new = self.logprobs(batch)
+                mask = batch.response_mask.bool()
+                for key, value in plan.after_phase(phase, index, _rows(old, mask), _rows(new, mask)).items():
+                    collected.setdefault(key, []).append(value)
+        if not collected:
+            return {"loss/skipped": 1.0}
+        out = {key: float(np.mean(values)) for key, values in collected.items()}
+        out["perf/train_tokens"] = train_tokens
+        out["perf/update_phases"] = float(len(phases))
+        return out
+
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Log-probs of the batch's tokens under the current weights (no grad), on the CPU."""
+        self.model.eval()
+        with torch.no_grad():
+            chunks = [sequence_logprobs(self.model, batch.select(torch.arange(i, min(i + LOGPROB_CHUNK_ROWS,
+                                                                                       batch.num_rows))).to(self.device),
+                                        temperature=self.temperature)[0].cpu()
+                      for i in range(0, batch.num_rows, LOGPROB_CHUNK_ROWS)]
+        return torch.cat(chunks)
+
+    def _step(self, mb: TokenBatch) -> dict[str, float]:
+        recipe = self.recipe
+        logprobs, entropy = sequence_logprobs(self.model, mb, temperature=self.temperature,
+                                              return_entropy=recipe.needs_entropy)
+        ref_logprobs = None
+        if recipe.needs_reference:
+            with torch.no_grad():
+                ref_logprobs = sequence_logprobs(self.ref_model, mb, temperature=self.temperature)[0]
+        outputs = ForwardOutputs(logprobs, entropy, ref_logprobs)
+        loss, metrics = total_loss(recipe.policy_loss, recipe.terms, mb, outputs, self.loss_cfg)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip or float("inf"))
+        self.optimizer.step()
+        metrics["loss/grad_norm"] = float(grad_norm)
+        return metrics
+
+
+def _rows(values: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
+    """Per row, the values at the masked (response) positions."""
+    return [values[i][mask[i]].numpy().astype(np.float64) for i in range(values.shape[0])]
+
+
+def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max_length: int, pad_token_id: int,
+               grad_clip: float, seed: int) -> dict[str, Any]:
+    """Cross-entropy on the expert's response tokens (prompt tokens are masked out)."""
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    batch = pack_turns(turns, np.zeros(len(turns)), pad_token_id=pad_token_id, max_length=max_length)
+    generator = torch.Generator().manual_seed(seed)
+    num_minibatches = max(1, math.ceil(batch.num_rows / cfg.batch_size))
+    model.train()
+    losses = []
+    for _ in range(cfg.num_epochs):
+        for mb in minibatches(batch, num_minibatches, generator=generator):
+            mb = mb.to(device)
+            logprobs, _ = sequence_logprobs(model, mb)
+            mask = mb.response_mask.to(logprobs.dtype)
+            loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    return {"sft/loss_first": losses[0], "sft/loss_last": losses[-1], "sft/steps": float(len(losses))}
