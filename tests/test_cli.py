@@ -78,3 +78,10 @@ def test_serve_answers_curl() -> None:
 def test_serve_refuses_unknown_env_at_startup() -> None:
     result = runner.invoke(app, ["serve", "maez-v0"])
     assert result.exit_code == 2 and "maze-v0" in result.output
+
+
+def test_algorithms_lists_every_plugin_kind() -> None:
+    result = runner.invoke(app, ["algorithms"])
+    assert result.exit_code == 0, result.output
+    for name in ("gigpo", "grpo", "rloo", "ppo_clip", "gspo", "kl", "entropy"):
+        assert name in result.output

@@ -10,7 +10,8 @@ import time
 
 import httpx
 
-from agentgym.cli import _play, console
+from agentgym.cli.app import console
+from agentgym.cli.envs import _play
 from agentgym.http.client import RemoteEnv
 
 

@@ -1,0 +1,20 @@
+"""The ``agentgym`` command line: env, training and service commands (``agentgym --help``)."""
+
+from __future__ import annotations
+
+import sys
+
+from agentgym.cli import envs, services, training  # noqa: F401  (each module registers its commands)
+from agentgym.cli.app import app, err_console
+from agentgym.errors import AgentGymError
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except AgentGymError as exc:  # pragma: no cover - commands catch their own
+        err_console.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)

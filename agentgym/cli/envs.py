@@ -1,0 +1,135 @@
+"""Env commands: ``version``, ``envs``, ``check``, ``serve``, ``play``."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+import agentgym
+from agentgym.cli.app import app, console, err_console, fail
+from agentgym.errors import AgentGymError
+
+
+@app.command()
+def version() -> None:
+    """Print the agentgym version."""
+    console.print(agentgym.__version__)
+
+
+@app.command()
+def envs() -> None:
+    """List registered envs with a one-line description."""
+    table = Table(title="registered envs")
+    table.add_column("id", style="bold cyan")
+    table.add_column("max turns", justify="right")
+    table.add_column("description")
+    for spec in agentgym.list_envs():
+        table.add_row(spec.id, "-" if spec.max_turns is None else str(spec.max_turns), spec.description)
+    console.print(table)
+
+
+@app.command()
+def check(
+    env_id: str = typer.Argument(..., help="Registered env id, e.g. maze-v0."),
+    seed: int = typer.Option(0, help="First episode seed."),
+    episodes: int = typer.Option(3, help="Episodes to drive."),
+) -> None:
+    """Run check_env (the env contract as code) over an env."""
+    try:
+        agentgym.check_env(env_id, seed=seed, num_episodes=episodes)
+    except AgentGymError as exc:
+        fail(exc)
+    console.print(f"[green]ok[/] {env_id} honours the env contract ({episodes} episodes from seed {seed})")
+
+
+@app.command()
+def serve(
+    env_ids: list[str] = typer.Argument(None, help="Env ids to serve (default: every registered env)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; 0.0.0.0 exposes the service to the network."),
+    port: int = typer.Option(8000, help="TCP port."),
+    max_sessions: int = typer.Option(1024, help="Capacity; more sessions get 503."),
+    ttl_s: float = typer.Option(600.0, "--ttl-s", help="Close sessions idle longer than this (seconds)."),
+    step_timeout_s: float = typer.Option(60.0, "--step-timeout-s", help="Deadline of one env call (seconds)."),
+    workers: int = typer.Option(8, help="Threads that run env code."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Require this bearer token."),
+    max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Larger request bodies get 413."),
+    log_level: str = typer.Option("warning", help="uvicorn log level."),
+) -> None:
+    """Serve envs over HTTP (FastAPI + uvicorn). Docs at http://HOST:PORT/docs."""
+    try:
+        import uvicorn
+
+        from agentgym.http.server import create_app
+    except ImportError as exc:
+        fail(ImportError(f"{exc}; install the server extra: pip install 'agentgym-rl[server]'"))
+    try:
+        service = create_app(
+            env_ids or None, max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
+            num_workers=workers, token=token, max_body_bytes=max_body_bytes,
+        )
+    except AgentGymError as exc:
+        fail(exc)
+    served = ", ".join(env_ids) if env_ids else "all registered envs"
+    err_console.print(f"serving {served} on http://{host}:{port} (docs: /docs)")
+    uvicorn.run(service, host=host, port=port, log_level=log_level, access_log=False)
+
+
+@app.command()
+def play(
+    env_id: str = typer.Argument(..., help="Registered env id, e.g. maze-v0."),
+    seed: int | None = typer.Option(None, help="Episode seed (default: random)."),
+    url: str | None = typer.Option(None, help="Play against a service at this URL instead of in-process."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Bearer token for --url."),
+    expert: bool = typer.Option(False, "--expert", help="Let the env's expert play and print the episode."),
+    max_turns: int | None = typer.Option(None, help="Override the turn budget."),
+) -> None:
+    """Play an env in the terminal: shows the observation, reward and admissible actions."""
+    try:
+        if url:
+            from agentgym.http.client import RemoteEnv
+
+            env = RemoteEnv(env_id, base_url=url, token=token, max_turns=max_turns)
+        else:
+            env = agentgym.make(env_id, max_turns=max_turns)
+        _play(env, seed, expert)
+    except AgentGymError as exc:
+        fail(exc)
+
+
+def _play(env: agentgym.Env, seed: int | None, expert: bool) -> None:
+    with env:
+        obs, info = env.reset(seed=seed)
+        if info.get("instructions"):
+            console.rule("instructions")
+            console.print(info["instructions"], markup=False)
+        total, turn = 0.0, 0
+        while True:
+            console.rule(f"turn {turn}  ·  return {total:g}")
+            console.print(obs, markup=False)
+            if info.get("admissible_actions"):
+                console.print(f"[dim]actions: {', '.join(info['admissible_actions'])}[/]")
+            if expert:
+                action = env.expert_action()
+                if action is None:
+                    console.print("[yellow]the expert has no move here[/]")
+                    return
+                console.print(f"[bold]> {action}[/]")
+            else:
+                try:
+                    action = console.input("[bold]> [/]")
+                except (EOFError, KeyboardInterrupt):
+                    console.print()
+                    return
+                if action.strip() in (":q", ":quit"):
+                    return
+            obs, reward, terminated, truncated, info = env.step(action)
+            total += reward
+            turn += 1
+            if info.get("invalid_action"):
+                console.print("[yellow]invalid action[/]")
+            if terminated or truncated:
+                console.rule("episode over")
+                console.print(obs, markup=False)
+                outcome = "success" if info.get("success") else ("truncated" if truncated else "terminated")
+                console.print(f"[bold]{outcome}[/] after {turn} turns, return {total:g}")
+                return
