@@ -227,28 +227,38 @@ def json_body(response: httpx.Response) -> Any:
 
 
 class _Endpoint:
-    """What the sync and async clients share: where requests go, with which token, under which policy."""
+    """What the sync and async clients share: where requests go, with which token, under which policy.
+
+    The arguments are documented on ``ServiceClient``; ``AsyncServiceClient`` takes the async
+    ``httpx`` client and transport types.
+    """
 
     #: The URL a subclass talks to when given none (``None``: a URL is required).
     default_url: ClassVar[str | None] = None
     #: Error class by status for error answers whose body names none (a subclass may add its own).
     status_errors: ClassVar[Mapping[int, type[AgentGymError]]] = STATUS_ERRORS
+    #: The ``httpx`` client class made when none is injected.
+    _http_class: ClassVar[type[httpx.Client | httpx.AsyncClient]]
 
-    def __init__(self, base_url: str | None, injected: httpx.Client | httpx.AsyncClient | None,
-                 transport: object, token: str | None, timeout_s: float, retry: RetryPolicy | None) -> None:
-        if injected is not None and transport is not None:
+    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout_s: float = 60.0,
+                 retry: RetryPolicy | None = None, limits: httpx.Limits | None = None,
+                 client: httpx.Client | httpx.AsyncClient | None = None,
+                 transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None) -> None:
+        if client is not None and transport is not None:
             raise ConfigError("pass either client= or transport=, not both (a client brings its own transport)")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        if base_url is None and injected is not None and str(injected.base_url):
-            base_url = str(injected.base_url)
+        if base_url is None and client is not None and str(client.base_url):
+            base_url = str(client.base_url)
         base_url = base_url if base_url is not None else self.default_url
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self._owns_client = injected is None
+        self._owns_client = client is None
+        self._http: Any = client if client is not None else self._http_class(
+            timeout=timeout_s, limits=limits or httpx.Limits(), transport=transport)  # type: ignore[arg-type]
 
     def _start(self, method: str, path: str, repeatable: bool | None) -> tuple[str, str, bool]:
         method = method.upper()
@@ -288,12 +298,7 @@ class ServiceClient(_Endpoint):
         {'path': '/health'}
     """
 
-    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout_s: float = 60.0,
-                 retry: RetryPolicy | None = None, limits: httpx.Limits | None = None,
-                 client: httpx.Client | None = None, transport: httpx.BaseTransport | None = None) -> None:
-        super().__init__(base_url, client, transport, token, timeout_s, retry)
-        self._http = client if client is not None else httpx.Client(
-            timeout=timeout_s, limits=limits or httpx.Limits(), transport=transport)
+    _http_class = httpx.Client
 
     def send(self, method: str, path: str, json: Any = None, *, repeatable: bool | None = None) -> httpx.Response:
         """Send a request, again where ``self.retry`` allows; return the success answer.
@@ -338,7 +343,8 @@ class ServiceClient(_Endpoint):
 
 
 class AsyncServiceClient(_Endpoint):
-    """Asynchronous twin of ``ServiceClient`` (``httpx.AsyncClient``); the same arguments, awaited.
+    """Asynchronous twin of ``ServiceClient``: the same arguments (an ``httpx.AsyncClient`` or async
+    transport injected), the same methods awaited.
 
     Example:
         >>> answer = httpx.MockTransport(lambda request: httpx.Response(200, json={"method": request.method}))
@@ -349,12 +355,7 @@ class AsyncServiceClient(_Endpoint):
         {'method': 'DELETE'}
     """
 
-    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout_s: float = 60.0,
-                 retry: RetryPolicy | None = None, limits: httpx.Limits | None = None,
-                 client: httpx.AsyncClient | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        super().__init__(base_url, client, transport, token, timeout_s, retry)
-        self._http = client if client is not None else httpx.AsyncClient(
-            timeout=timeout_s, limits=limits or httpx.Limits(), transport=transport)
+    _http_class = httpx.AsyncClient
 
     async def send(self, method: str, path: str, json: Any = None, *, repeatable: bool | None = None
                    ) -> httpx.Response:
