@@ -14,7 +14,7 @@
     │   └── SessionCapacityError  the service is at ``max_sessions`` (HTTP 503, retry later)
     │       └── SandboxBusy       the sandbox service runs ``max_concurrency`` programs (HTTP 503)
     ├── RemoteEnvError            talking to a service failed (HTTP 502 on a service); raised for:
-    │   │                           * an ``httpx.TransportError`` that is not a timeout (connection
+    │   │                           * an ``httpx.HTTPError`` that is not a timeout (connection
     │   │                             refused, reset, protocol error), wrapped as ``__cause__``
     │   │                           * an answer that is not the services' error body (a proxy's
     │   │                             HTML page, garbage, an unknown ``type``) or not JSON at all
