@@ -12,14 +12,21 @@
     ├── SessionError              HTTP service session problems
     │   ├── UnknownSession        no such session id (never created, closed or reaped)
     │   └── SessionCapacityError  the service is at ``max_sessions`` (HTTP 503, retry later)
-    ├── RemoteEnvError            transport problems talking to a service (wraps ``httpx`` errors)
-    │   ├── RemoteTimeout         a request or a step ran past its deadline (HTTP 504 or client-side)
+    │       └── SandboxBusy       the sandbox service runs ``max_concurrency`` programs (HTTP 503)
+    ├── RemoteEnvError            talking to a service failed (HTTP 502 on a service); raised for:
+    │   │                           * an ``httpx.HTTPError`` that is not a timeout (connection
+    │   │                             refused, reset, protocol error), wrapped as ``__cause__``
+    │   │                           * an answer that is not the services' error body (a proxy's
+    │   │                             HTML page, garbage, an unknown ``type``) or not JSON at all
+    │   ├── RemoteTimeout         a deadline passed: ``httpx.TimeoutException`` on the client side
+    │   │                         (connect, read, write, pool), or HTTP 504 / 408 from the service
     │   ├── RequestRejected       the service refused the request as malformed (HTTP 413 / 422)
     │   └── AuthenticationError   missing or wrong bearer token (HTTP 401)
     └── ConfigError               a config or argument value is invalid; names the field to fix
 
 A remote env raises the same classes a local env does: the service sends ``{"error": {"type":
-"ResetNeeded", "message": ...}}`` and the client maps ``type`` back to the class with that name.
+"ResetNeeded", "message": ...}}`` and the client maps ``type`` back to the class with that name
+(``agentgym.http.base`` says how, and when a request is sent again).
 """
 
 from __future__ import annotations
@@ -94,14 +101,21 @@ class SessionCapacityError(SessionError):
     http_status = 503
 
 
+class SandboxBusy(SessionCapacityError):
+    """The sandbox service already runs ``max_concurrency`` programs; retry shortly (HTTP 503).
+
+    The service turns a run away before starting it, so sending the same run again is safe.
+    """
+
+
 class RemoteEnvError(AgentGymError):
-    """Talking to an env service failed at the transport level."""
+    """Talking to a service failed: the transport, or an answer that is not a service's error body."""
 
     http_status = 502
 
 
 class RemoteTimeout(RemoteEnvError):
-    """A request, or an env step on the service, ran past its deadline."""
+    """A request, or an env step on the service, ran past its deadline (client-side, or HTTP 504 / 408)."""
 
     http_status = 504
 
@@ -140,6 +154,7 @@ ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
         SessionError,
         UnknownSession,
         SessionCapacityError,
+        SandboxBusy,
         RemoteEnvError,
         RemoteTimeout,
         RequestRejected,

@@ -33,13 +33,14 @@ import os
 import platform
 import random
 import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from agentgym.http.launcher import free_port, start_service, stop_service
 
 HOST = "127.0.0.1"
 ENV_ID = "maze-v0"
@@ -435,12 +436,6 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    from agentgym.http.demo import free_port as _free_port
-
-    return _free_port()
-
-
 def server_command(port: int, max_sessions: int, workers: int | None, custom: str | None) -> list[str]:
     if custom:  # A/B runs of a modified server: a command line with {port} and {python} in it
         return shlex.split(custom.format(port=port, python=sys.executable))
@@ -452,25 +447,11 @@ def server_command(port: int, max_sessions: int, workers: int | None, custom: st
 
 
 def start_server(command: list[str], port: int) -> subprocess.Popen[bytes]:
-    from agentgym.http.demo import wait_healthy
-
-    process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        wait_healthy(f"http://{HOST}:{port}", process)
-    except BaseException:
-        stop_server(process)
-        raise
-    return process
+    """``command`` started, and healthy at ``http://HOST:port``; stop it with ``stop_server``."""
+    return start_service(command, f"http://{HOST}:{port}")
 
 
-def stop_server(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+stop_server = stop_service
 
 
 # --- output -------------------------------------------------------------------------------------

@@ -40,7 +40,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_server import HOST, free_port, start_server, stop_server
+from env_server import HOST, start_server, stop_server
+
+from agentgym.http.launcher import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROGRAM = "print(sum(i * i for i in range(10_000)))"
@@ -153,8 +155,8 @@ def _build_child(corpus: str, out: str, queue: Any) -> None:
 
 
 def retrieval_rows(num_docs: int, clients: list[int], duration_s: float, workdir: Path) -> dict[str, Any]:
-    from agentgym.envs.synthetic_qa import generate_corpus, write_jsonl
     from agentgym.retrieval.index import Index
+    from agentgym.retrieval.synthetic import generate_corpus, write_jsonl
 
     start = time.perf_counter()
     docs, questions = generate_corpus(num_docs, seed=0)

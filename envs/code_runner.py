@@ -42,7 +42,7 @@ def _shared_pool(backend: str) -> WarmPool:
 
 
 def _shared_client(url: str, token: str | None) -> Any:
-    from agentgym.sandbox.service import SandboxClient
+    from agentgym.sandbox.client import SandboxClient
 
     key = (os.getpid(), url, token)
     with _shared_lock:

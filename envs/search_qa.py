@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_int, check_non_negative
-from agentgym.envs.synthetic_qa import generate_corpus
 from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
 from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
 from agentgym.retrieval.index import Index, Retriever, read_corpus
+from agentgym.retrieval.synthetic import generate_corpus
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 #: Most ``search`` calls one turn may make.
@@ -223,7 +223,7 @@ class SearchQAEnv(Env):
             index = None
         self.retriever: Retriever
         if retriever != "bm25":
-            from agentgym.retrieval.service import RetrievalClient
+            from agentgym.retrieval.client import RetrievalClient
 
             token = retriever_token if retriever_token is not None else os.environ.get("AGENTGYM_RETRIEVAL_TOKEN") or None
             self.retriever = RetrievalClient(retriever, token=token)

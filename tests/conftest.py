@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
 import agentgym
 from agentgym.errors import ConfigError
+from agentgym.http.launcher import wait_healthy
 
 # --- test envs -------------------------------------------------------------------------------
 
@@ -153,13 +153,6 @@ def service(make_service: Callable[..., Any]) -> Any:
     return make_service(max_sessions=6, max_body_bytes=4096, step_timeout_s=0.3)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class LiveServer:
     """A uvicorn server in a background thread, serving one app on 127.0.0.1."""
 
@@ -174,17 +167,11 @@ class LiveServer:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"uvicorn did not become healthy at {self.url} within {startup_timeout_s} s")
-            time.sleep(0.05)
+        try:
+            wait_healthy(self.url, self.thread, timeout_s=startup_timeout_s, poll_s=0.05)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.server.should_exit = True

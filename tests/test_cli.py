@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ from typer.testing import CliRunner
 
 import agentgym
 from agentgym.cli import app
-from agentgym.http.demo import free_port, wait_healthy
+from agentgym.http.launcher import free_port, start_service, stop_service
 
 runner = CliRunner()
 
@@ -49,13 +48,9 @@ def test_play_interactive_reads_actions_and_quits() -> None:
 def test_serve_answers_curl() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentgym", "serve", "maze-v0", "--port", str(port), "--max-sessions", "4"],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    process = start_service(
+        [sys.executable, "-m", "agentgym", "serve", "maze-v0", "--port", str(port), "--max-sessions", "4"], url)
     try:
-        wait_healthy(url, process)
-
         def curl(*args: str) -> dict:
             out = subprocess.run(["curl", "-s", "-H", "content-type: application/json", *args],
                                  check=True, capture_output=True, text=True, timeout=10).stdout
@@ -71,8 +66,7 @@ def test_serve_answers_curl() -> None:
         error = curl("-X", "POST", f"{url}/sessions", "-d", '{"env_id": "sokoban-v0"}')
         assert error["error"]["type"] == "UnknownEnv"  # this service serves maze-v0 only
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_service(process)
 
 
 def test_serve_refuses_unknown_env_at_startup() -> None:

@@ -13,11 +13,12 @@ import pytest
 from conftest import LiveServer
 from fastapi.testclient import TestClient
 
-from agentgym.envs.synthetic_qa import generate_corpus, write_jsonl
 from agentgym.errors import AuthenticationError, ConfigError, RemoteEnvError, RequestRejected
 from agentgym.retrieval import Index, build_index
+from agentgym.retrieval.client import RetrievalClient
 from agentgym.retrieval.index import tokenize
-from agentgym.retrieval.service import RetrievalClient, create_retrieval_app
+from agentgym.retrieval.service import create_retrieval_app
+from agentgym.retrieval.synthetic import generate_corpus, write_jsonl
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from conftest import LiveServer
 
-from agentgym.errors import AuthenticationError, ConfigError, RequestRejected
+from agentgym.errors import AuthenticationError, ConfigError, RequestRejected, SandboxBusy
 from agentgym.sandbox import (
     BwrapBackend,
     DockerBackend,
@@ -19,7 +19,8 @@ from agentgym.sandbox import (
     WarmPool,
     run_code,
 )
-from agentgym.sandbox.service import SandboxBusy, SandboxClient, create_sandbox_app
+from agentgym.sandbox.client import SandboxClient
+from agentgym.sandbox.service import create_sandbox_app
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,12 +13,12 @@ from conftest import LiveServer
 import agentgym
 from agentgym.checker import check_env
 from agentgym.envs.search_qa import TOOLS, SearchQAEnv, exact_match, f1_score, normalize_answer
-from agentgym.envs.synthetic_qa import generate_corpus, write_jsonl
 from agentgym.envs.tools_registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.http.client import EnvClient, RemoteEnv
 from agentgym.retrieval import build_index
 from agentgym.retrieval.service import create_retrieval_app
+from agentgym.retrieval.synthetic import generate_corpus, write_jsonl
 
 pytestmark = pytest.mark.timeout(60)
 

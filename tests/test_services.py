@@ -12,14 +12,15 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import tomllib
 import yaml
-from conftest import free_port
+
+from agentgym.errors import RemoteEnvError
+from agentgym.http.launcher import free_port, stop_service, wait_healthy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,28 +103,13 @@ def run_entrypoint(stage: str, args: list[str], port: int, env: dict[str, str] |
     return subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 90.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"service exited with {proc.returncode}:\n{proc.stdout.read().decode()[-3000:]}")
-        try:
-            response = httpx.get(f"{url}/health", timeout=1.0)
-            if response.status_code == 200:
-                return response.json()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} did not become healthy in {timeout_s} s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
+def healthy(proc: subprocess.Popen[bytes], url: str) -> dict:
+    """``wait_healthy``, with the service's output in the failure message when it exited."""
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+        return wait_healthy(url, proc, timeout_s=90.0, poll_s=0.2)
+    except RemoteEnvError as exc:
+        output = proc.stdout.read().decode()[-3000:] if proc.poll() is not None else ""
+        raise AssertionError(f"{exc}\n{output}") from exc
 
 
 def test_env_image_entrypoint_serves_the_listed_env_ids() -> None:
@@ -131,13 +117,13 @@ def test_env_image_entrypoint_serves_the_listed_env_ids() -> None:
     proc = run_entrypoint("env", ["maze-v0", "wordle-v0"], port)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(proc, url)
+        healthy(proc, url)
         assert sorted(e["id"] for e in httpx.get(f"{url}/envs").json()) == ["maze-v0", "wordle-v0"]
         session = httpx.post(f"{url}/sessions", json={"env_id": "maze-v0"}).json()
         reset = httpx.post(f"{url}/sessions/{session['session_id']}/reset", json={"seed": 3})
         assert reset.status_code == 200 and "observation" in reset.json()
     finally:
-        stop(proc)
+        stop_service(proc, timeout_s=20)
 
 
 def test_retrieval_image_entrypoint_builds_the_synthetic_index_then_serves_it(tmp_path: Path) -> None:
@@ -148,13 +134,13 @@ def test_retrieval_image_entrypoint_builds_the_synthetic_index_then_serves_it(tm
     proc = run_entrypoint("retrieval", [], port, env)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(proc, url)
+        healthy(proc, url)
         questions = [json.loads(line) for line in (tmp_path / "data" / "synthetic" / "questions.jsonl").read_text().splitlines()]
         query = questions[0]["metadata"]["search_queries"][0]
         hits = httpx.post(f"{url}/retrieve", json={"queries": [query], "k": 2}).json()["results"][0]
         assert hits and hits[0]["title"] == query
     finally:
-        stop(proc)
+        stop_service(proc, timeout_s=20)
     assert (index / "meta.json").is_file()  # a restart serves the built index instead of rebuilding it
 
 
@@ -163,11 +149,11 @@ def test_sandbox_image_entrypoint_runs_code_on_bwrap() -> None:
     proc = run_entrypoint("sandbox", compose()["services"]["sandbox"]["command"], port)
     try:
         url = f"http://127.0.0.1:{port}"
-        assert wait_healthy(proc, url)["backend"] == "bwrap"
+        assert healthy(proc, url)["backend"] == "bwrap"
         result = httpx.post(f"{url}/run", json={"code": "print(6 * 7)"}, timeout=30).json()
         assert result["stdout"] == "42\n" and result["exit_code"] == 0
     finally:
-        stop(proc)
+        stop_service(proc, timeout_s=20)
 
 
 def test_synthetic_cli_writes_the_corpus_and_questions(tmp_path: Path) -> None:

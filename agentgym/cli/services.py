@@ -57,7 +57,7 @@ def retrieval_synthetic(
     seed: int = typer.Option(0, help="Generator seed; the same seed gives the same files."),
 ) -> None:
     """Write the synthetic multi-hop corpus and its questions (search-qa-v0's default data) as JSONL."""
-    from agentgym.envs.synthetic_qa import generate_corpus, write_jsonl
+    from agentgym.retrieval.synthetic import generate_corpus, write_jsonl
 
     try:
         docs, questions = generate_corpus(entities, seed)

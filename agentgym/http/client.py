@@ -1,19 +1,15 @@
-"""Clients of the env service: ``RemoteEnv`` (an ``agentgym.Env``), ``AsyncRemoteEnv``, ``EnvClient``.
+"""Clients of the env service: ``RemoteEnv`` (an ``agentgym.Env``), ``AsyncRemoteEnv``, ``EnvClient``, ``AsyncEnvClient``.
 
 A ``RemoteEnv`` is a session on a service that behaves like the local env: same return values,
-same exceptions (``ResetNeeded``, ``EpisodeFinished``, ``UnknownEnv``...), fork included. Errors are
-mapped from the service's ``{"error": {"type", "message"}}`` body back to the class of that name.
-
-Retries only where safe: idempotent requests (GET, DELETE) are retried on transport errors and
-503; state-changing requests (create, reset, step, fork) only when the request was never sent
-(connection refused, connect or pool timeout), so a retried step can never run twice.
+same exceptions (``ResetNeeded``, ``EpisodeFinished``, ``UnknownEnv``...), fork included. The
+clients are ``agentgym.http.base`` clients: errors come back as the class the service names, and
+a request is sent again only where that is safe (create, reset, step and fork only when they never
+reached the service), so a retried step can never run twice.
 """
 
 from __future__ import annotations
 
-import asyncio
 import numbers
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,53 +17,29 @@ import httpx
 
 from agentgym.core import Env
 from agentgym.errors import (
-    ERRORS_BY_NAME,
     AgentGymError,
-    AuthenticationError,
     ConfigError,
     EnvContractError,
     EnvCrashed,
     RemoteEnvError,
-    RemoteTimeout,
-    RequestRejected,
 )
+from agentgym.http.base import AsyncServiceClient, RetryPolicy, ServiceClient, error_from_detail, quoted
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 DEFAULT_TIMEOUT_S = 60.0
-#: Transport errors raised before the request left the client: retrying them cannot run a step twice.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _FORK_MODES = ("auto", "snapshot", "replay")
-_STATUS_FALLBACK: dict[int, type[AgentGymError]] = {
-    401: AuthenticationError, 413: RequestRejected, 422: RequestRejected, 504: RemoteTimeout,
-}
 
 
-def _raise_for(response: httpx.Response) -> None:
-    if response.status_code < 400:
-        return
-    try:
-        detail = response.json()["error"]
-        kind, message = str(detail["type"]), str(detail["message"])
-    except (ValueError, KeyError, TypeError):
-        kind, message = "", response.text[:500] or response.reason_phrase
-    cls = ERRORS_BY_NAME.get(kind) or _STATUS_FALLBACK.get(response.status_code, RemoteEnvError)
-    raise cls(message)
-
-
-def _raise_item(result: dict[str, Any]) -> dict[str, Any]:
-    if "error" in result:
-        detail = result["error"]
-        raise ERRORS_BY_NAME.get(detail["type"], RemoteEnvError)(detail["message"])
-    return result
-
-
-def _retry_after_s(response: httpx.Response) -> float:
-    try:  # seconds; the HTTP-date form is legal too, and then a short default will do
-        return min(max(float(response.headers.get("Retry-After", "0.5")), 0.0), 10.0)
-    except ValueError:
-        return 0.5
+def _item_or_error(result: Any) -> dict[str, Any] | AgentGymError:
+    """One item of a batch answer: the result, or the error the service reported for that item."""
+    if isinstance(result, dict) and "error" not in result:
+        return result
+    error = error_from_detail(result.get("error") if isinstance(result, dict) else None)
+    if error is None:
+        return RemoteEnvError(f"a batch answer item is neither a result nor an error: {quoted(str(result))}")
+    return error
 
 
 # The checks a local ``EpisodeGuard`` makes before it talks to the env, made before the request, so a
@@ -108,59 +80,28 @@ def _closed_error() -> EnvContractError:
     return EnvContractError("this env is closed (its session was deleted); make a new one")
 
 
-def _headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def _transport_error(exc: httpx.HTTPError, method: str, url: str) -> RemoteEnvError:
-    if isinstance(exc, httpx.TimeoutException):
-        return RemoteTimeout(f"{method} {url} timed out on the client side ({type(exc).__name__})")
-    return RemoteEnvError(f"{method} {url} failed: {type(exc).__name__}: {exc}")
-
-
-class EnvClient:
+class EnvClient(ServiceClient):
     """Synchronous client of one env service: service-level calls and session requests.
 
     Args:
-        base_url: e.g. ``"http://127.0.0.1:8000"``.
+        base_url: e.g. ``"http://127.0.0.1:8000"`` (the default); ``None``: the ``client``'s base URL.
         token: bearer token, if the service was started with one.
         timeout_s: per-request timeout (connect, read, write).
-        retries: extra attempts for requests that are safe to repeat (see module docstring).
+        retries: extra attempts for requests that are safe to repeat (``agentgym.http.base.RetryPolicy``).
         client: an ``httpx.Client`` to use instead (tests pass FastAPI's ``TestClient``).
+        transport: an ``httpx`` transport for the client made here.
+
+    ``request(method, path, json)`` sends any request and returns the answer's JSON (see ``ServiceClient``).
     """
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, token: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = 2, client: httpx.Client | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.retries = retries
-        self._owns_client = client is None
-        self._http = client or httpx.Client(
-            base_url=self.base_url, timeout=timeout_s, headers=_headers(token),
-            limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
-        )
-        if client is not None and token:
-            self._http.headers.update(_headers(token))
+    default_url = "http://127.0.0.1:8000"
 
-    def request(self, method: str, path: str, json: Any = None) -> Any:
-        idempotent = method in ("GET", "DELETE")
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                response = self._http.request(method, path, json=json)
-            except _NOT_SENT as exc:  # nothing reached the service: always safe to retry
-                if last:
-                    raise _transport_error(exc, method, path) from exc
-            except httpx.HTTPError as exc:
-                if not idempotent or last:
-                    raise _transport_error(exc, method, path) from exc
-            else:
-                if response.status_code == 503 and idempotent and not last:
-                    time.sleep(_retry_after_s(response))
-                    continue
-                _raise_for(response)
-                return None if response.status_code == 204 else response.json()
-            time.sleep(min(0.1 * 2**attempt, 2.0))
-        raise AssertionError("unreachable")  # pragma: no cover
+    def __init__(self, base_url: str | None = None, *, token: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = 2, client: httpx.Client | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(base_url, token=token, timeout_s=timeout_s, retry=RetryPolicy(retries=retries),
+                         limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
+                         client=client, transport=transport)
 
     def health(self) -> dict[str, Any]:
         return self.request("GET", "/health")
@@ -182,23 +123,6 @@ class EnvClient:
         body = {"resets": [{"session_id": s, "seed": seed, "options": opt} for s, seed, opt in resets]}
         results = self.request("POST", "/batch/reset", body)["results"]
         return [_item_or_error(r) for r in results]
-
-    def close(self) -> None:
-        if self._owns_client:
-            self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _item_or_error(result: dict[str, Any]) -> dict[str, Any] | AgentGymError:
-    try:
-        return _raise_item(result)
-    except AgentGymError as exc:
-        return exc
 
 
 class RemoteEnv(Env):
@@ -300,39 +224,17 @@ class RemoteEnv(Env):
         self.close()
 
 
-class AsyncEnvClient:
+class AsyncEnvClient(AsyncServiceClient):
     """Asynchronous twin of ``EnvClient`` (``httpx.AsyncClient``; pass ``transport=`` for in-process)."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, token: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = 2,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.retries = retries
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout_s, headers=_headers(token), transport=transport,
-            limits=httpx.Limits(max_keepalive_connections=256, max_connections=512),
-        )
+    default_url = "http://127.0.0.1:8000"
 
-    async def request(self, method: str, path: str, json: Any = None) -> Any:
-        idempotent = method in ("GET", "DELETE")
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                response = await self._http.request(method, path, json=json)
-            except _NOT_SENT as exc:
-                if last:
-                    raise _transport_error(exc, method, path) from exc
-            except httpx.HTTPError as exc:
-                if not idempotent or last:
-                    raise _transport_error(exc, method, path) from exc
-            else:
-                if response.status_code == 503 and idempotent and not last:
-                    await asyncio.sleep(_retry_after_s(response))
-                    continue
-                _raise_for(response)
-                return None if response.status_code == 204 else response.json()
-            await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-        raise AssertionError("unreachable")  # pragma: no cover
+    def __init__(self, base_url: str | None = None, *, token: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = 2,
+                 transport: httpx.AsyncBaseTransport | None = None, client: httpx.AsyncClient | None = None) -> None:
+        super().__init__(base_url, token=token, timeout_s=timeout_s, retry=RetryPolicy(retries=retries),
+                         limits=httpx.Limits(max_keepalive_connections=256, max_connections=512),
+                         client=client, transport=transport)
 
     async def health(self) -> dict[str, Any]:
         return await self.request("GET", "/health")
@@ -351,15 +253,6 @@ class AsyncEnvClient:
                           ) -> list[dict[str, Any] | AgentGymError]:
         body = {"resets": [{"session_id": s, "seed": seed, "options": opt} for s, seed, opt in resets]}
         return [_item_or_error(r) for r in (await self.request("POST", "/batch/reset", body))["results"]]
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class AsyncRemoteEnv:

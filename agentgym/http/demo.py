@@ -1,65 +1,49 @@
-"""The foundation demo: serve an env over HTTP on a free port and let its expert play it remotely."""
+"""The foundation demo (``make serve-demo``): serve envs over HTTP on a free port and let their experts play them.
+
+It runs what a user would type: ``agentgym serve ENV...`` as one process, then, once the service is
+healthy, ``agentgym play ENV --url URL --expert --seed N`` for each env.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
+from rich.console import Console
 
-from agentgym.cli.app import console
-from agentgym.cli.envs import _play
-from agentgym.http.client import RemoteEnv
+from agentgym.http.launcher import free_port, start_service, stop_service
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+console = Console()
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    """Poll ``/health`` until the service answers; raise if it exits or the time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the service exited with code {process.returncode} before it was ready")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the service at {url} did not become healthy within {timeout_s:g} s")
+def main(env_ids: tuple[str, ...] = ("maze-v0", "sokoban-v0"), seed: int = 0) -> int:
+    """Serve ``env_ids``, play each with its expert through the service, stop the service.
 
-
-def main(env_ids: tuple[str, ...] = ("maze-v0", "sokoban-v0"), seed: int = 0) -> None:
+    Returns:
+        0 when every play command succeeded, else the first failing one's exit code.
+    """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "agentgym", "serve", *env_ids, "--port", str(port)]
+    agentgym = [sys.executable, "-m", "agentgym"]
     console.print(f"[bold]$ agentgym serve {' '.join(env_ids)} --port {port}[/]")
-    process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    service = start_service([*agentgym, "serve", *env_ids, "--port", str(port)], url)
     try:
-        wait_healthy(url, process)
         for env_id in env_ids:
             console.rule(f"[bold cyan]{env_id}[/] over HTTP at {url}, the expert playing, seed {seed}")
-            _play(RemoteEnv(env_id, base_url=url), seed, expert=True)
+            console.print(f"[bold]$ agentgym play {env_id} --url {url} --expert --seed {seed}[/]")
+            played = subprocess.run([*agentgym, "play", env_id, "--url", url, "--expert", "--seed", str(seed)],
+                                    check=False)
+            if played.returncode != 0:
+                return played.returncode
         console.print(
-            f"\nTry it yourself: [bold]agentgym serve maze-v0[/] then\n"
-            f"  curl -s -X POST {url.rsplit(':', 1)[0]}:8000/sessions -H 'content-type: application/json' "
+            "\nTry it yourself: [bold]agentgym serve maze-v0[/] then\n"
+            "  curl -s -X POST http://127.0.0.1:8000/sessions -H 'content-type: application/json' "
             "-d '{\"env_id\": \"maze-v0\"}'"
         )
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_service(service)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The retrieval service: ``create_retrieval_app`` (FastAPI over an ``Index``), ``serve_index`` and ``RetrievalClient``.
+"""The retrieval service: ``create_retrieval_app`` (FastAPI over an ``Index``) and ``serve_index``.
 
 Routes (every error is ``{"error": {"type", "message"}}``, as in the env service):
 
@@ -7,33 +7,27 @@ Routes (every error is ``{"error": {"type", "message"}}``, as in the env service
     GET  /metrics      Prometheus text
 
 Status codes: 401 bad token, 413 body too large, 422 malformed request (bad JSON, ``k`` out of
-``[1, max_k]``, too many or too long queries). FastAPI is imported only by ``create_retrieval_app``,
-so the client works on an install without the ``server`` extra.
+``[1, max_k]``, too many or too long queries). FastAPI is imported only by ``create_retrieval_app``.
+The client is ``agentgym.retrieval.client.RetrievalClient``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentgym.errors import ConfigError, RequestRejected
-from agentgym.retrieval.index import Hit, Index
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from agentgym.retrieval.index import Index
 
 #: Most queries in one request and longest query (characters) the service accepts.
 MAX_QUERIES = 256
 MAX_QUERY_CHARS = 2_000
-_RETRIES_ON = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 class RetrieveRequest(BaseModel):
@@ -149,66 +143,3 @@ def serve_index(index_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8
 
     app = create_retrieval_app(index_dir, token=token, max_k=max_k, num_workers=num_workers)
     uvicorn.run(app, host=host, port=port, log_level="warning")
-
-
-class RetrievalClient:
-    """Client of a retrieval service; a ``Retriever`` (``search``) like a local ``Index``.
-
-    Requests are retried (``retries`` extra attempts) only when the connection could not be made,
-    so nothing is ever sent twice; every other failure raises at once. Service errors raise the
-    agentgym exception the service named (``RequestRejected`` for 413/422, ``AuthenticationError``
-    for 401), transport failures ``RemoteEnvError`` / ``RemoteTimeout``.
-
-    Args:
-        url: the service root, e.g. ``"http://127.0.0.1:8001"``.
-        token: bearer token, if the service has one.
-        timeout_s: per-request timeout.
-        retries: extra attempts after a connection error.
-        client: an ``httpx.Client`` to use instead (tests pass FastAPI's ``TestClient``).
-    """
-
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 2,
-                 client: httpx.Client | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.retries = int(retries)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._owned = client is None
-        self._client = client if client is not None else httpx.Client(timeout=timeout_s)
-        self._headers = headers
-
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
-        from agentgym.http.client import _raise_for, _transport_error
-
-        url = f"{self.url}{path}"
-        for attempt in range(self.retries + 1):
-            try:
-                response = self._client.request(method, url, json=body, headers=self._headers)
-                break
-            except _RETRIES_ON as exc:
-                if attempt == self.retries:
-                    raise _transport_error(exc, method, url) from exc
-                time.sleep(min(0.1 * 2**attempt, 2.0))
-            except httpx.HTTPError as exc:
-                raise _transport_error(exc, method, url) from exc
-        _raise_for(response)
-        return response.json()
-
-    def retrieve(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
-        """The top ``k`` hits for each query, best first (one request)."""
-        payload = self._request("POST", "/retrieve", {"queries": list(queries), "k": k})
-        return [[Hit(**hit) for hit in hits] for hits in payload["results"]]
-
-    search = retrieve
-
-    def health(self) -> dict[str, Any]:
-        return self._request("GET", "/health")
-
-    def close(self) -> None:
-        if self._owned:
-            self._client.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -3,7 +3,8 @@
 ``run_code`` with a ``Limits`` gives a ``Result``; backends are ``BwrapBackend`` (the default when
 it works here), ``DockerBackend`` (when a Docker engine answers) and ``SubprocessBackend`` (opt-in,
 NOT a security boundary). ``WarmPool`` hides start-up latency; ``agentgym.sandbox.service`` serves
-it all over HTTP; ``agentgym.sandbox.audit`` checks which attacks a backend stops.
+it all over HTTP, ``agentgym.sandbox.client`` talks to that service; ``agentgym.sandbox.audit``
+checks which attacks a backend stops.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sandbox service: ``create_sandbox_app`` (FastAPI) and its typed client ``SandboxClient``.
+"""The sandbox service: ``create_sandbox_app`` (FastAPI) and ``serve``; its client is ``agentgym.sandbox.client``.
 
 Routes (errors are ``{"error": {"type", "message"}}`` as on the env service):
 
@@ -17,9 +17,7 @@ import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
 
-import httpx
 from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import (
@@ -32,27 +30,11 @@ from prometheus_client import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentgym.errors import (
-    ERRORS_BY_NAME,
-    AgentGymError,
-    AuthenticationError,
-    RemoteEnvError,
-    RemoteTimeout,
-    RequestRejected,
-    SessionCapacityError,
-)
-from agentgym.http.client import _retry_after_s
+from agentgym.errors import RequestRejected, SandboxBusy
 from agentgym.http.fastpath import GuardMiddleware
 from agentgym.http.responses import ErrorResponses, json_response
 from agentgym.sandbox.backends import Backend, Limits, Result, default_backend
 from agentgym.sandbox.pool import WarmPool
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
-
-
-class SandboxBusy(SessionCapacityError):
-    """The sandbox service already runs ``max_concurrency`` programs; retry shortly (HTTP 503)."""
 
 
 class LimitsOverride(BaseModel):
@@ -185,75 +167,6 @@ def create_sandbox_app(
         return json_response(result.to_dict())
 
     return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
-
-
-_CLIENT_ERRORS: dict[str, type[AgentGymError]] = {**ERRORS_BY_NAME, "SandboxBusy": SandboxBusy}
-_STATUS_FALLBACK: dict[int, type[AgentGymError]] = {
-    401: AuthenticationError, 413: RequestRejected, 422: RequestRejected, 503: SandboxBusy, 504: RemoteTimeout,
-}
-
-
-class SandboxClient:
-    """Typed client of the sandbox service.
-
-    Raises the classes the service names (``RequestRejected``, ``AuthenticationError``,
-    ``SandboxBusy``...); transport failures become ``RemoteEnvError``/``RemoteTimeout``.
-
-    Args:
-        busy_retries: how many times a request the service turned away as busy (503, nothing was
-            run) is sent again, each after the service's ``Retry-After``; then ``SandboxBusy``.
-    """
-
-    def __init__(self, base_url: str = "http://127.0.0.1:8100", *, token: str | None = None,
-                 timeout_s: float = 60.0, transport: httpx.BaseTransport | None = None,
-                 busy_retries: int = 0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s, transport=transport)
-        self.busy_retries = busy_retries
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        for attempt in range(self.busy_retries + 1):
-            try:
-                response = self._http.request(method, path, **kwargs)
-            except httpx.TimeoutException as exc:
-                raise RemoteTimeout(f"{method} {path} timed out: {exc}") from exc
-            except httpx.HTTPError as exc:
-                raise RemoteEnvError(f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
-            if response.status_code != 503 or attempt == self.busy_retries:
-                break
-            time.sleep(_retry_after_s(response))
-        if response.status_code >= 400:
-            try:
-                detail = response.json()["error"]
-                kind, message = str(detail["type"]), str(detail["message"])
-            except (ValueError, KeyError, TypeError):
-                kind, message = "", response.text[:500]
-            cls = _CLIENT_ERRORS.get(kind) or _STATUS_FALLBACK.get(response.status_code, RemoteEnvError)
-            raise cls(message)
-        return response
-
-    def run(self, code: str, *, stdin: str = "", limits: Limits | dict[str, Any] | None = None) -> Result:
-        """Run ``code`` on the service; ``limits`` may be partial (a dict) or a full ``Limits``."""
-        body: dict[str, Any] = {"code": code, "stdin": stdin}
-        if limits is not None:
-            values = dataclasses.asdict(limits) if isinstance(limits, Limits) else dict(limits)
-            body["limits"] = {key: value for key, value in values.items() if value is not None}
-        return Result(**self._request("POST", "/run", json=body).json())
-
-    def health(self) -> dict[str, Any]:
-        return self._request("GET", "/health").json()
-
-    def metrics(self) -> str:
-        return self._request("GET", "/metrics").text
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def serve(host: str = "127.0.0.1", port: int = 8100, *, backend: str = "auto", pool_size: int = 2,

@@ -4,6 +4,9 @@ Every entity has an invented name built from syllables, so no model can know an 
 searching. Facts are stated only in the document of their subject (a person's document says where
 they were born; the city's document says which country it is in), so a k-hop question needs k
 documents, found one after the other.
+
+The retrieval package owns it as its built-in corpus: ``agentgym retrieval synthetic`` writes it out,
+and ``search-qa-v0`` uses it when given no dataset.
 """
 
 from __future__ import annotations
