@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agentgym.checker import check_env
 from agentgym.core import INFO_KEYS, Env
 from agentgym.errors import (
     AgentGymError,
@@ -20,7 +21,8 @@ from agentgym.errors import (
     VersionNotFound,
 )
 from agentgym.guard import EpisodeGuard
-from agentgym.registry import EnvSpec, list_envs, make, register, spec
+from agentgym.registry import list_envs, make, register, spec
+from agentgym.spec import EnvSpec
 
 __version__ = "0.1.0"
 
@@ -51,9 +53,3 @@ __all__ = [
     "spec",
 ]
 
-
-def check_env(*args, **kwargs):  # noqa: ANN002, ANN003 - re-exported lazily to keep import light
-    """See ``agentgym.checker.check_env``."""
-    from agentgym.checker import check_env as _check_env
-
-    return _check_env(*args, **kwargs)

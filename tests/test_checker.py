@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 import agentgym
+from agentgym import checker
 from agentgym.core import Env
-from agentgym.errors import EnvContractError
+from agentgym.errors import CheckFailed, EpisodeFinished, ResetNeeded
 from agentgym.examples import EchoEnv
+from agentgym.guard import EpisodeGuard
 
 
 class WalkEnv(Env):
@@ -97,38 +99,152 @@ class BadAdmissibleEnv(WalkEnv):
         return {"state_key": str(self.pos), "admissible_actions": "left,right"}
 
 
+class NumericTaskIdEnv(WalkEnv):
+    def _info(self) -> dict[str, Any]:
+        return {"state_key": str(self.pos), "task_id": 7}
+
+
+class ListObservationEnv(WalkEnv):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = super().reset(seed=seed, options=options)
+        return [obs], info
+
+
+class NanRewardEnv(WalkEnv):
+    def step(self, action: str):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, float("nan"), terminated, truncated, info
+
+
+class IgnoresTaskIdEnv(WalkEnv):
+    """Names its task but picks it from the seed alone, so ``task_id`` cannot replay it."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.pos = int(self.np_random.integers(-2, 3))
+        return self._obs(), {**self._info(), "task_id": f"walk/{self.pos}"}
+
+
+class NumericExpertEnv(WalkEnv):
+    def expert_action(self):  # noqa: ANN201 - deliberately wrong type
+        return 1
+
+
+class ClosesOnceEnv(WalkEnv):
+    def close(self) -> None:
+        if getattr(self, "closed", False):
+            raise RuntimeError("already closed")
+        self.closed = True
+
+
+class StepsBeforeResetGuard(EpisodeGuard):
+    """A guard that lets a step through before reset (no ResetNeeded)."""
+
+    def step(self, action: str):
+        if not self._started:
+            return "not started", 0.0, False, False, {"state_key": "none"}
+        return super().step(action)
+
+
+class StepsAfterEndGuard(EpisodeGuard):
+    """A guard that answers steps after the episode ended instead of raising EpisodeFinished."""
+
+    def step(self, action: str):
+        try:
+            return super().step(action)
+        except EpisodeFinished:
+            return "over", 0.0, True, False, {"state_key": "over"}
+
+
+class ForgetfulForkGuard(EpisodeGuard):
+    """A guard whose replay forks forget the action prefix."""
+
+    def _replay(self, seed: int | None, options: dict[str, Any] | None, actions: list[str]) -> None:
+        super()._replay(seed, options, actions[:-1])
+
+
 def _spec(cls: type[Env], max_turns: int | None = 8) -> str:
     env_id = f"test/{cls.__name__.lower()}-v0"
     agentgym.register(env_id, cls, max_turns=max_turns, override=True)
     return env_id
 
 
+def _guarded(guard_cls: type[EpisodeGuard]):  # noqa: ANN202
+    def factory() -> EpisodeGuard:
+        return guard_cls(WalkEnv(), max_turns=8, factory=factory)
+
+    return factory
+
+
 def test_honest_envs_pass() -> None:
     agentgym.check_env(_spec(WalkEnv))
     agentgym.check_env(lambda: EchoEnv())
     agentgym.check_env(agentgym.make(_spec(WalkEnv)))
+    agentgym.check_env(agentgym.EnvSpec("test/unregistered-walk-v0", WalkEnv, max_turns=8))
+    agentgym.check_env(_guarded(EpisodeGuard))
 
 
 @pytest.mark.parametrize(
-    "cls, rule",
+    "source, rule",
     [
-        (NoisyEnv, "determinism"),
-        (NoStateKeyEnv, "state_key"),
-        (NonJsonInfoEnv, "JSON-safe info"),
-        (BadToolsEnv, "tools"),
-        (RaisesOnGarbageEnv, "raised"),
-        (BrokenSnapshotEnv, "fork"),
-        (BadAdmissibleEnv, "admissible_actions"),
+        (_guarded(StepsBeforeResetGuard), "check_step_before_reset"),
+        (ListObservationEnv, "check_reset_returns"),
+        (NanRewardEnv, "check_step_returns"),
+        (NoStateKeyEnv, "check_state_key"),
+        (BadToolsEnv, "check_info_types"),
+        (BadAdmissibleEnv, "check_info_types"),
+        (NumericTaskIdEnv, "check_info_types"),
+        (NonJsonInfoEnv, "check_json_infos"),
+        (RaisesOnGarbageEnv, "check_step_answers"),
+        (NoisyEnv, "check_determinism"),
+        (_guarded(StepsAfterEndGuard), "check_step_after_end"),
+        (IgnoresTaskIdEnv, "check_task_id_replay"),
+        (_guarded(ForgetfulForkGuard), "check_fork_by_replay"),
+        (BrokenSnapshotEnv, "check_fork_by_snapshot"),
+        (NumericExpertEnv, "check_expert"),
+        (ClosesOnceEnv, "check_close_idempotent"),
     ],
+    ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", "guarded"),
 )
-def test_each_broken_rule_is_caught(cls: type[Env], rule: str) -> None:
-    with pytest.raises(EnvContractError, match=rule):
-        agentgym.check_env(_spec(cls))
+def test_each_broken_rule_is_caught_by_its_rule(source: Any, rule: str) -> None:
+    env = _spec(source) if isinstance(source, type) else source
+    with pytest.raises(CheckFailed, match=rule) as caught:
+        agentgym.check_env(env)
+    assert caught.value.rule == rule
+    assert isinstance(caught.value, agentgym.EnvContractError)
 
 
 def test_episode_that_never_ends_without_budget_is_caught() -> None:
-    with pytest.raises(EnvContractError, match="episode end"):
+    with pytest.raises(CheckFailed, match="still running after 20 steps") as caught:
         agentgym.check_env(_spec(NeverEndsEnv, max_turns=None), max_steps=20)
+    assert caught.value.rule == "check_episode_ends"
+
+
+def test_every_rule_is_a_named_function_with_a_one_line_rule() -> None:
+    names = [rule.__name__ for rule in checker.RULES]
+    defined = [name for name in vars(checker) if name.startswith("check_") and name != "check_env"]
+    assert sorted(names) == sorted(defined) and len(set(names)) == len(names)
+    for rule in checker.RULES:
+        doc = rule.__doc__ or ""
+        assert doc.startswith("Rule: ") and "\n" not in doc.strip(), rule.__name__
+
+
+def test_a_rule_can_run_on_its_own() -> None:
+    run = checker.CheckRun.start(_spec(WalkEnv), num_episodes=2)
+    assert [e.seed for e in run.episodes] == [0, 1] and all(e.ended for e in run.episodes)
+    checker.check_fork_by_snapshot(run)
+    run.close()
+    run = checker.CheckRun.start(_spec(NoStateKeyEnv), num_episodes=1)
+    checker.check_reset_returns(run)  # the info is a dict: this rule holds
+    with pytest.raises(CheckFailed, match="no 'state_key'"):
+        checker.check_state_key(run)
+    run.close()
+
+
+def test_guard_order_errors_still_raise_for_made_envs() -> None:
+    env = agentgym.make(_spec(WalkEnv))
+    with pytest.raises(ResetNeeded):
+        env.step("left")
 
 
 @pytest.mark.parametrize("env_id", [spec.id for spec in agentgym.list_envs() if not spec.id.startswith("test/")])
