@@ -128,9 +128,20 @@ class Env(gymnasium.Env[str, str]):
     - ``snapshot() -> bytes`` and ``restore(data)``: capture and reinstate the *whole* episode state,
       including ``self.np_random``. Set ``supports_snapshot = True`` when both exist. Without them,
       ``agentgym.fork`` forks by deterministic replay; both paths must give identical continuations.
+    - ``render() -> str | None``: the current state as text (``None`` before the first reset).
+      ``metadata`` declares the ``"ansi"`` mode, which Gymnasium's checker holds to a str after a
+      reset; an env without a rendering should set ``metadata = {"render_modes": []}``.
     - ``close()``: release resources. Must be idempotent.
 
-    Attributes set by the framework: ``spec`` (the ``agentgym.EnvSpec`` the env was made from).
+    Subclasses need not check call order: ``agentgym.make`` wraps every env in an ``EpisodeGuard``,
+    which raises ``ResetNeeded`` (step before reset) and ``EpisodeFinished`` (step after the end)
+    before env code runs.
+
+    Attributes set by the framework: ``spec`` (the ``EnvSpec`` the env was made from; its
+    ``make()`` builds another) and ``render_mode`` (``make(..., render_mode="ansi")``).
+
+    Changed in v0.1: the spaces are ``TextSpace`` (any string), because ``spaces.Text`` admits only
+    alphanumerics and Gymnasium's ``check_env`` rejected every env's observations.
     """
 
     # ``render()`` returns text; Gymnasium's checker wants a positive frame rate wherever render
@@ -172,5 +183,5 @@ class Env(gymnasium.Env[str, str]):
         )
 
     def render(self) -> str | None:
-        """Text rendering of the current state (``render_mode="ansi"``); default: nothing."""
+        """The current state as text (``"ansi"``), or ``None``; the default renders nothing."""
         return None

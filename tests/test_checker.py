@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pickle
+import warnings
+from pathlib import Path
 from typing import Any
 
+import gymnasium
 import pytest
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 import agentgym
 from agentgym import checker
@@ -247,6 +251,48 @@ def test_guard_order_errors_still_raise_for_made_envs() -> None:
         env.step("left")
 
 
-@pytest.mark.parametrize("env_id", [spec.id for spec in agentgym.list_envs() if not spec.id.startswith("test/")])
+REGISTERED = [spec.id for spec in agentgym.list_envs() if not spec.id.startswith("test/")]
+GYMNASIUM_DIR = Path(gymnasium.__file__).resolve().parent
+
+
+@pytest.mark.parametrize("env_id", REGISTERED)
 def test_check_env_over_every_registered_env(env_id: str) -> None:
     agentgym.check_env(env_id)
+
+
+def _gymnasium_warnings(env: gymnasium.Env) -> list[str]:
+    """Run Gymnasium's own checker; return the warnings it (not the env's libraries) raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gymnasium_check_env(env)
+    return [str(w.message) for w in caught if Path(w.filename).resolve().is_relative_to(GYMNASIUM_DIR)]
+
+
+@pytest.mark.parametrize("env_id", REGISTERED)
+def test_gymnasium_check_env_over_every_registered_env(env_id: str) -> None:
+    env = agentgym.make(env_id)
+    try:
+        # Gymnasium checks the unwrapped env (it warns about anything else) and builds fresh
+        # guarded ones through env.spec.make() for its render and close checks.
+        assert _gymnasium_warnings(env.unwrapped) == []
+    finally:
+        env.close()
+
+
+def test_gymnasium_check_env_passes_through_the_guard() -> None:
+    env = agentgym.make("maze-v0")
+    remaining = _gymnasium_warnings(env)
+    assert len(remaining) == 1 and "different from the unwrapped version" in remaining[0]
+
+
+def test_gymnasium_check_env_catches_what_it_should() -> None:
+    class OldSpaceEcho(EchoEnv):
+        observation_space = gymnasium.spaces.Text(1_000_000, min_length=0)
+
+    class NoFpsEcho(EchoEnv):
+        metadata = {"render_modes": ["ansi"]}
+
+    with pytest.raises(AssertionError, match="not within the observation space"):
+        gymnasium_check_env(OldSpaceEcho())  # "Say something." has a space and a dot
+    no_fps = agentgym.make(agentgym.EnvSpec("test/no-fps-v0", NoFpsEcho)).unwrapped
+    assert any("render fps" in w for w in _gymnasium_warnings(no_fps))
