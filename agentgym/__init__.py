@@ -6,6 +6,7 @@ from agentgym.checker import check_env
 from agentgym.core import INFO_KEYS, Env
 from agentgym.errors import (
     AgentGymError,
+    CheckFailed,
     ConfigError,
     DuplicateEnv,
     EnvContractError,
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "INFO_KEYS",
     "AgentGymError",
+    "CheckFailed",
     "ConfigError",
     "DuplicateEnv",
     "Env",

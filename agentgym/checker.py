@@ -10,6 +10,7 @@ order and fork drive the guarded env, as users do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -22,7 +23,8 @@ import numpy as np
 from agentgym.core import Env
 from agentgym.errors import CheckFailed, EnvContractError, EpisodeFinished, ResetNeeded
 from agentgym.guard import EpisodeGuard
-from agentgym.registry import make, spec as lookup_spec
+from agentgym.registry import make
+from agentgym.registry import spec as lookup_spec
 from agentgym.spec import EnvSpec
 
 EnvSource = str | EnvSpec | EpisodeGuard | Callable[[], Env]
@@ -118,10 +120,8 @@ class CheckRun:
     def close(self) -> None:
         """Close both instances, ignoring errors (``check_close_idempotent`` reports those)."""
         for guard in (self.env, self.other):
-            try:
+            with contextlib.suppress(Exception):  # cleanup must not hide the rule that failed
                 guard.close()
-            except Exception:  # noqa: BLE001 - cleanup must not hide the rule that failed
-                pass
 
 
 # --- recording -----------------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def check_task_id_replay(run: CheckRun) -> None:
         seed = episode.seed + _OTHER_SEED
         try:
             again_obs, again_info = raw.reset(seed=seed, options={"task_id": task_id})
-        except Exception as exc:  # noqa: BLE001 - an env that cannot replay its own task id breaks the rule
+        except Exception as exc:  # an env that cannot replay its own task id breaks the rule
             raise _Broken(f"reset(seed={seed}, options={{'task_id': {task_id!r}}}) raised {exc!r}") from exc
         if again_obs != obs or not isinstance(again_info, dict) or again_info.get("task_id") != task_id:
             raise _Broken(f"reset(options={{'task_id': {task_id!r}}}) did not replay the task "
@@ -489,7 +489,7 @@ def check_close_idempotent(run: CheckRun) -> None:
         for attempt in ("first", "second"):
             try:
                 raw.close()
-            except Exception as exc:  # noqa: BLE001 - the rule is that close does not raise
+            except Exception as exc:  # the rule is that close does not raise
                 raise _Broken(f"the {attempt} close() of {what} raised {exc!r}") from exc
 
 
@@ -522,9 +522,9 @@ def _factory_for(source: EnvSource) -> Callable[[], EpisodeGuard]:
     if isinstance(source, EnvSpec):
         return functools.partial(make, source)
     if isinstance(source, EpisodeGuard):
-        if source._factory is None:  # noqa: SLF001 - the checker is the guard's friend
+        if source._factory is None:  # the checker is the guard's friend
             raise EnvContractError("check_env needs an env made by agentgym.make() (or an id)")
-        return source._factory  # noqa: SLF001
+        return source._factory
     if callable(source):
         def factory() -> EpisodeGuard:
             env = source()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pickle
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import pytest
@@ -130,7 +131,7 @@ class IgnoresTaskIdEnv(WalkEnv):
 
 
 class NumericExpertEnv(WalkEnv):
-    def expert_action(self):  # noqa: ANN201 - deliberately wrong type
+    def expert_action(self):  # deliberately the wrong type
         return 1
 
 
@@ -173,7 +174,7 @@ def _spec(cls: type[Env], max_turns: int | None = 8) -> str:
     return env_id
 
 
-def _guarded(guard_cls: type[EpisodeGuard]):  # noqa: ANN202
+def _guarded(guard_cls: type[EpisodeGuard]) -> Callable[[], EpisodeGuard]:
     def factory() -> EpisodeGuard:
         return guard_cls(WalkEnv(), max_turns=8, factory=factory)
 
@@ -290,7 +291,7 @@ def test_gymnasium_check_env_catches_what_it_should() -> None:
         observation_space = gymnasium.spaces.Text(1_000_000, min_length=0)
 
     class NoFpsEcho(EchoEnv):
-        metadata = {"render_modes": ["ansi"]}
+        metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
 
     with pytest.raises(AssertionError, match="not within the observation space"):
         gymnasium_check_env(OldSpaceEcho())  # "Say something." has a space and a dot

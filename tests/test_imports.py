@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "agentgym"
 #: The package itself (``import agentgym``, ``from agentgym import make``) is the node ``__init__``.
 INIT = "__init__"
