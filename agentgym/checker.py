@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from agentgym.core import Env
-from agentgym.errors import CheckFailed, EnvContractError, EpisodeFinished, ResetNeeded
+from agentgym.errors import AgentGymError, CheckFailed, EnvContractError, EpisodeFinished, ResetNeeded
 from agentgym.guard import EpisodeGuard
 from agentgym.registry import make
 from agentgym.registry import spec as lookup_spec
@@ -81,12 +81,17 @@ class CheckRun:
     """What the rules share: how to build the env, two built instances, and the recorded episodes."""
 
     factory: Callable[[], EpisodeGuard]
+    """Builds a fresh, guarded instance (the rules that need a never-used env call it)."""
     env: EpisodeGuard
+    """The instance the episodes were recorded on; the order and fork rules drive it."""
     other: EpisodeGuard
+    """A second instance for replays and probes, so they start from a different history."""
     seed: int
+    """The first episode's seed; episode ``n`` used ``seed + n``."""
     limit: int
     """Steps per episode: the env's ``max_turns``, or ``check_env``'s ``max_steps`` without one."""
     episodes: list[Episode]
+    """The recorded episodes."""
 
     @classmethod
     def start(cls, source: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps: int = 200) -> CheckRun:
@@ -169,13 +174,12 @@ def _record_episode(
         if step.error is not None or not isinstance(step.result, tuple) or len(step.result) != 5:
             break
         info = step.info
-        if step.result[2] or step.result[3]:
+        # Flags of the wrong type end nothing here; check_step_returns reports them.
+        if any(isinstance(flag, (bool, np.bool_)) and flag for flag in step.result[2:4]):
             ended = True
             break
-    else:
-        ended = budgeted
     if budgeted and len(calls) - 1 == limit:
-        ended = True
+        ended = True  # the guard truncates here
     return Episode(seed, options, calls, ended)
 
 
@@ -437,15 +441,17 @@ def _check_fork(run: CheckRun, mode: str) -> None:
         env.reset(seed=episode.seed, options=episode.options)
         for action in actions[:cut]:
             env.step(action)
-        child = env.fork(mode)  # type: ignore[arg-type]
+        try:
+            child = env.fork(mode)  # type: ignore[arg-type]
+        except AgentGymError as exc:
+            raise _Broken(f"episode {n}: fork({mode!r}) after {cut} steps failed: {exc}") from exc
         try:
             if child.turn != env.turn:
                 raise _Broken(f"a {mode} fork must carry its parent's turn count ({child.turn} vs {env.turn})")
             traces: list[list[Call]] = [[], []]
             for action in actions[cut:]:
                 for trace, member in zip(traces, (env, child)):
-                    trace.append(Call(action, member.step(action)) if not member.episode_over
-                                 else Call(action, error=EpisodeFinished("over")))
+                    trace.append(_call(action, lambda m=member, a=action: m.step(a)))
             _same_calls(traces[0], traces[1], f"episode {n}: the original and its {mode} fork", cut + 1)
         finally:
             child.close()
