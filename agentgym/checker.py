@@ -122,6 +122,11 @@ class CheckRun:
             for i, c in enumerate(ep.calls)
         ]
 
+    @property
+    def infos(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every recorded ``info`` dict with the label of the call that returned it."""
+        return [(where, call.info) for where, call in self.calls if isinstance(call.info, dict)]
+
     def close(self) -> None:
         """Close both instances, ignoring errors (``check_close_idempotent`` reports those)."""
         for guard in (self.env, self.other):
@@ -311,10 +316,7 @@ def check_step_returns(run: CheckRun) -> None:
 @_rule
 def check_state_key(run: CheckRun) -> None:
     """Rule: every ``info`` has ``info["state_key"]``, a str."""
-    for where, call in run.calls:
-        info = call.info
-        if info is None:
-            continue
+    for where, info in run.infos:
         if "state_key" not in info:
             raise _Broken(f"{where} info has no 'state_key'")
         if not isinstance(info["state_key"], str):
@@ -328,10 +330,7 @@ _TYPED_KEYS = {"task_id": str, "invalid_action": bool, "success": bool, "instruc
 @_rule
 def check_info_types(run: CheckRun) -> None:
     """Rule: the optional ``info`` keys have their documented types (``agentgym.core.INFO_KEYS``)."""
-    for where, call in run.calls:
-        info = call.info
-        if info is None:
-            continue
+    for where, info in run.infos:
         for key, kind in _TYPED_KEYS.items():
             if key in info and not isinstance(info[key], kind):
                 raise _Broken(f"{where} info[{key!r}] must be a {kind.__name__}, got {info[key]!r:.80}")
@@ -352,11 +351,9 @@ def check_info_types(run: CheckRun) -> None:
 @_rule
 def check_json_infos(run: CheckRun) -> None:
     """Rule: every ``info`` survives ``json.dumps`` (no NaN, no objects): the HTTP service sends it."""
-    for where, call in run.calls:
-        if call.info is None:
-            continue
+    for where, info in run.infos:
         try:
-            json.dumps(call.info, allow_nan=False)
+            json.dumps(info, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise _Broken(f"{where} info does not survive json.dumps: {exc}") from None
 
