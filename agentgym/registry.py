@@ -79,7 +79,14 @@ class RegistrySpec(EnvSpec):
     ``register``, ``spec`` and ``list_envs`` return these, and every env ``make`` builds carries one
     as ``env.spec``, so ``spec.make()`` works wherever Gymnasium expects it (its ``check_env`` builds
     fresh envs through ``env.spec.make(...)``). ``EnvSpec`` itself cannot offer ``make``: the guard
-    it would have to import already imports it.
+    it would have to import already imports it. ``load_creator()`` serves callers that check an
+    entry point without building (the HTTP service, at start-up).
+
+    Example:
+        >>> import agentgym
+        >>> spec = agentgym.spec("maze-v0")
+        >>> isinstance(spec, agentgym.EnvSpec), spec.make().spec is spec
+        (True, True)
     """
 
     def make(self, **kwargs: Any) -> EpisodeGuard:
