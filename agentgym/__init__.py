@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from agentgym.checker import check_env
 from agentgym.core import INFO_KEYS, Env
 from agentgym.errors import (
     AgentGymError,
+    CheckFailed,
     ConfigError,
     DuplicateEnv,
     EnvContractError,
@@ -20,13 +22,15 @@ from agentgym.errors import (
     VersionNotFound,
 )
 from agentgym.guard import EpisodeGuard
-from agentgym.registry import EnvSpec, list_envs, make, register, spec
+from agentgym.registry import list_envs, make, register, spec
+from agentgym.spec import EnvSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "INFO_KEYS",
     "AgentGymError",
+    "CheckFailed",
     "ConfigError",
     "DuplicateEnv",
     "Env",
@@ -51,9 +55,3 @@ __all__ = [
     "spec",
 ]
 
-
-def check_env(*args, **kwargs):
-    """See ``agentgym.checker.check_env``."""
-    from agentgym.checker import check_env as _check_env
-
-    return _check_env(*args, **kwargs)

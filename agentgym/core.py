@@ -5,9 +5,11 @@ Changed in v0.1: first version of the contract.
 
 from __future__ import annotations
 
+import string
 from typing import Any, ClassVar
 
 import gymnasium
+import numpy as np
 from gymnasium import spaces
 
 #: Keys an env may put in ``info``; ``state_key`` is required on every reset and step.
@@ -25,12 +27,74 @@ INFO_KEYS: dict[str, str] = {
 #: The largest observation/action string the spaces admit (characters).
 MAX_TEXT_CHARS = 1_000_000
 
+#: Characters ``TextSpace.sample`` draws from: printable ASCII, newline included.
+SAMPLE_CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 
-def text_space() -> spaces.Text:
-    """A ``gymnasium.spaces.Text`` over all of Unicode, up to ``MAX_TEXT_CHARS`` characters."""
-    # Text's default charset is alphanumeric only; our observations are arbitrary prose, so the
-    # space is used for documentation and sampling is not meaningful.
-    return spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0)
+
+class TextSpace(spaces.Text):
+    """A ``gymnasium.spaces.Text`` that contains *every* ``str`` of ``min_length..max_length`` characters.
+
+    ``spaces.Text`` admits only its charset (alphanumeric by default), so a maze map with ``#``
+    and newlines would not be "in" the space and Gymnasium's checker would reject every env. Here
+    membership is any Unicode text within the length bounds; sampling, which has to draw from a
+    finite charset, draws ``SAMPLE_CHARS`` strings of at most ``sample_max_length`` characters
+    (an action of a million random characters is no more useful than one of 32, and much slower).
+
+    Args:
+        max_length: Longest string in the space.
+        min_length: Shortest string in the space.
+        sample_max_length: Longest string ``sample`` returns (capped at ``max_length``).
+        seed: Seed of the space's own sampling generator.
+
+    Example:
+        >>> space = TextSpace(seed=0)
+        >>> "#..#\\n#@ #  ünïcode ✓" in space, 42 in space
+        (True, False)
+        >>> sample = space.sample()
+        >>> isinstance(sample, str) and len(sample) <= 32 and sample in space
+        True
+    """
+
+    def __init__(
+        self,
+        max_length: int = MAX_TEXT_CHARS,
+        *,
+        min_length: int = 0,
+        sample_max_length: int = 32,
+        seed: int | np.random.Generator | None = None,
+    ) -> None:
+        super().__init__(max_length, min_length=min_length, charset=SAMPLE_CHARS, seed=seed)
+        self.sample_max_length = max(self.min_length, min(int(sample_max_length), self.max_length))
+
+    def contains(self, x: Any) -> bool:
+        """Any ``str`` whose length is within the bounds, whatever its characters."""
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """A random printable string; the length defaults to ``min_length..sample_max_length``.
+
+        ``mask``/``probability`` work as for ``spaces.Text`` (over ``SAMPLE_CHARS``).
+        """
+        given = mask if mask is not None else probability
+        length, chars = given if given is not None else (None, None)
+        if length is None:
+            length = int(self.np_random.integers(self.min_length, self.sample_max_length + 1))
+        if probability is not None:
+            return super().sample(probability=(length, chars))
+        return super().sample(mask=(length, chars))
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        """False: flattening indexes characters in the charset, and the space holds any character."""
+        return False
+
+    def __repr__(self) -> str:
+        return f"TextSpace({self.min_length}, {self.max_length}, sample_max_length={self.sample_max_length})"
+
+
+def text_space() -> TextSpace:
+    """The space of every observation and action: any ``str`` up to ``MAX_TEXT_CHARS`` characters."""
+    return TextSpace(MAX_TEXT_CHARS)
 
 
 class Env(gymnasium.Env[str, str]):
@@ -64,19 +128,32 @@ class Env(gymnasium.Env[str, str]):
     - ``snapshot() -> bytes`` and ``restore(data)``: capture and reinstate the *whole* episode state,
       including ``self.np_random``. Set ``supports_snapshot = True`` when both exist. Without them,
       ``agentgym.fork`` forks by deterministic replay; both paths must give identical continuations.
+    - ``render() -> str | None``: the current state as text (``None`` before the first reset).
+      ``metadata`` declares the ``"ansi"`` mode, which Gymnasium's checker holds to a str after a
+      reset; an env without a rendering should set ``metadata = {"render_modes": []}``.
     - ``close()``: release resources. Must be idempotent.
 
-    Attributes set by the framework: ``spec`` (the ``agentgym.EnvSpec`` the env was made from).
+    Subclasses need not check call order: ``agentgym.make`` wraps every env in an ``EpisodeGuard``,
+    which raises ``ResetNeeded`` (step before reset) and ``EpisodeFinished`` (step after the end)
+    before env code runs.
+
+    Attributes set by the framework: ``spec`` (the ``EnvSpec`` the env was made from; its
+    ``make()`` builds another) and ``render_mode`` (``make(..., render_mode="ansi")``).
+
+    Changed in v0.1: the spaces are ``TextSpace`` (any string), because ``spaces.Text`` admits only
+    alphanumerics and Gymnasium's ``check_env`` rejected every env's observations.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    # ``render()`` returns text; Gymnasium's checker wants a positive frame rate wherever render
+    # modes are declared, and a text env shows one frame per step, so the rate is nominal.
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: True when the subclass implements ``snapshot``/``restore`` (fast fork without replay).
     supports_snapshot: ClassVar[bool] = False
     #: True when the subclass implements ``expert_action``.
     has_expert: ClassVar[bool] = False
 
-    observation_space: spaces.Text = text_space()
-    action_space: spaces.Text = text_space()
+    observation_space: TextSpace = text_space()
+    action_space: TextSpace = text_space()
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -106,5 +183,5 @@ class Env(gymnasium.Env[str, str]):
         )
 
     def render(self) -> str | None:
-        """Text rendering of the current state (``render_mode="ansi"``); default: nothing."""
+        """The current state as text (``"ansi"``), or ``None``; the default renders nothing."""
         return None

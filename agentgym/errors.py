@@ -7,7 +7,8 @@
     │   └── VersionNotFound       the name exists, that version does not (lists the versions)
     ├── EnvContractError          an env broke the text-env contract (see ``agentgym.core.Env``)
     │   ├── ResetNeeded           ``step``/``fork`` before the first ``reset``
-    │   └── EpisodeFinished       ``step`` after ``terminated`` or ``truncated``
+    │   ├── EpisodeFinished       ``step`` after ``terminated`` or ``truncated``
+    │   └── CheckFailed           ``check_env`` found a broken rule (``.rule`` names its check)
     ├── EnvCrashed                env code raised inside ``reset``/``step``; the episode is lost
     ├── SessionError              HTTP service session problems
     │   ├── UnknownSession        no such session id (never created, closed or reaped)
@@ -71,6 +72,18 @@ class ResetNeeded(EnvContractError):
 
 class EpisodeFinished(EnvContractError):
     """``step`` was called after the episode terminated or was truncated; call ``reset``."""
+
+
+class CheckFailed(EnvContractError):
+    """``check_env`` found the env breaking a rule of the contract.
+
+    Attributes:
+        rule: the name of the ``agentgym.checker`` function that found it, e.g. ``"check_state_key"``.
+    """
+
+    def __init__(self, message: str, rule: str = "") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 class EnvCrashed(AgentGymError):
@@ -150,6 +163,7 @@ ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
         EnvContractError,
         ResetNeeded,
         EpisodeFinished,
+        CheckFailed,
         EnvCrashed,
         SessionError,
         UnknownSession,

@@ -10,7 +10,7 @@ import copy
 import math
 import pickle
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -23,9 +23,7 @@ from agentgym.errors import (
     EpisodeFinished,
     ResetNeeded,
 )
-
-if TYPE_CHECKING:
-    from agentgym.registry import EnvSpec
+from agentgym.spec import EnvSpec
 
 ForkMode = Literal["auto", "snapshot", "replay"]
 _SEED_BOUND = 2**63
@@ -75,6 +73,16 @@ class EpisodeGuard(Env):
     @property
     def unwrapped(self) -> Env:  # type: ignore[override]
         return self.env.unwrapped  # type: ignore[return-value]
+
+    @property
+    def metadata(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped env's metadata (its render modes)."""
+        return self.env.metadata
+
+    @property
+    def render_mode(self) -> str | None:  # type: ignore[override]
+        """The wrapped env's render mode (``make(..., render_mode=...)`` sets it)."""
+        return self.env.render_mode
 
     @property
     def turn(self) -> int:

@@ -1,140 +1,112 @@
-"""The env registry: ``EnvSpec``, ``register``, ``make``, ``spec``, ``list_envs``.
+"""The env registry: ``register``, ``make``, ``spec``, ``list_envs`` and loading entry points.
 
 Ids are ``[namespace/]name-vN``. Entry points are lazy ``"module:Class"`` strings (or callables), so
 registering an env imports nothing. Built-in envs live in ``agentgym.envs``; third-party packages
 register through the entry-point group ``agentgym.envs`` (each entry point names a module to import
 or a zero-argument function to call, which then calls ``register``).
+
+``make`` does what Gymnasium's ``make`` does for a spec: it loads the entry point, instantiates it
+with the spec's kwargs and the caller's, and wraps it in an ``EpisodeGuard`` (order checks, turn
+budget, fork). ``EnvSpec`` (``agentgym.spec``) is the data; this module is the only one that builds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
-import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentgym.core import Env
 from agentgym.errors import ConfigError, DuplicateEnv, RegistryError, UnknownEnv, VersionNotFound
+from agentgym.guard import EpisodeGuard
 from agentgym.plugins import load_plugins
+from agentgym.spec import ActionFormat, EnvSpec, parse_env_id
 
-if TYPE_CHECKING:
-    from agentgym.core import Env
-    from agentgym.guard import EpisodeGuard
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Registry",
+    "RegistrySpec",
+    "list_envs",
+    "load_env_creator",
+    "make",
+    "register",
+    "registry",
+    "spec",
+]
 
 ENTRY_POINT_GROUP = "agentgym.envs"
-_ID_RE = re.compile(r"^(?:(?P<namespace>[\w.-]+)/)?(?P<name>[\w.:-]+?)(?:-v(?P<version>\d+))?$")
 
 
-def parse_env_id(env_id: str) -> tuple[str | None, str, int | None]:
-    """Split ``[namespace/]name[-vN]`` into ``(namespace, name, version)``.
+def load_env_creator(spec: EnvSpec) -> Callable[..., Env]:
+    """Import and return the env class (or factory) that ``spec.entry_point`` names.
+
+    Raises:
+        RegistryError: the entry point is not ``"module:attr"``, the module fails to import, or it
+            has no such attribute.
 
     Example:
-        >>> parse_env_id("acme/maze-v3")
-        ('acme', 'maze', 3)
-        >>> parse_env_id("maze")
-        (None, 'maze', None)
+        >>> load_env_creator(EnvSpec("doc/echo-v0", "agentgym.examples:EchoEnv")).__name__
+        'EchoEnv'
     """
-    match = _ID_RE.fullmatch(env_id) if isinstance(env_id, str) else None
-    if match is None:
+    if callable(spec.entry_point):
+        return spec.entry_point
+    module_name, _, attr = spec.entry_point.partition(":")
+    if not module_name or not attr:
         raise RegistryError(
-            f"malformed env id {env_id!r}: expected '[namespace/]name-vN', e.g. 'maze-v0'"
+            f"env {spec.id!r} has entry point {spec.entry_point!r}; expected 'module:Class'"
         )
-    version = match.group("version")
-    return match.group("namespace"), match.group("name"), None if version is None else int(version)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RegistryError(
+            f"env {spec.id!r} needs module {module_name!r}, which failed to import: {exc}. "
+            "Install the extra that provides it (see README, 'Install')."
+        ) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise RegistryError(f"env {spec.id!r}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-@dataclass(frozen=True)
-class EnvSpec:
-    """Everything needed to build an env: the registry's unit of record."""
+@dataclasses.dataclass(frozen=True)
+class RegistrySpec(EnvSpec):
+    """An ``EnvSpec`` as the registry hands it out: the same data, plus ``make()``.
 
-    id: str
-    """Versioned id, ``[namespace/]name-vN``."""
-    entry_point: str | Callable[..., Env]
-    """``"module:Class"`` (imported only when the env is made) or a callable returning an ``Env``."""
-    description: str = ""
-    """One line shown by ``agentgym envs``."""
-    max_turns: int | None = None
-    """Turn budget: the episode is truncated after this many steps (``None``: no limit)."""
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """Default constructor arguments; ``make(id, **kwargs)`` overrides them."""
+    ``register``, ``spec`` and ``list_envs`` return these, and every env ``make`` builds carries one
+    as ``env.spec``, so ``spec.make()`` works wherever Gymnasium expects it (its ``check_env`` builds
+    fresh envs through ``env.spec.make(...)``). ``EnvSpec`` itself cannot offer ``make``: the guard
+    it would have to import already imports it. ``load_creator()`` serves callers that check an
+    entry point without building (the HTTP service, at start-up).
 
-    @property
-    def namespace(self) -> str | None:
-        """The part before ``/``, if any."""
-        return parse_env_id(self.id)[0]
+    Example:
+        >>> import agentgym
+        >>> spec = agentgym.spec("maze-v0")
+        >>> isinstance(spec, agentgym.EnvSpec), spec.make().spec is spec
+        (True, True)
+    """
 
-    @property
-    def name(self) -> str:
-        """The id without namespace and version."""
-        return parse_env_id(self.id)[1]
-
-    @property
-    def version(self) -> int | None:
-        """The ``N`` of ``-vN``."""
-        return parse_env_id(self.id)[2]
+    def make(self, **kwargs: Any) -> EpisodeGuard:
+        """Build this env: the same as ``agentgym.make(self, **kwargs)``."""
+        return make(self, **kwargs)
 
     def load_creator(self) -> Callable[..., Env]:
-        """Import and return the env class (or factory) named by ``entry_point``."""
-        if callable(self.entry_point):
-            return self.entry_point
-        module_name, _, attr = self.entry_point.partition(":")
-        if not module_name or not attr:
-            raise RegistryError(
-                f"env {self.id!r} has entry point {self.entry_point!r}; expected 'module:Class'"
-            )
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise RegistryError(
-                f"env {self.id!r} needs module {module_name!r}, which failed to import: {exc}. "
-                "Install the extra that provides it (see README, 'Install')."
-            ) from exc
-        try:
-            return getattr(module, attr)
-        except AttributeError:
-            raise RegistryError(
-                f"env {self.id!r}: module {module_name!r} has no attribute {attr!r}"
-            ) from None
-
-    def make(self, *, max_turns: int | None = None, **kwargs: Any) -> EpisodeGuard:
-        """Build the env wrapped in an ``EpisodeGuard`` (order checks, turn budget, fork)."""
-        from agentgym.guard import EpisodeGuard
-
-        merged = {**self.kwargs, **kwargs}
-        turns = self.max_turns if max_turns is None else max_turns
-        if turns is not None and (not isinstance(turns, int) or turns < 1):
-            raise ConfigError(f"max_turns must be a positive integer or None, got {turns!r}")
-        creator = self.load_creator()
-
-        def factory() -> EpisodeGuard:
-            return EpisodeGuard(
-                _instantiate(self, creator, merged), max_turns=turns, spec=self, factory=factory
-            )
-
-        return factory()
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-safe description (what ``GET /envs/{id}`` returns)."""
-        entry = self.entry_point
-        return {
-            "id": self.id,
-            "description": self.description,
-            "max_turns": self.max_turns,
-            "entry_point": entry if isinstance(entry, str) else f"{entry.__module__}:{entry.__qualname__}",
-            "kwargs": {k: v for k, v in self.kwargs.items() if _json_scalar(v)},
-        }
+        """Import the entry point: the same as ``load_env_creator(self)``."""
+        return load_env_creator(self)
 
 
-def _json_scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (bool, int, float, str, list, dict))
+def _as_registry_spec(spec: EnvSpec) -> RegistrySpec:
+    if isinstance(spec, RegistrySpec):
+        return spec
+    return RegistrySpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(EnvSpec)})
 
 
-def _instantiate(spec: EnvSpec, creator: Callable[..., Env], kwargs: Mapping[str, Any]) -> Env:
-    from agentgym.core import Env
-
+def _instantiate(
+    spec: RegistrySpec, creator: Callable[..., Env], kwargs: Mapping[str, Any], render_mode: str | None
+) -> Env:
     try:
         signature = inspect.signature(creator)
     except (TypeError, ValueError):
@@ -153,15 +125,39 @@ def _instantiate(spec: EnvSpec, creator: Callable[..., Env], kwargs: Mapping[str
         raise RegistryError(
             f"entry point of {spec.id!r} returned {type(env).__name__}, not an agentgym.Env subclass"
         )
+    if render_mode is not None:
+        modes = list(env.metadata.get("render_modes", []))
+        if render_mode not in modes:
+            raise ConfigError(f"env {spec.id!r} renders in modes {modes}; got render_mode={render_mode!r}")
+        # A text env renders the same text in every mode it declares; the attribute records the ask.
+        env.render_mode = render_mode
     env.spec = spec  # type: ignore[assignment]  # our EnvSpec, not gymnasium's
     return env
 
 
+def _build(
+    spec: EnvSpec, *, max_turns: int | None, render_mode: str | None, kwargs: Mapping[str, Any]
+) -> EpisodeGuard:
+    """Load, instantiate and wrap ``spec``'s env; the guard keeps the recipe so ``fork`` can rebuild."""
+    bound = _as_registry_spec(spec)
+    merged = {**bound.kwargs, **kwargs}
+    turns = bound.max_turns if max_turns is None else max_turns
+    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
+        raise ConfigError(f"max_turns must be a positive integer or None, got {turns!r}")
+    creator = load_env_creator(bound)
+
+    def factory() -> EpisodeGuard:
+        env = _instantiate(bound, creator, merged, render_mode)
+        return EpisodeGuard(env, max_turns=turns, spec=bound, factory=factory)
+
+    return factory()
+
+
 class Registry:
-    """A table of ``EnvSpec`` by id. The module-level functions use one shared instance."""
+    """A table of specs by id. The module-level functions use one shared instance."""
 
     def __init__(self) -> None:
-        self._specs: dict[str, EnvSpec] = {}
+        self._specs: dict[str, RegistrySpec] = {}
         self._lock = threading.RLock()
         self._plugins_loaded = False
 
@@ -173,22 +169,21 @@ class Registry:
         description: str = "",
         max_turns: int | None = None,
         kwargs: Mapping[str, Any] | None = None,
+        action_format: ActionFormat | None = None,
         override: bool = False,
-    ) -> EnvSpec:
-        """Add an env. Raises ``DuplicateEnv`` if the id exists and ``override`` is false."""
+    ) -> RegistrySpec:
+        """Add an env (see the module-level ``register``)."""
         _, _, version = parse_env_id(id)
         if version is None:
             raise RegistryError(f"env id {id!r} has no version; register it as '{id}-v0'")
-        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
-            raise ConfigError(f"max_turns of {id!r} must be a positive integer, got {max_turns!r}")
-        spec = EnvSpec(id, entry_point, description, max_turns, dict(kwargs or {}))
+        spec = RegistrySpec(id, entry_point, description, max_turns, dict(kwargs or {}), action_format)
         with self._lock:
             if id in self._specs and not override and self._specs[id] != spec:
                 raise DuplicateEnv(f"env {id!r} is already registered; pass override=True to replace it")
             self._specs[id] = spec
         return spec
 
-    def spec(self, env_id: str) -> EnvSpec:
+    def spec(self, env_id: str) -> RegistrySpec:
         """Look up a spec; unknown ids raise with the nearest registered ids as suggestions."""
         self._load_plugins()
         with self._lock:
@@ -216,11 +211,18 @@ class Registry:
                 f"no env registered as {env_id!r}.{hint} Run `agentgym envs` to list them all."
             )
 
-    def make(self, env_id: str, *, max_turns: int | None = None, **kwargs: Any) -> EpisodeGuard:
-        """Build a registered env (see ``EnvSpec.make``)."""
-        return self.spec(env_id).make(max_turns=max_turns, **kwargs)
+    def make(
+        self, env: str | EnvSpec, /, *, max_turns: int | None = None, render_mode: str | None = None,
+        **kwargs: Any,
+    ) -> EpisodeGuard:
+        """Build a registered id, or any spec (see the module-level ``make``)."""
+        if isinstance(env, str):
+            env = self.spec(env)
+        elif not isinstance(env, EnvSpec):
+            raise ConfigError(f"make() takes an env id or an EnvSpec, got {type(env).__name__}")
+        return _build(env, max_turns=max_turns, render_mode=render_mode, kwargs=kwargs)
 
-    def list_envs(self) -> list[EnvSpec]:
+    def list_envs(self) -> list[RegistrySpec]:
         """All registered specs, sorted by id."""
         self._load_plugins()
         with self._lock:
@@ -246,9 +248,27 @@ def register(
     description: str = "",
     max_turns: int | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    action_format: ActionFormat | None = None,
     override: bool = False,
-) -> EnvSpec:
+) -> RegistrySpec:
     """Register an env under a versioned id.
+
+    Args:
+        id: ``[namespace/]name-vN``; the version is required.
+        entry_point: ``"module:Class"`` (imported on the first ``make``) or a callable returning an ``Env``.
+        description: one line for ``agentgym envs``.
+        max_turns: turn budget (``None``: no limit).
+        kwargs: default constructor arguments.
+        action_format: how a policy's reply becomes the action (see ``EnvSpec.action_format``).
+        override: replace an existing, different registration instead of raising ``DuplicateEnv``.
+
+    Returns:
+        The registered spec.
+
+    Raises:
+        RegistryError: a malformed or unversioned id.
+        DuplicateEnv: the id is taken by a different spec and ``override`` is false.
+        ConfigError: ``max_turns`` or ``action_format`` is invalid.
 
     Example:
         >>> import agentgym
@@ -258,20 +278,47 @@ def register(
         'Say something.'
     """
     return registry.register(
-        id, entry_point, description=description, max_turns=max_turns, kwargs=kwargs, override=override
+        id, entry_point, description=description, max_turns=max_turns, kwargs=kwargs,
+        action_format=action_format, override=override,
     )
 
 
-def make(env_id: str, *, max_turns: int | None = None, **kwargs: Any) -> EpisodeGuard:
-    """Build a registered env, wrapped in an ``EpisodeGuard``; ``kwargs`` override the spec's."""
-    return registry.make(env_id, max_turns=max_turns, **kwargs)
+def make(
+    env: str | EnvSpec, /, *, max_turns: int | None = None, render_mode: str | None = None, **kwargs: Any
+) -> EpisodeGuard:
+    """Build an env wrapped in an ``EpisodeGuard`` (order checks, turn budget, fork).
+
+    Args:
+        env: a registered id, or an ``EnvSpec`` (registered or not); positional, so an env whose
+            constructor takes an ``env`` argument still gets it from ``kwargs``.
+        max_turns: overrides the spec's turn budget.
+        render_mode: one of the env's ``metadata["render_modes"]`` (``"ansi"`` for text envs), or ``None``.
+        **kwargs: constructor arguments; they override the spec's ``kwargs``.
+
+    Returns:
+        The guarded env; ``env.spec`` is the spec it was made from.
+
+    Raises:
+        UnknownEnv, VersionNotFound: the id is not registered (the message suggests the nearest).
+        RegistryError: the entry point cannot be imported or does not return an ``agentgym.Env``.
+        ConfigError: the env rejects the kwargs, or ``max_turns``/``render_mode`` is invalid.
+
+    Example:
+        >>> import agentgym
+        >>> env = agentgym.make(agentgym.EnvSpec("doc/echo-v1", "agentgym.examples:EchoEnv"), target="yo")
+        >>> env.reset(seed=0)[0], env.step("yo")[1]
+        ('Say something.', 1.0)
+        >>> env.spec.make().spec.id  # specs attached to made envs can make siblings, as in Gymnasium
+        'doc/echo-v1'
+    """
+    return registry.make(env, max_turns=max_turns, render_mode=render_mode, **kwargs)
 
 
-def spec(env_id: str) -> EnvSpec:
-    """The ``EnvSpec`` of a registered id."""
+def spec(env_id: str) -> RegistrySpec:
+    """The spec of a registered id (unknown ids raise with suggestions)."""
     return registry.spec(env_id)
 
 
-def list_envs() -> list[EnvSpec]:
-    """Every registered ``EnvSpec``, sorted by id."""
+def list_envs() -> list[RegistrySpec]:
+    """Every registered spec, sorted by id."""
     return registry.list_envs()

@@ -38,7 +38,7 @@ from agentgym.envs.alfworld_engine import (
     expert_command,
 )
 from agentgym.envs.textworld_games import normalize_command
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 
 #: Pool sizes of the generated splits: those of ALFWorld's official splits.
 DEFAULT_NUM_GAMES: dict[str, int] = {"train": 3553, "valid_seen": 140, "valid_unseen": 134}
@@ -265,10 +265,6 @@ class AlfWorldEnv(Env):
         return self._observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._state is None:
-            raise ResetNeeded("AlfWorldEnv.step() called before reset(); call reset() first")
-        if self._over:
-            raise EpisodeFinished("the task is done; call reset() to start a new episode")
         command = normalize_command(action) if isinstance(action, str) else ""
         admissible = self._admissible()
         if command not in admissible:
@@ -285,8 +281,6 @@ class AlfWorldEnv(Env):
 
     def expert_action(self) -> str | None:
         """The expert's next command (always an admissible one), or ``None`` when it has none."""
-        if self._state is None:
-            raise ResetNeeded("AlfWorldEnv.expert_action() called before reset(); call reset() first")
         return None if self._over else expert_command(self._state)
 
     def render(self) -> str | None:

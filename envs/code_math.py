@@ -25,7 +25,7 @@ from agentgym.envs.math_problems import (
     same_number,
 )
 from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.sandbox import Limits
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -229,9 +229,7 @@ class CodeMathEnv(Env):
         return self._question(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        problem = self._require("step")
-        if self._over:
-            raise EpisodeFinished("the problem was answered; call reset() to start a new one")
+        problem = self._problem
         parsed = parse_tool_calls(action, TOOLS)
         cells, answer, problem_text = work_or_answer(parsed, "python", "code", MAX_CELLS_PER_TURN,
                                                      work_verb="runs code", work_noun="python cells")
@@ -255,7 +253,7 @@ class CodeMathEnv(Env):
 
     def expert_action(self) -> str | None:
         """Run the problem's solution cell; once its output is in, answer what it printed."""
-        problem = self._require("expert_action")
+        problem = self._problem
         if self._over:
             return None
         if self._last is not None and self._last[0] == problem.solution and self._last[2]:
@@ -266,7 +264,7 @@ class CodeMathEnv(Env):
 
     def snapshot(self) -> bytes:
         """Problem id, the successful cells, the latest cell's outcome and ``np_random`` as pickled bytes."""
-        problem = self._require("snapshot")
+        problem = self._problem
         return pack_snapshot(self, {"task_id": problem.id, "cells": list(self._cells), "last": self._last,
                                     "over": self._over})
 
@@ -294,11 +292,6 @@ class CodeMathEnv(Env):
         body = "\n".join(part for part in (text.rstrip("\n"), end) if part)
         body = body or "(no output; print() what you want to see)"
         return f"<output>\n{body}\n</output>"
-
-    def _require(self, what: str) -> MathProblem:
-        if self._problem is None:
-            raise ResetNeeded(f"CodeMathEnv.{what}() called before reset(); call reset() first")
-        return self._problem
 
     def _question(self) -> str:
         assert self._problem is not None

@@ -19,7 +19,7 @@ from agentgym.core import Env
 from agentgym.envs.arguments import check_int, check_non_negative
 from agentgym.envs.code_runner import CodeRunner, describe_end, make_limits
 from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.sandbox import Limits
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -544,9 +544,7 @@ class CodeTestsEnv(Env):
         return self._statement(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        problem = self._require("step")
-        if self._over:
-            raise EpisodeFinished("the episode is over; call reset() to start a new one")
+        problem = self._problem
         code, problem_text = extract_code(action)
         if code is None:
             left = self.max_submissions - self._submissions
@@ -567,12 +565,12 @@ class CodeTestsEnv(Env):
 
     def expert_action(self) -> str | None:
         """Submit the reference solution."""
-        problem = self._require("expert_action")
+        problem = self._problem
         return None if self._over else f"```python\n{problem.reference}```"
 
     def snapshot(self) -> bytes:
         """Problem id, submissions made, the counted score and ``np_random`` as pickled bytes."""
-        problem = self._require("snapshot")
+        problem = self._problem
         return pack_snapshot(self, {"task_id": problem.id, "submissions": self._submissions,
                                     "score": self._score, "over": self._over})
 
@@ -625,11 +623,6 @@ class CodeTestsEnv(Env):
             lines.append(f"{left} submission{'s' if left != 1 else ''} left. "
                          "Fix the code and submit all of it again.")
         return "\n".join(lines)
-
-    def _require(self, what: str) -> CodeProblem:
-        if self._problem is None:
-            raise ResetNeeded(f"CodeTestsEnv.{what}() called before reset(); call reset() first")
-        return self._problem
 
     def _statement(self) -> str:
         problem = self._problem

@@ -17,7 +17,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_int
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 MIN_NUMBERS, MAX_NUMBERS = 2, 6
@@ -350,9 +350,6 @@ class CountdownEnv(Env):
         return self._puzzle(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        self._require("step")
-        if self._over:
-            raise EpisodeFinished("the puzzle is over; call reset() to start a new one")
         try:
             value = evaluate(action, self._numbers)
         except ExpressionError as exc:
@@ -375,12 +372,10 @@ class CountdownEnv(Env):
 
     def expert_action(self) -> str | None:
         """The solver's expression (``solve``), or ``None`` when it has none or the puzzle is over."""
-        self._require("expert_action")
         return None if self._over else solve(self._numbers, self._target)
 
     def snapshot(self) -> bytes:
         """The puzzle, the attempts used and ``np_random`` as pickled bytes."""
-        self._require("snapshot")
         task_id = format_task_id(self._numbers, self._target)
         return pack_snapshot(self, {"task_id": task_id, "attempts": self._attempts, "over": self._over})
 
@@ -395,10 +390,6 @@ class CountdownEnv(Env):
         return self._puzzle() if self._numbers else None
 
     # --- helpers ---------------------------------------------------------------------------------
-
-    def _require(self, what: str) -> None:
-        if not self._numbers:
-            raise ResetNeeded(f"CountdownEnv.{what}() called before reset(); call reset() first")
 
     def _puzzle(self) -> str:
         return f"Numbers: {' '.join(map(str, self._numbers))}\nTarget: {self._target}"

@@ -35,7 +35,7 @@ from agentgym.envs.function_tools import (
     units_text,
 )
 from agentgym.envs.tool_calls import parse_tool_calls
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 #: Task families, in the order a seed chooses among them.
@@ -553,9 +553,7 @@ class FunctionCallingEnv(Env):
         return self._task.prompt, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        task = self._require("step")
-        if self._over:
-            raise EpisodeFinished("the task was answered; call reset() to start a new one")
+        task = self._task
         parsed = parse_tool_calls(action, TOOLS)
         calls = parsed.calls
         answers = [n for n, call in enumerate(calls) if call.name == "answer"]
@@ -606,7 +604,7 @@ class FunctionCallingEnv(Env):
         A lookup, listing, conversion or calculation is done once its fact is known; an update once
         the key holds the value; a delete once the key is gone. ``None`` after the answer.
         """
-        task = self._require("expert_action")
+        task = self._task
         if self._over:
             return None
         for turn in task.plan:
@@ -618,7 +616,7 @@ class FunctionCallingEnv(Env):
 
     def snapshot(self) -> bytes:
         """Task id, database, learnt facts and ``np_random`` as pickled bytes."""
-        task = self._require("snapshot")
+        task = self._task
         return pack_snapshot(self, {"task_id": task.task_id, "db": dict(self._db.values),
                                     "facts": sorted(self._facts), "over": self._over})
 
@@ -633,11 +631,6 @@ class FunctionCallingEnv(Env):
         return self._task.prompt if self._task is not None else None
 
     # --- helpers ---------------------------------------------------------------------------------
-
-    def _require(self, what: str) -> Task:
-        if self._task is None:
-            raise ResetNeeded(f"FunctionCallingEnv.{what}() called before reset(); call reset() first")
-        return self._task
 
     def _learn(self, name: str, result: dict[str, Any]) -> None:
         """Record what a successful read taught the agent (updates and deletes show in the database)."""

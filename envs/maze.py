@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from agentgym.core import Env
-from agentgym.errors import ConfigError, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 ObservationMode = Literal["grid", "local"]
@@ -279,7 +279,7 @@ class MazeEnv(Env):
         return self._observe(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        level = self._require_level("step")
+        level = self._level
         text = action.strip() if isinstance(action, str) else ""
         move = _ACTION_INDEX.get(text.lower()) if len(text) <= 5 else None
         reached = False
@@ -301,7 +301,7 @@ class MazeEnv(Env):
 
     def expert_action(self) -> str | None:
         """First move of a shortest path to the goal (``up`` < ``down`` < ``left`` < ``right`` on ties)."""
-        level = self._require_level("expert_action")
+        level = self._level
         dist = level.to_goal
         here = dist[self._pos]
         if here <= 0:
@@ -313,7 +313,7 @@ class MazeEnv(Env):
 
     def snapshot(self) -> bytes:
         """The level, the agent's position and ``np_random`` as pickled bytes."""
-        level = self._require_level("snapshot")
+        level = self._level
         return pack_snapshot(self, {"task_id": level.task_id, "pos": self._pos})
 
     def restore(self, data: bytes) -> None:
@@ -327,11 +327,6 @@ class MazeEnv(Env):
         return None if self._level is None else self._level.render(self._pos)
 
     # --- helpers ---------------------------------------------------------------------------------
-
-    def _require_level(self, what: str) -> _Level:
-        if self._level is None:
-            raise ResetNeeded(f"MazeEnv.{what}() called before reset(); call reset() first")
-        return self._level
 
     def _observe(self) -> str:
         level = self._level

@@ -12,7 +12,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_int
-from agentgym.errors import ConfigError, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 ACTIONS: tuple[str, ...] = ("up", "down", "left", "right")
@@ -436,7 +436,7 @@ class SokobanEnv(Env):
         return self._render(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        level = self._require_level("step")
+        level = self._level
         text = action.strip() if isinstance(action, str) else ""
         move = _ACTION_INDEX.get(text.lower()) if len(text) <= 5 else None
         reward = -0.01 if self.reward_shaping else 0.0
@@ -492,13 +492,13 @@ class SokobanEnv(Env):
         generated start: the start is always solved within it). Among equally short plans the
         one found first in this process is followed.
         """
-        level = self._require_level("expert_action")
+        level = self._level
         action = level.plan_action((self._player, self._boxes))
         return None if action < 0 else ACTIONS[action]
 
     def snapshot(self) -> bytes:
         """The level, player, boxes and ``np_random`` as pickled bytes."""
-        level = self._require_level("snapshot")
+        level = self._level
         return pack_snapshot(self, {"task_id": level.task_id, "player": self._player, "boxes": self._boxes})
 
     def restore(self, data: bytes) -> None:
@@ -515,11 +515,6 @@ class SokobanEnv(Env):
         return None if self._level is None else self._render()
 
     # --- helpers ---------------------------------------------------------------------------------
-
-    def _require_level(self, what: str) -> _Level:
-        if self._level is None:
-            raise ResetNeeded(f"SokobanEnv.{what}() called before reset(); call reset() first")
-        return self._level
 
     def _set_boxes(self, boxes: tuple[int, ...]) -> None:
         level = self._level

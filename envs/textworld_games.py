@@ -24,7 +24,7 @@ import numpy as np
 
 from agentgym.core import Env
 from agentgym.envs import game_cache
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 
 #: Bump when the cached files or the way they are generated change; old entries are then ignored.
 CACHE_FORMAT = 1
@@ -398,10 +398,6 @@ class TextWorldEnv(Env):
         return self._observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._state is None:
-            raise ResetNeeded("TextWorldEnv.step() called before reset(); call reset() first")
-        if self._over:
-            raise EpisodeFinished("the game is over; call reset() to start a new one")
         command = normalize_command(action) if isinstance(action, str) else ""
         admissible = self._state["admissible_commands"]
         if command not in admissible:
@@ -420,8 +416,6 @@ class TextWorldEnv(Env):
 
     def expert_action(self) -> str | None:
         """The first command of TextWorld's winning policy from the current state, or ``None``."""
-        if self._state is None:
-            raise ResetNeeded("TextWorldEnv.expert_action() called before reset(); call reset() first")
         policy = self._state["policy_commands"] or []
         return None if self._over or not policy else str(policy[0])
 

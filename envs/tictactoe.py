@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from agentgym.core import Env
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 FirstPlayer = Literal["agent", "opponent", "random"]
@@ -183,9 +183,6 @@ class TicTacToeEnv(Env):
         return f"{text}\n{self._drawing()}", info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        self._require("step")
-        if self._over:
-            raise EpisodeFinished("the game is over; call reset() to start a new one")
         text = action.strip() if isinstance(action, str) else ""
         cell = int(text) - 1 if re.fullmatch(r"[1-9]", text) else None
         if cell is None or self._board[cell] != EMPTY:
@@ -217,14 +214,12 @@ class TicTacToeEnv(Env):
 
     def expert_action(self) -> str | None:
         """The minimax move (lowest cell among the best), or ``None`` once the game is over."""
-        self._require("expert_action")
         if self._over:
             return None
         return str(best_moves(self._board, AGENT)[0] + 1)
 
     def snapshot(self) -> bytes:
         """The board, the task and ``np_random`` as pickled bytes."""
-        self._require("snapshot")
         return pack_snapshot(self, {"board": self._board, "task_id": self._task_id, "over": self._over})
 
     def restore(self, data: bytes) -> None:
@@ -243,10 +238,6 @@ class TicTacToeEnv(Env):
     def _check_first_player(value: Any, name: str) -> None:
         if value not in _FIRST_PLAYERS:
             raise ConfigError(f"{name} must be one of {', '.join(map(repr, _FIRST_PLAYERS))}, got {value!r}")
-
-    def _require(self, what: str) -> None:
-        if self._task_id is None:
-            raise ResetNeeded(f"TicTacToeEnv.{what}() called before reset(); call reset() first")
 
     def _place(self, cell: int, mark: str) -> None:
         self._board = self._board[:cell] + mark + self._board[cell + 1 :]

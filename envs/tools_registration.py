@@ -9,12 +9,14 @@ def register_tool_envs() -> None:
     """Register ``search-qa-v0``, ``code-math-v0``, ``code-tests-v0`` and ``tools-v0``.
 
     Idempotent: every id is registered with ``override=True``, so calling it twice is harmless.
+    Each is registered with ``action_format="raw"``: the env reads the whole reply (tags, tool calls,
+    code blocks) and answers what it cannot use with ``info["invalid_action"]``.
 
     Example:
         >>> import agentgym
         >>> register_tool_envs()
-        >>> agentgym.spec("search-qa-v0").max_turns
-        8
+        >>> agentgym.spec("search-qa-v0").max_turns, agentgym.spec("search-qa-v0").action_format
+        (8, 'raw')
     """
     register(
         "search-qa-v0",
@@ -23,6 +25,7 @@ def register_tool_envs() -> None:
         "Default: synthetic fictional corpus. Expert: hop-by-hop searcher.",
         # Synthetic questions need at most 3 searches and an answer; the rest allows mistakes.
         max_turns=8,
+        action_format="raw",
         override=True,
     )
     register(
@@ -32,6 +35,7 @@ def register_tool_envs() -> None:
         "(exact-value reward). Generated problems, 7 templates. Expert: runs a solution cell, answers its output.",
         # The expert needs one cell and the answer; the rest allows failed cells and slips.
         max_turns=8,
+        action_format="raw",
         override=True,
     )
     register(
@@ -41,6 +45,7 @@ def register_tool_envs() -> None:
         "failures, 3 submissions; reward = fraction of tests passed. 36 bundled problems. Expert: reference.",
         # Three submissions plus room for two replies without code.
         max_turns=5,
+        action_format="raw",
         override=True,
     )
     register(
@@ -51,5 +56,6 @@ def register_tool_envs() -> None:
         "Expert: scripted tool user.",
         # The expert needs at most 4 turns; the rest allows retries after tool errors and slips.
         max_turns=10,
+        action_format="raw",
         override=True,
     )

@@ -43,7 +43,7 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLakeEn
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 from agentgym.core import Env
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 # A valid action is a short word or number; longer strings are echoed only in part.
@@ -330,9 +330,7 @@ class ToyTextEnv(Env):
         return self.describe(self._obs, terminated=False), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        gym_env = self._require("step")
-        if self._over:
-            raise EpisodeFinished("the episode is over; call reset() to start a new one")
+        gym_env = self._gym
         index = self.parse_action(action)
         if index is None:
             text = action.strip() if isinstance(action, str) else ""
@@ -362,11 +360,11 @@ class ToyTextEnv(Env):
 
     def describe(self, obs: Any, *, terminated: bool) -> str:
         """The text of state ``obs``; subclasses may override (``terminated``: the episode just ended)."""
-        return self._observe(self._require("describe"), obs)
+        return self._observe(self._gym, obs)
 
     def expert_action(self) -> str | None:
         """The expert's action, or ``None`` without an expert or after the episode ended."""
-        gym_env = self._require("expert_action")
+        gym_env = self._gym
         if self._expert is None or self._over:
             return None
         index = self._expert(gym_env, self._obs)
@@ -374,7 +372,7 @@ class ToyTextEnv(Env):
 
     def snapshot(self) -> bytes:
         """The inner env (with its ``np_random``), the task and ``np_random`` as pickled bytes."""
-        gym_env = self._require("snapshot")
+        gym_env = self._gym
         fields = {"name": self.name, "gym": gym_env, "task_id": self._task_id}
         return pack_snapshot(self, {**fields, "obs": self._obs, "over": self._over})
 
@@ -440,13 +438,8 @@ class ToyTextEnv(Env):
             return False
         return True
 
-    def _require(self, what: str) -> gymnasium.Env:
-        if self._gym is None:
-            raise ResetNeeded(f"{type(self).__name__}.{what}() called before reset(); call reset() first")
-        return self._gym
-
     def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
-        gym_env = self._require("info")
+        gym_env = self._gym
         return {
             "state_key": f"{self._task_id}@{self._state_key(gym_env, self._obs)}",
             "task_id": self._task_id,
@@ -607,7 +600,7 @@ class FrozenLakeEnv(ToyTextEnv):
         return GymFrozenLakeEnv(desc=list(desc), is_slippery=self.is_slippery)
 
     def _desc(self) -> tuple[str, ...]:
-        gym_env = self._require("describe")
+        gym_env = self._gym
         return tuple(row.tobytes().decode() for row in gym_env.unwrapped.desc)  # type: ignore[attr-defined]
 
     def describe(self, obs: Any, *, terminated: bool) -> str:
@@ -710,7 +703,7 @@ class BlackjackEnv(ToyTextEnv):
         )
 
     def describe(self, obs: Any, *, terminated: bool) -> str:
-        game = self._require("describe").unwrapped
+        game = self._gym.unwrapped
         player, dealer = list(game.player), list(game.dealer)  # type: ignore[attr-defined]
         total, soft = _total(player)
         note = " (bust)" if total > 21 else (", counting an ace as 11" if soft else "")

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentgym.core import Env
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
 WORD_LENGTH = 5
@@ -202,9 +202,7 @@ class WordleEnv(Env):
         return f"Guess the secret 5-letter word. You have {self.max_guesses} guesses.", info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        secret = self._secret("step")
-        if self._over:
-            raise EpisodeFinished("the game is over; call reset() to start a new one")
+        secret = load_words()[self._index]
         guess = action.strip().lower() if isinstance(action, str) else ""
         problem = self._problem(guess)
         if problem is not None:
@@ -227,12 +225,10 @@ class WordleEnv(Env):
 
     def expert_action(self) -> str | None:
         """The solver's next guess (``solve_step``), or ``None`` once the game is over."""
-        self._secret("expert_action")
         return None if self._over else solve_step(tuple(self._history))
 
     def snapshot(self) -> bytes:
         """The secret, the guesses so far and ``np_random`` as pickled bytes."""
-        self._secret("snapshot")
         return pack_snapshot(self, {"index": self._index, "history": list(self._history), "over": self._over})
 
     def restore(self, data: bytes) -> None:
@@ -249,11 +245,6 @@ class WordleEnv(Env):
         return self._board() or "(no guesses yet)"
 
     # --- helpers ---------------------------------------------------------------------------------
-
-    def _secret(self, what: str) -> str:
-        if self._index is None:
-            raise ResetNeeded(f"WordleEnv.{what}() called before reset(); call reset() first")
-        return load_words()[self._index]
 
     @staticmethod
     def _problem(guess: str) -> str | None:

@@ -145,7 +145,7 @@ def test_invalid_actions_change_nothing(action: str) -> None:
 
 def test_reset_needed_before_step() -> None:
     with pytest.raises(ResetNeeded):
-        FrozenLakeEnv().step("left")
+        agentgym.make("frozenlake-v0").step("left")  # the guard enforces the order for every env
     assert FrozenLakeEnv().render() is None
 
 
@@ -241,7 +241,7 @@ def test_blackjack_text_and_determinism() -> None:
 
 
 def test_user_env_in_a_few_lines() -> None:
-    env = CLIFF.make()
+    env = agentgym.make(CLIFF)
     obs, info = env.reset(seed=0)
     assert info["task_id"] == "cliffwalking-v1/0" and info["state_key"] == "cliffwalking-v1/0@36"
     assert "Observation: 36." in obs and "\x1b" not in obs
@@ -269,7 +269,7 @@ def test_factory_env_with_expert_and_custom_text() -> None:
         max_turns=30,
     )
     agentgym.check_env(spec)
-    env = spec.make()
+    env = agentgym.make(spec)
     assert env.has_expert and env.supports_snapshot
     ret, success, steps = run_episode(env, 0, expert_policy)
     assert success and steps == 13 and ret == -13.0
