@@ -79,8 +79,7 @@ class RegistrySpec(EnvSpec):
     ``register``, ``spec`` and ``list_envs`` return these, and every env ``make`` builds carries one
     as ``env.spec``, so ``spec.make()`` works wherever Gymnasium expects it (its ``check_env`` builds
     fresh envs through ``env.spec.make(...)``). ``EnvSpec`` itself cannot offer ``make``: the guard
-    it would have to import already imports it. ``load_creator()`` serves callers that check an
-    entry point without building (the HTTP service, at start-up).
+    it would have to import already imports it.
 
     Example:
         >>> import agentgym
@@ -92,10 +91,6 @@ class RegistrySpec(EnvSpec):
     def make(self, **kwargs: Any) -> EpisodeGuard:
         """Build this env: the same as ``agentgym.make(self, **kwargs)``."""
         return make(self, **kwargs)
-
-    def load_creator(self) -> Callable[..., Env]:
-        """Import the entry point: the same as ``load_env_creator(self)``."""
-        return load_env_creator(self)
 
 
 def _as_registry_spec(spec: EnvSpec) -> RegistrySpec:

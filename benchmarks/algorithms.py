@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentgym.training.config import load_config
+from agentgym.training.loading import load_config
 from agentgym.training.loop import train
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import os
 import random
 import re
 import sys
@@ -24,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentgym.envs import alfworld_gen as gen
 from agentgym.errors import ConfigError, ResetNeeded
 
 EXPERT_TYPES: tuple[str, ...] = ("handcoded", "planner")
@@ -40,6 +40,33 @@ HIDDEN_COMMANDS = frozenset({"help"})
 #   (``textworld.envs.pddl.textgen._PARSER``), which keeps its parse state on the instance.
 _ENGINE_LOCK = threading.RLock()
 
+
+
+def require_alfworld() -> str:
+    """Import ``alfworld`` (restoring ``ALFWORLD_DATA``) and return its version.
+
+    Quirk of alfworld 0.4.2: ``import alfworld`` runs ``alfworld.info``, which creates
+    ``~/.cache/alfworld`` and *exports* ``ALFWORLD_DATA`` pointing there when it was unset. Left in
+    place, every later env in the process would take that empty folder for real data; the variable
+    is put back as it was.
+
+    Raises:
+        ConfigError: ``alfworld`` is not installed (names the ``alfworld`` extra).
+    """
+    before = os.environ.get("ALFWORLD_DATA")
+    try:
+        import alfworld.info
+    except ImportError as exc:
+        raise ConfigError(
+            "alfworld-v0 needs the 'alfworld' package (with textworld and fast-downward): "
+            "pip install 'agentgym-rl[alfworld]' (or pip install alfworld)"
+        ) from exc
+    finally:
+        if before is None:
+            os.environ.pop("ALFWORLD_DATA", None)
+        else:
+            os.environ["ALFWORLD_DATA"] = before
+    return str(alfworld.info.__version__)
 
 class _ExpertRandom(threading.local):
     """Stands in for the ``random`` module inside alfworld's handcoded expert.
@@ -192,7 +219,7 @@ class AlfredEngine:
     def __init__(self, expert_type: str = "handcoded", *, track_moves: bool = True) -> None:
         if expert_type not in EXPERT_TYPES:
             raise ConfigError(f"unknown expert_type {expert_type!r}; choose one of {list(EXPERT_TYPES)}")
-        gen.require_alfworld()
+        require_alfworld()
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredInfos
         from alfworld.agents.expert import handcoded_expert

@@ -36,6 +36,7 @@ from agentgym.envs.alfworld_engine import (
     AlfredEngine,
     admissible_commands,
     expert_command,
+    require_alfworld,
 )
 from agentgym.envs.textworld_games import normalize_command
 from agentgym.errors import ConfigError
@@ -218,7 +219,7 @@ class AlfWorldEnv(Env):
                                       or not 1 <= num_games <= gen.SPLIT_SEED_SPAN):
             raise ConfigError(f"num_games must be None or an integer in [1, {gen.SPLIT_SEED_SPAN}], got {num_games!r}")
         self.cache_dir = Path(game_cache_dir) if game_cache_dir is not None else gen.default_cache_dir()
-        gen.require_alfworld()  # fail at construction, not at the first reset, when it is missing
+        require_alfworld()  # fail at construction, not at the first reset, when it is missing
         source = _data_source(data_dir)
         self.data_dir: Path | None = None
         self._games: list[tuple[str, Path]] = []

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from agentgym.envs import game_cache
+from agentgym.envs.alfworld_engine import AlfredEngine, expert_command, require_alfworld
 from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError
 
@@ -140,33 +141,6 @@ class GeneratedGame:
     "``game.tw-pddl``: ``pddl_domain``, ``grammar``, ``pddl_problem``, ``solvable``, ``walkthrough``."
     traj_data: dict[str, Any]
     "``traj_data.json``: ``task_id``, ``task_type``, ``pddl_params``, ``scene``, ``turk_annotations``, ..."
-
-
-def require_alfworld() -> str:
-    """Import ``alfworld`` (restoring ``ALFWORLD_DATA``) and return its version.
-
-    Quirk of alfworld 0.4.2: ``import alfworld`` runs ``alfworld.info``, which creates
-    ``~/.cache/alfworld`` and *exports* ``ALFWORLD_DATA`` pointing there when it was unset. Left in
-    place, every later env in the process would take that empty folder for real data; the variable
-    is put back as it was.
-
-    Raises:
-        ConfigError: ``alfworld`` is not installed (names the ``alfworld`` extra).
-    """
-    before = os.environ.get("ALFWORLD_DATA")
-    try:
-        import alfworld.info
-    except ImportError as exc:
-        raise ConfigError(
-            "alfworld-v0 needs the 'alfworld' package (with textworld and fast-downward): "
-            "pip install 'agentgym-rl[alfworld]' (or pip install alfworld)"
-        ) from exc
-    finally:
-        if before is None:
-            os.environ.pop("ALFWORLD_DATA", None)
-        else:
-            os.environ["ALFWORLD_DATA"] = before
-    return str(alfworld.info.__version__)
 
 
 def validate_task_types(task_types: Iterable[str | int] | None) -> tuple[str, ...]:
@@ -475,8 +449,6 @@ def expert_walkthrough(game_file: Path, *, limit: int = EXPERT_STEP_LIMIT,
     Plays through ``AlfredEngine``, the loading path of the env (and of ALFWorld's own env), taking
     the commands the env's ``expert_action`` would.
     """
-    from agentgym.envs.alfworld_engine import AlfredEngine, expert_command
-
     engine = AlfredEngine.acquire(expert_type)
     try:
         engine.load(game_file)

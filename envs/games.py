@@ -18,14 +18,14 @@ def register_games() -> None:
     """
     register(
         "frozenlake-v0",
-        "agentgym.envs.toytext:FrozenLakeEnv",
+        "agentgym.envs.frozenlake:FrozenLakeEnv",
         description="Frozen lake generated from the seed (Gymnasium toy text); reach G. Expert: planner.",
         max_turns=30,
         override=True,
     )
     register(
         "blackjack-v0",
-        "agentgym.envs.toytext:BlackjackEnv",
+        "agentgym.envs.blackjack:BlackjackEnv",
         description="Blackjack against a dealer standing on 17 (Gymnasium toy text). Expert: basic strategy.",
         max_turns=10,
         override=True,

@@ -20,7 +20,7 @@ import pytest
 import agentgym
 from agentgym.checker import check_env
 from agentgym.envs import alfworld_gen as gen
-from agentgym.envs.alfworld_engine import AlfredEngine
+from agentgym.envs.alfworld_engine import AlfredEngine, require_alfworld
 from agentgym.envs.alfworld_env import AlfWorldEnv
 from agentgym.envs.alfworld_registration import register_alfworld_envs
 from agentgym.errors import ConfigError
@@ -245,7 +245,7 @@ def test_alfworld_data_variable_rules(tmp_path: Path, monkeypatch: pytest.Monkey
     assert AlfWorldEnv(game_cache_dir=str(tmp_path)).data_dir is None
     # Importing alfworld through agentgym leaves the variable as it was.
     monkeypatch.delenv("ALFWORLD_DATA")
-    gen.require_alfworld()
+    require_alfworld()
     assert "ALFWORLD_DATA" not in os.environ
 
 

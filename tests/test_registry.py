@@ -192,7 +192,7 @@ def test_registered_specs_make_and_load_like_the_module_functions() -> None:
     spec = agentgym.register("test/made-echo-v0", "agentgym.examples:EchoEnv", kwargs={"target": "yo"},
                              override=True)
     assert isinstance(spec, RegistrySpec) and agentgym.spec("test/made-echo-v0") is spec
-    assert spec.load_creator() is load_env_creator(spec) is EchoEnv
+    assert load_env_creator(spec) is EchoEnv
     env = spec.make(max_turns=1)
     env.reset(seed=0)
     assert env.max_turns == 1 and env.step("no")[3] is True

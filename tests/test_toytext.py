@@ -1,4 +1,4 @@
-"""Tests of ``agentgym.envs.toytext``: the toy-text adapter, ``frozenlake-v0`` and ``blackjack-v0``."""
+"""Tests of the toy-text adapter (``agentgym.envs.toytext``), ``frozenlake-v0`` and ``blackjack-v0``."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ import pytest
 
 import agentgym
 from agentgym.envs.games import register_games
-from agentgym.envs.toytext import (
-    BlackjackEnv,
-    FrozenLakeEnv,
-    ToyTextEnv,
-    basic_strategy,
-    strip_ansi,
-    to_builtin,
-)
+from agentgym.envs.blackjack import BlackjackEnv, basic_strategy
+from agentgym.envs.frozenlake import FrozenLakeEnv
+from agentgym.envs.toytext import ToyTextEnv, strip_ansi, to_builtin
 from agentgym.errors import ConfigError, ResetNeeded
 
 register_games()  # idempotent (override=True), so importing several test modules is fine

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from agentgym.errors import ConfigError
-from agentgym.training.config import load_config
+from agentgym.training.loading import load_config
 from agentgym.training.loop import Trainer, flatten, train, turn_index
 from agentgym.training.quickstart import QUICKSTART
 

@@ -21,7 +21,7 @@ def train(
     import time
     from pathlib import Path
 
-    from agentgym.training.config import config_from_dict, load_config
+    from agentgym.training.loading import config_from_dict, load_config
 
     try:
         if resume:

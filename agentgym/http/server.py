@@ -41,7 +41,7 @@ from agentgym.http.fastpath import GuardMiddleware, HotRoute, HotRoutes
 from agentgym.http.metrics import ServiceMetrics
 from agentgym.http.responses import TELEMETRY_OFF, ErrorResponses, error_payload, json_response
 from agentgym.http.sessions import Session, SessionStore
-from agentgym.registry import list_envs
+from agentgym.registry import list_envs, load_env_creator
 from agentgym.registry import spec as lookup_spec
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def create_app(
     if env_ids is not None:
         for env_id in env_ids:
             # Fail at start-up, with suggestions, not on the first request.
-            lookup_spec(env_id).load_creator()
+            load_env_creator(lookup_spec(env_id))
     store = SessionStore(
         max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
         num_workers=num_workers, allowed_env_ids=env_ids,

@@ -30,7 +30,8 @@ from agentgym.errors import (
     VersionNotFound,
 )
 from agentgym.guard import EpisodeGuard
-from agentgym.registry import make, parse_env_id
+from agentgym.registry import make
+from agentgym.spec import parse_env_id
 
 T = TypeVar("T")
 

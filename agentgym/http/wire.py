@@ -146,6 +146,8 @@ class EnvSummary(_Response):
 class EnvDetail(EnvSummary):
     entry_point: str
     kwargs: dict[str, Any]
+    action_format: Literal["plain", "tag", "raw"] | None = Field(
+        default=None, description="How a policy's reply becomes an action for this env (None: plain).")
     schemas: dict[str, Any] = Field(description="JSON schemas of the reset/step request and response bodies.")
 
 

@@ -30,10 +30,9 @@ from agentgym.training.config import (
     RolloutConfig,
     SFTConfig,
     TrainConfig,
-    config_from_dict,
     config_to_dict,
-    load_config,
 )
+from agentgym.training.loading import check_config, config_from_dict, load_config
 from agentgym.training.options import HookOption, get_hook_option, list_hook_options, register_hook_option
 from agentgym.training.plan import Phase, TurnIndex, UpdatePlan
 from agentgym.training.turn_table import TurnTable, discounted_returns, episode_advantages, group_mean_std, normalize
@@ -41,7 +40,7 @@ from agentgym.training.turn_table import TurnTable, discounted_returns, episode_
 __all__ = [
     "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig", "HookOption",
     "LossConfig", "OptimConfig", "Phase", "RolloutConfig", "SFTConfig", "TrainConfig", "TurnIndex", "TurnTable",
-    "UpdatePlan", "config_from_dict", "config_to_dict", "discounted_returns", "episode_advantages",
+    "UpdatePlan", "check_config", "config_from_dict", "config_to_dict", "discounted_returns", "episode_advantages",
     "get_algorithm", "get_hook_option", "group_mean_std", "list_algorithms", "list_hook_options", "load_config",
     "normalize", "register_algorithm", "register_hook_option",
 ]

@@ -1,15 +1,15 @@
-"""Training configuration: one typed config dataclass per component, YAML loading and ``--set`` overrides.
+"""Training configuration: one typed config dataclass per component, and ``--set`` overrides.
 
 ``TrainConfig`` is the whole run. Every field has a default and a docstring; YAML presets in
-``configs/`` are flat, complete files. Errors name the field to fix (``rollout.group_size``) and
-suggest the nearest field name for typos. This module imports no ML framework.
+``configs/`` are flat, complete files (``agentgym.training.loading.load_config`` reads them). Errors
+name the field to fix (``rollout.group_size``) and suggest the nearest field name for typos. This
+module imports no ML framework and nothing of the training package but the coercion it builds with.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
@@ -246,12 +246,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> TrainConfig:
-        """Field ranges and the registries: the algorithm, its arguments and group size, loss terms,
-        rollout hooks and policy loss must exist and accept their arguments. Raises ``ConfigError``
-        (or ``RegistryError`` with suggestions) naming the field to change."""
-        from agentgym.backends.builder import list_backends, make_policy
-        from agentgym.training.recipe import Recipe
-
+        """Field ranges that no single field's type can express; raises ``ConfigError`` naming the field.
+        (``agentgym.training.loading.check_config`` adds the checks that need the registries.)"""
         positive = {
             "iterations": self.iterations, "rollout.num_tasks": self.rollout.num_tasks,
             "rollout.group_size": self.rollout.group_size, "rollout.max_new_tokens": self.rollout.max_new_tokens,
@@ -265,23 +261,7 @@ class TrainConfig:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:
             raise ConfigError("rollout.temperature and eval.temperature must be >= 0")
-        if self.model.backend not in list_backends():
-            make_policy(self.model)  # raises the registry's error, with suggestions
-        Recipe.from_config(self)
         return self
-
-
-def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """Build and validate a ``TrainConfig`` from nested plain data (e.g. parsed YAML).
-
-    Example:
-        >>> cfg = config_from_dict({"iterations": 3, "rollout": {"group_size": 4}})
-        >>> cfg.iterations, cfg.rollout.group_size, cfg.algorithm.name
-        (3, 4, 'gigpo')
-    """
-    if not isinstance(data, dict):
-        raise ConfigError(f"a config must be a mapping at the top level, got {type(data).__name__}")
-    return build(TrainConfig, data).validate()
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -321,27 +301,3 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = child
         node[parts[-1]] = value
     return result
-
-
-def presets_dir() -> Path:
-    """The ``configs/`` folder of presets next to the package (a source checkout)."""
-    return Path(__file__).resolve().parents[2] / "configs"
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML preset (``None``: the embedded quickstart), apply overrides, validate."""
-    if path is None:
-        from agentgym.training.quickstart import QUICKSTART
-
-        data: Any = QUICKSTART
-    else:
-        file = Path(path)
-        if not file.is_file():
-            presets = sorted(p.name for p in presets_dir().glob("*.yaml"))
-            raise ConfigError(f"config file {str(file)!r} not found" + (
-                f"; presets in configs/: {', '.join(presets)}" if presets else ""))
-        try:
-            data = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file} is not valid YAML: {exc}") from None
-    return config_from_dict(apply_overrides(data, overrides or []))

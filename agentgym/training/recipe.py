@@ -16,13 +16,13 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import HookChain, RolloutHooks
 from agentgym.rollout.policy import SamplingParams, Scorer
 from agentgym.training.algorithm import Algorithm, get_algorithm
-from agentgym.training.losses import PolicyLoss, get_policy_loss
 from agentgym.training.options import get_hook_option
 from agentgym.training.plan import UpdatePlan
-from agentgym.training.terms import EntropyArgs, EntropyTerm, KLArgs, KLTerm, LossTerm, get_loss_term
 
 if TYPE_CHECKING:
     from agentgym.training.config import TrainConfig
+    from agentgym.training.losses import PolicyLoss
+    from agentgym.training.terms import LossTerm
 
 
 @dataclass
@@ -52,6 +52,10 @@ class Recipe:
             RegistryError: an unknown algorithm, policy loss, loss term or hook option (with suggestions).
             ConfigError: bad arguments (naming ``algorithm.args.<field>`` etc.) or a group too small.
         """
+        # The loss modules import torch; checking a config must not.
+        from agentgym.training.losses import get_policy_loss
+        from agentgym.training.terms import EntropyArgs, EntropyTerm, KLArgs, KLTerm, get_loss_term
+
         algorithm = get_algorithm(cfg.algorithm.name)
         args = algorithm.make_args(cfg.algorithm.args)
         if cfg.rollout.group_size < algorithm.min_group_size:
