@@ -88,6 +88,7 @@ class EpisodeGroup:
         """Inverse of ``to_json``.
 
         Example:
+            >>> import json
             >>> turn = Turn([1, 2], [3], [-0.5], 1.0, "s0")
             >>> group = EpisodeGroup("g", "t", 0, [Trajectory([turn], "t", 0, success=True)])
             >>> EpisodeGroup.from_json(json.loads(json.dumps(group.to_json()))) == group
