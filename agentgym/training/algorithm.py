@@ -118,6 +118,7 @@ def register_algorithm(name: str, estimator: AdvantageEstimator, args_type: type
         >>> algo = register_algorithm("doc_zeros", zeros, NoArgs, description="all-zero advantages")
         >>> get_algorithm("doc_zeros") is algo
         True
+        >>> ALGORITHMS.unregister("doc_zeros")  # keep the example out of every later listing
     """
     algorithm = Algorithm(name, estimator, args_type, description, hooks, update_plan, policy_loss,
                           dict(loss_terms or {}), needs, min_group_size)

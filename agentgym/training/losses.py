@@ -156,6 +156,7 @@ def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_Los
         ...     return loss, {"loss/policy": loss.item()}
         >>> get_policy_loss("doc_reinforce") is reinforce
         True
+        >>> POLICY_LOSSES.unregister("doc_reinforce")
     """
     if not isinstance(name, str) or not name:
         raise RegistryError(f"a policy loss name must be a non-empty string, got {name!r}")

@@ -51,6 +51,7 @@ def register_hook_option(name: str, factory: Callable[[Any], RolloutHooks], args
         >>> option = register_hook_option("doc_noop", lambda args: RolloutHooks(), NoArgs)
         >>> type(get_hook_option("doc_noop").build({})).__name__
         'RolloutHooks'
+        >>> HOOK_OPTIONS.unregister("doc_noop")
     """
     return HOOK_OPTIONS.register(name, HookOption(name, factory, args_type, description), override=override)
 

@@ -124,6 +124,7 @@ def register_loss_term(name: str, factory: Callable[[Any], LossTerm], args_type:
         >>> spec = register_loss_term("doc_l2", L2, L2Args)
         >>> get_loss_term("doc_l2").build({"coef": 0.5}).coef
         0.5
+        >>> LOSS_TERMS.unregister("doc_l2")
     """
     return LOSS_TERMS.register(name, TermSpec(name, factory, args_type, description), override=override)
 
