@@ -64,6 +64,8 @@ class CollectStats:
     turns: int = 0
     forks: int = 0
     tool_calls: int = 0
+    tool_call_reports: int = 0
+    """Steps whose info carried ``tool_calls`` (an env that never reports it cannot be checked)."""
 
 
 class Collector:
@@ -227,6 +229,7 @@ class Collector:
             stats.generated_tokens += len(generation.token_ids)
             stats.prompt_tokens += len(prompt)
             stats.tool_calls += tool_calls
+            stats.tool_call_reports += "tool_calls" in info
             episode.state_key = info["state_key"]
             episode.info = info
             episode.answer = info.get("answer", episode.answer)

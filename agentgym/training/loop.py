@@ -328,8 +328,10 @@ class Trainer:
         return report
 
     def _check_tool_calls(self, iteration: int, stats: CollectStats) -> None:
-        """A tool env whose first iteration made no tool call trains on nothing: stop and say why."""
-        if iteration == 1 and self.has_tools and self.cfg.rollout.require_tool_calls and stats.tool_calls == 0:
+        """A tool env whose first iteration made no tool call trains on nothing: stop and say why.
+        (Only envs that report ``info["tool_calls"]`` can be checked.)"""
+        if iteration == 1 and self.has_tools and self.cfg.rollout.require_tool_calls and stats.tool_calls == 0 \
+                and stats.tool_call_reports > 0:
             raise ConfigError(
                 f"{stats.turns} turns of {self.cfg.env.id} rollouts made no tool call: the policy never used the "
                 f"env's tools, so RL has nothing to learn from. Check rollout.action_format (tool envs want 'raw'), "
