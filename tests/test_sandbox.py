@@ -146,8 +146,8 @@ def test_warm_pool_serves_runs_from_workers_spawned_ahead_and_uses_each_once(nam
     spawned: list[tuple[float, object]] = []
     spawn = backend.spawn
 
-    def recording_spawn():
-        worker = spawn()
+    def recording_spawn(*args):
+        worker = spawn(*args)
         spawned.append((time.monotonic(), worker))
         return worker
 
