@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 #: Longest action string a request may carry (characters).
 MAX_ACTION_CHARS = 100_000
@@ -32,10 +32,25 @@ def _depth_ok(value: Any) -> Any:
 
 #: A JSON object of bounded depth (env options and constructor arguments).
 JsonObject = Annotated[dict[str, Any], AfterValidator(_depth_ok)]
+#: Largest seed (seeds are unsigned 63-bit, as numpy's generators take them).
+MAX_SEED = 2**63 - 1
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema's "integer" is a mathematical integer: 2305.0 is one, true is not. Strict models
+    # would refuse the first; this lets it through as 2305 and leaves everything else to them.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field of a strict request model that also takes integral floats (``2305.0``), not bools.
+WholeNumber = Annotated[int, BeforeValidator(_integral)]
 
 
 class _Request(BaseModel):
     # strict: "3" is not a seed and true is not 1; a client sending them has a bug worth a 422.
+    # Integer fields are ``WholeNumber``: 3.0 is a JSON integer and is accepted as 3.
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
@@ -61,7 +76,8 @@ class ErrorBody(_Response):
 class CreateSessionRequest(_Request):
     env_id: str = Field(description="A registered env id, e.g. 'maze-v0'.", examples=["maze-v0"])
     kwargs: JsonObject = Field(default_factory=dict, description="Constructor arguments for the env.")
-    max_turns: int | None = Field(default=None, ge=1, description="Override the spec's turn budget.")
+    max_turns: WholeNumber | None = Field(default=None, ge=1, le=1_000_000,
+                                          description="Override the spec's turn budget.")
 
 
 class SessionInfo(_Response):
@@ -77,7 +93,7 @@ class SessionInfo(_Response):
 
 
 class ResetRequest(_Request):
-    seed: int | None = Field(default=None, ge=0, lt=2**63, description="Episode seed; none draws one.")
+    seed: WholeNumber | None = Field(default=None, ge=0, le=MAX_SEED, description="Episode seed; none draws one.")
     options: JsonObject | None = Field(default=None, description="Env options, e.g. {'task_id': ...}.")
 
 
@@ -114,17 +130,25 @@ class BatchStepItem(_Request):
 
 
 class BatchStepRequest(_Request):
-    steps: list[BatchStepItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    """Steps of many sessions. A session may appear only once per batch (its steps are ordered):
+    a batch naming one twice is rejected whole with 422."""
+
+    steps: list[BatchStepItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS,
+                                       description="One step per session; session ids must be distinct.")
 
 
 class BatchResetItem(_Request):
     session_id: str
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: WholeNumber | None = Field(default=None, ge=0, le=MAX_SEED)
     options: JsonObject | None = None
 
 
 class BatchResetRequest(_Request):
-    resets: list[BatchResetItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    """Resets of many sessions. A session may appear only once per batch: a batch naming one twice
+    is rejected whole with 422."""
+
+    resets: list[BatchResetItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS,
+                                         description="One reset per session; session ids must be distinct.")
 
 
 class BatchStepResponse(_Response):
