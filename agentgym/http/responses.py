@@ -66,6 +66,38 @@ def text_responses(description: str) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}}
 
 
+_BOUNDS = ("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum")
+
+
+def keep_integer_bounds(app: FastAPI) -> None:
+    """Make ``app``'s OpenAPI write integer bounds as integers (``9223372036854775808``, not ``9.22e18``).
+
+    FastAPI passes the schema through its OpenAPI model, whose bounds are floats; every bound the
+    services declare is an integer or a float of an integral value that is exact in binary.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _integral_bounds(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _integral_bounds(node: Any) -> Any:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _BOUNDS and isinstance(value, float) and value.is_integer() and node.get("type") == "integer":
+                node[key] = int(value)
+            else:
+                _integral_bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            _integral_bounds(item)
+    return node
+
+
 def dumps(payload: Any) -> bytes:
     """Compact UTF-8 JSON (lone surrogates escaped rather than failing)."""
     text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)

@@ -42,7 +42,7 @@ def retrieve_request_model(max_k: int = 50, max_queries: int = MAX_QUERIES) -> t
         >>> model.model_json_schema()["properties"]["k"]["maximum"]
         5
     """
-    from agentgym.http.wire import WholeNumber
+    from agentgym.http.wire import whole_number
 
     query = Annotated[str, Field(max_length=MAX_QUERY_CHARS)]
     return create_model(
@@ -53,7 +53,7 @@ def retrieve_request_model(max_k: int = 50, max_queries: int = MAX_QUERIES) -> t
         queries=(list[query], Field(min_length=1, max_length=max_queries,
                                     description=f"Queries, answered in order: 1 to {max_queries}, each at most "
                                                 f"{MAX_QUERY_CHARS} characters.")),
-        k=(WholeNumber, Field(3, ge=1, le=max_k, description=f"Documents per query, in [1, {max_k}].")),
+        k=(whole_number(ge=1, le=max_k), Field(3, description=f"Documents per query, in [1, {max_k}].")),
     )
 
 
@@ -101,6 +101,7 @@ def create_retrieval_app(
         ErrorResponses,
         error_responses,
         json_response,
+        keep_integer_bounds,
         text_responses,
     )
 
@@ -133,6 +134,7 @@ def create_retrieval_app(
     app = FastAPI(title="agentgym retrieval service", lifespan=lifespan, **TELEMETRY_OFF,
                   description="BM25 document retrieval. Every error body is {\"error\": {\"type\", \"message\"}}.")
     app.state.index = searcher
+    keep_integer_bounds(app)
 
     answers.install(app)
 

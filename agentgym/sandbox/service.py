@@ -19,7 +19,7 @@ import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -35,8 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from agentgym.errors import ConfigError, RequestRejected, SandboxBusy
 from agentgym.http.fastpath import GuardMiddleware
-from agentgym.http.responses import ErrorResponses, error_responses, json_response, text_responses
-from agentgym.http.wire import WholeNumber
+from agentgym.http.responses import (
+    ErrorResponses,
+    error_responses,
+    json_response,
+    keep_integer_bounds,
+    text_responses,
+)
+from agentgym.http.wire import whole_number
 from agentgym.sandbox.backends import Backend, default_backend
 from agentgym.sandbox.cgroup import clean_stale_cgroups
 from agentgym.sandbox.limits import Limits, Result
@@ -70,11 +76,12 @@ def request_models(maxima: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
     fields: dict[str, Any] = {}
     for item in dataclasses.fields(Limits):
         ceiling = maxima.cpu_limit_s if item.name == "cpu_s" else getattr(maxima, item.name)
-        kind: Any = float if item.name == "wall_clock_s" else WholeNumber
-        if kind is float:
+        if item.name == "wall_clock_s":
             ceiling = float(ceiling)
-        fields[item.name] = (kind | None, Field(None, gt=0, le=ceiling,
-                                                description=f"{_LIMIT_MEANINGS[item.name]} At most {ceiling}."))
+            bounded: Any = Annotated[float, Field(gt=0, le=ceiling)]  # in the type: the schema shows the range
+        else:
+            bounded = whole_number(gt=0, le=int(ceiling))
+        fields[item.name] = (bounded | None, Field(None, description=f"{_LIMIT_MEANINGS[item.name]} At most {ceiling}."))
     strict = ConfigDict(extra="forbid", strict=True)
     limits_model = create_model("LimitsOverride", __config__=strict,
                                 __doc__="Per-request limits; each at most the server's maximum.", **fields)
@@ -178,6 +185,7 @@ def create_sandbox_app(
     app = FastAPI(title="agentgym sandbox", lifespan=lifespan)
 
     ErrorResponses(errors).install(app)
+    keep_integer_bounds(app)
 
     @app.get("/health")
     async def health() -> Response:
