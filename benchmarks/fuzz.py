@@ -92,7 +92,7 @@ def fuzz(name: str, command: list[str], args: argparse.Namespace, workdir: Path)
             [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run",
              f"{url}/openapi.json", "--checks", "all", "--max-examples", str(args.max_examples),
              "--max-time", str(args.max_time_s), "--workers", "1", "--no-color"],
-            capture_output=True, text=True, timeout=args.max_time_s + 300, cwd=workdir)
+            check=False, capture_output=True, text=True, timeout=args.max_time_s + 300, cwd=workdir)
     finally:
         alive = process.poll() is None
         stop_service(process)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import math
 import socket
 from typing import Any
 
@@ -13,7 +14,7 @@ from agentgym.errors import ConfigError
 MIN_PORT, MAX_PORT = 1, 65535
 
 
-def check_range(flag: str, value: float | int, low: float | None = None, high: float | None = None, *,
+def check_range(flag: str, value: float, low: float | None = None, high: float | None = None, *,
                 low_open: bool = False) -> None:
     """Raise ``ConfigError`` naming ``flag`` and its valid range when ``value`` is outside it.
 
@@ -29,7 +30,7 @@ def check_range(flag: str, value: float | int, low: float | None = None, high: f
     """
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and value > high
-    if not (below or above or value != value):  # value != value: NaN
+    if not (below or above or math.isnan(value)):
         return
     if low is not None and high is not None:
         bounds = f"in ({low:g}, {high:g}]" if low_open else f"in [{low:g}, {high:g}]"

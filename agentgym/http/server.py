@@ -38,7 +38,14 @@ from fastapi.responses import Response
 from pydantic import TypeAdapter
 
 import agentgym
-from agentgym.errors import AgentGymError, ConfigError, EnvCrashed, RemoteTimeout, RequestRejected, ResetNeeded
+from agentgym.errors import (
+    AgentGymError,
+    ConfigError,
+    EnvCrashed,
+    RemoteTimeout,
+    RequestRejected,
+    ResetNeeded,
+)
 from agentgym.http import wire
 from agentgym.http.fastpath import GuardMiddleware, HotRoute, HotRoutes
 from agentgym.http.metrics import ServiceMetrics

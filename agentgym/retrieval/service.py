@@ -143,7 +143,7 @@ def create_retrieval_app(
     # Endpoints carry no return annotation: FastAPI would resolve it in module globals, where the
     # lazily imported Response is not. The body's model is made here (its bounds are this app's),
     # so its annotation is set as an object, not a string FastAPI would look up in module globals.
-    async def retrieve(body):  # noqa: ANN001 - annotated below
+    async def retrieve(body):
         started = time.perf_counter()
         results = await asyncio.get_running_loop().run_in_executor(pool, searcher.search, body.queries, body.k)
         Metrics.requests.inc()

@@ -161,17 +161,10 @@ class _BackendBase:
 
 def _fd_with(data: bytes) -> int:
     """A file descriptor to read ``data`` from (an unlinked in-memory file), positioned at the start."""
-    fd = os.memfd_create("agentgym-bwrap") if hasattr(os, "memfd_create") else _temp_fd()
+    fd = os.memfd_create("agentgym-bwrap")  # Linux, as bwrap itself
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
-
-
-def _temp_fd() -> int:
-    import tempfile
-
-    handle = tempfile.TemporaryFile()
-    return os.dup(handle.fileno())
 
 
 class BwrapBackend(_BackendBase):

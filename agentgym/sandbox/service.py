@@ -49,7 +49,6 @@ from agentgym.sandbox.limits import Limits, Result
 from agentgym.sandbox.pool import WarmPool
 from agentgym.sandbox.worker import clean_stale_scratch
 
-
 _LIMIT_MEANINGS = {
     "wall_clock_s": "Wall-clock budget of the run (seconds).",
     "cpu_s": "CPU seconds per process.",
