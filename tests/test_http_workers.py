@@ -17,7 +17,7 @@ from agentgym.http.workers import WorkerPool
 
 pytestmark = pytest.mark.timeout(60)
 
-HANG_S = 2.5  # how long a hung step blocks its worker thread
+HANG_S = 3.0  # how long a hung step blocks its worker thread
 
 
 async def _session(http: httpx.AsyncClient, env_id: str, **kwargs: Any) -> str:
@@ -31,14 +31,17 @@ async def _session(http: httpx.AsyncClient, env_id: str, **kwargs: Any) -> str:
 def test_hung_envs_on_every_worker_do_not_poison_healthy_sessions(live_server: Callable[..., Any]) -> None:
     # Two workers, two real hung steps: before, the healthy session's queued step timed out (504) and
     # its session was poisoned for good, creates got 504 too, and /health said "ok".
-    server = live_server(num_workers=2, step_timeout_s=0.6)
+    server = live_server(num_workers=2, step_timeout_s=1.0)
 
     async def scenario() -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
             hung = [await _session(http, "test/http-slow-v0", delay_s=HANG_S) for _ in range(2)]
             healthy = await _session(http, "test/http-counter-v0")
             stuck = [asyncio.create_task(http.post(f"/sessions/{sid}/step", json={"action": "sleep"})) for sid in hung]
-            await asyncio.sleep(0.2)  # both workers are inside the hung steps now
+            # Both workers are inside the hung steps now. The healthy step queues; the hung ones pass
+            # their deadline at 1.0 s, spares stand in at once, and it runs well before its own
+            # wait for a thread (1.0 s from 0.5 s) is up.
+            await asyncio.sleep(0.5)
             step = await http.post(f"/sessions/{healthy}/step", json={"action": "inc"})
             created = await http.post("/sessions", json={"env_id": "test/http-counter-v0"})
             health = await http.get("/health")
