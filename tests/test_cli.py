@@ -79,3 +79,67 @@ def test_algorithms_lists_every_plugin_kind() -> None:
     assert result.exit_code == 0, result.output
     for name in ("gigpo", "grpo", "rloo", "ppo_clip", "gspo", "kl", "entropy"):
         assert name in result.output
+
+
+# --- serve commands refuse bad flags with one line --------------------------------------------
+
+WIDE = {"COLUMNS": "400"}  # so a one-line message is one line here too, not wrapped at 80 columns
+
+
+def one_line_error(args: list[str]) -> str:
+    result = runner.invoke(app, args, env=WIDE)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["serve", "--port", "70000"], "--port must be in [1, 65535], got 70000"),
+    (["serve", "--port", "0"], "--port must be in [1, 65535], got 0"),
+    (["serve", "--workers", "0"], "--workers must be >= 1, got 0"),
+    (["serve", "--max-sessions", "0"], "--max-sessions must be >= 1, got 0"),
+    (["serve", "--ttl-s", "-5"], "--ttl-s must be > 0, got -5"),
+    (["serve", "--step-timeout-s", "0"], "--step-timeout-s must be > 0, got 0"),
+    (["serve", "--max-body-bytes", "0"], "--max-body-bytes must be >= 1, got 0"),
+    (["sandbox", "serve", "--max-concurrency", "0"], "--max-concurrency must be >= 1, got 0"),
+    (["sandbox", "serve", "--pool-size", "-1"], "--pool-size must be >= 0, got -1"),
+    (["sandbox", "serve", "--port", "99999"], "--port must be in [1, 65535], got 99999"),
+    (["retrieval", "serve", "idx", "--max-k", "0"], "--max-k must be >= 1, got 0"),
+])
+def test_serve_commands_name_the_bad_flag_and_its_range(args: list[str], expected: str) -> None:
+    assert expected in one_line_error(args)
+
+
+@pytest.mark.parametrize(("args", "what"), [
+    (["serve", "--host", "0.0.0.0"], "create sessions and run env code"),
+    (["sandbox", "serve", "--host", "0.0.0.0", "--backend", "subprocess"], "run arbitrary code on this machine"),
+    (["retrieval", "serve", "idx", "--host", "::"], "query this index"),
+])
+def test_a_non_loopback_host_without_a_token_is_refused(args: list[str], what: str) -> None:
+    message = one_line_error(args)
+    assert what in message and "--allow-no-token" in message and "--token" in message
+
+
+def test_an_occupied_port_is_one_line() -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        message = one_line_error(["serve", "maze-v0", "--port", str(port)])
+    assert f"--port {port}: the port is already in use" in message
+
+
+def test_retrieval_index_refuses_a_binary_corpus_and_an_out_under_a_file(tmp_path) -> None:
+    binary = tmp_path / "corpus.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert "not UTF-8 text" in one_line_error(["retrieval", "index", str(binary), "--out", str(tmp_path / "i")])
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "d1", "title": "Ostavia", "text": "A country."}\n')
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    message = one_line_error(["retrieval", "index", str(corpus), "--out", str(a_file / "index")])
+    assert "file" in message

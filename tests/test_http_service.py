@@ -772,3 +772,38 @@ def test_only_exact_hot_paths_bypass_fastapi() -> None:
     assert hot.match({**post, "method": "GET", "path": "/batch/step"}) is None
     assert hot.match({**post, "method": "PUT", "path": "/sessions/abc/step"}) is None
     assert hot.match({**post, "path": "/api/batch/step", "root_path": "/api"}) is None
+
+
+def test_a_rejected_reset_says_what_happened_to_the_running_episode(service: Any) -> None:
+    sid = new_session(service)
+    assert service.post(f"/sessions/{sid}/step", json={"action": "inc"}).status_code == 200
+    # the env refuses these options (its reset raises): the reply says the episode at turn 1 ended
+    message = assert_error(service.post(f"/sessions/{sid}/reset", json={"options": {"target": "nope"}}),
+                           500, "EnvCrashed")
+    assert message.startswith("reset rejected: ") and "the episode that was running (turn 1) has ended" in message
+    # and the next step says why it cannot run, instead of a bare "step() called before reset()"
+    message = assert_error(service.post(f"/sessions/{sid}/step", json={"action": "inc"}), 409, "ResetNeeded")
+    assert "the last reset was rejected" in message and "ValueError" in message
+    assert service.post(f"/sessions/{sid}/reset", json={"seed": 2}).status_code == 200
+    assert service.post(f"/sessions/{sid}/step", json={"action": "inc"}).status_code == 200  # a good reset clears it
+
+
+def test_integral_floats_are_integers_and_bools_are_not(service: Any) -> None:
+    sid = new_session(service, seed=None)
+    assert service.post(f"/sessions/{sid}/reset", json={"seed": 2305.0}).json()["episode_seed"] == 2305
+    for bad in (True, 2.5, "3", -1, 2**63):
+        assert_error(service.post(f"/sessions/{sid}/reset", json={"seed": bad}), 422, "RequestRejected", "seed")
+
+
+def test_openapi_declares_what_the_routes_answer(service: Any) -> None:
+    spec = service.get("/openapi.json").json()
+    step = spec["paths"]["/sessions/{session_id}/step"]["post"]["responses"]
+    assert {"413", "422", "503", "504"} <= set(step)
+    assert step["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    seed = spec["components"]["schemas"]["ResetRequest"]["properties"]["seed"]["anyOf"][0]
+    assert seed["exclusiveMaximum"] == 2**63 and isinstance(seed["exclusiveMaximum"], int)  # not 9.22e18
+    assert "appear only once" in spec["components"]["schemas"]["BatchStepRequest"]["description"]
+    # a wrong method's 405 lists every method the path serves (Starlette's named only the first route)
+    response = service.put("/sessions/abc")
+    assert response.status_code == 405 and response.headers["allow"] == "DELETE, GET"

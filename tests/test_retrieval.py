@@ -123,7 +123,9 @@ def test_service_in_process_errors_and_client(corpus_dir: Path) -> None:
         assert [r[0]["id"] for r in results] == [index.ids[7], index.ids[9]]
         assert set(results[0][0]) == {"id", "title", "text", "score"}
         for body, status, fragment in [
-            ({"queries": ["x"], "k": 6}, 422, "k must be in [1, 5]"),
+            ({"queries": ["x"], "k": 6}, 422, "k: Input should be less than or equal to 5"),
+            ({"queries": ["x"], "k": True}, 422, "k: Input should be a valid integer"),  # strict: true is no number
+            ({"queries": ["x"], "k": "2"}, 422, "k: Input should be a valid integer"),
             ({"queries": [], "k": 2}, 422, "queries"),
             ({"queries": "x"}, 422, "queries"),
             ({"queries": ["x"], "extra": 1}, 422, "extra"),
@@ -144,8 +146,12 @@ def test_service_in_process_errors_and_client(corpus_dir: Path) -> None:
         client = RetrievalClient("http://testserver", token="tok", client=http)
         hits = client.retrieve([index.titles[3]], k=3)
         assert hits == index.search([index.titles[3]], k=3)
-        with pytest.raises(RequestRejected, match="k must be"):
+        with pytest.raises(RequestRejected, match="k: Input should be less than or equal to 5"):
             client.retrieve(["x"], k=50)
+        # an integral float is an integer (JSON Schema's reading), and the bounds are in the schema
+        assert http.post("/retrieve", json={"queries": ["x"], "k": 2.0}, headers=auth).status_code == 200
+        schema = app.openapi()["components"]["schemas"]["RetrieveRequest"]["properties"]
+        assert (schema["k"]["minimum"], schema["k"]["maximum"]) == (1, 5)
         with pytest.raises(AuthenticationError):
             RetrievalClient("http://testserver", client=http).retrieve(["x"])
 

@@ -146,8 +146,8 @@ def test_warm_pool_serves_runs_from_workers_spawned_ahead_and_uses_each_once(nam
     spawned: list[tuple[float, object]] = []
     spawn = backend.spawn
 
-    def recording_spawn():
-        worker = spawn()
+    def recording_spawn(*args):
+        worker = spawn(*args)
         spawned.append((time.monotonic(), worker))
         return worker
 
@@ -210,13 +210,17 @@ def test_service_runs_code_and_reports_health_and_metrics() -> None:
 def test_service_rejects_bad_input_with_422() -> None:
     app = create_sandbox_app(SubprocessBackend(), max_limits=Limits(wall_clock_s=5))
     client = sync_client(app)
-    with pytest.raises(RequestRejected, match="over this server's maximum"):
+    with pytest.raises(RequestRejected, match="limits.wall_clock_s: Input should be less than or equal to 5"):
         client.run("print(1)", limits={"wall_clock_s": 60})
+    with pytest.raises(RequestRejected, match="limits.cpu_s: Input should be less than or equal to 6"):
+        client.run("print(1)", limits={"cpu_s": 7})  # the maximum's CPU rule: ceil(5 s) + 1
     with pytest.raises(RequestRejected, match="greater than 0"):
         client.run("print(1)", limits={"memory_mb": -5})
     transport = _SyncASGI(app)
     with httpx.Client(transport=transport, base_url="http://sandbox") as raw:
-        for body in ({"cod": "x"}, {"code": 5}, {"code": "x", "limits": {"bogus": 1}}):
+        for body in ({"cod": "x"}, {"code": 5}, {"code": "x", "limits": {"bogus": 1}},
+                     {"code": "x", "limits": {"wall_clock_s": True}}, {"code": "x", "limits": {"memory_mb": "64"}},
+                     {"code": "x", "limits": {"memory_mb": 64.5}}):
             response = raw.post("/run", json=body)
             assert response.status_code == 422
             assert response.json()["error"]["type"] == "RequestRejected"
@@ -299,3 +303,91 @@ def test_service_over_a_real_socket() -> None:
             assert client.run("print('still here')").stdout == "still here\n"
     finally:
         server.stop()
+
+
+# --- the run as a whole -----------------------------------------------------------------------
+
+
+def test_children_of_a_finished_run_are_killed_on_the_subprocess_backend(tmp_path) -> None:
+    # The program exits at once; before, its forked children lived on (the group was killed only
+    # while its leader lived) and wrote their file a second later.
+    marker = tmp_path / "outlived"
+    code = (f"import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(1)\n"
+            f"        open({str(marker)!r}, 'a').write('x')\n        os._exit(0)\nprint('bye')\n")
+    result = SubprocessBackend().run(code, limits=Limits(wall_clock_s=5))
+    assert result.stdout == "bye\n" and result.exit_code == 0
+    time.sleep(1.5)
+    assert not marker.exists()
+
+
+def test_subprocess_run_memory_is_bounded_as_a_whole_by_the_supervisor() -> None:
+    backend = SubprocessBackend(memory_guard="supervisor")
+    code = ("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        b = b'x' * (150 * 2**20)\n"
+            "        time.sleep(30)\ntime.sleep(30)\n")
+    result = backend.run(code, limits=Limits(wall_clock_s=8, memory_mb=256))
+    assert result.killed_reason == "memory" and result.memory_guard == "supervisor"
+    assert result.disk_mb is None  # nothing bounds the subprocess backend's disk, and it says so
+
+
+@pytest.mark.parametrize("name", backends())
+def test_result_reports_the_memory_guard_and_the_scratch_size(name: str) -> None:
+    from agentgym.sandbox.cgroup import memory_cgroup_parent
+
+    result = make(name).run("print(1)", limits=Limits(disk_mb=8))
+    expected = "cgroup" if memory_cgroup_parent()[0] is not None else "supervisor"
+    assert result.memory_guard == expected
+    assert result.disk_mb == (8 if name == "bwrap" else None)
+
+
+@needs_bwrap
+def test_warm_pool_spawns_a_fresh_worker_for_another_scratch_size() -> None:
+    with WarmPool(BwrapBackend(), size=1, limits=Limits(disk_mb=8)) as pool:
+        code = "import os\ns = os.statvfs('.')\nprint(s.f_blocks * s.f_frsize // 2**20)"
+        assert pool.run(code, limits=Limits(disk_mb=8)).stdout == "8\n"
+        assert pool.run(code, limits=Limits(disk_mb=24)).stdout == "24\n"
+
+
+def test_service_health_says_what_bounds_a_run() -> None:
+    from agentgym.sandbox.cgroup import memory_cgroup_parent
+
+    health = sync_client(create_sandbox_app(SubprocessBackend(memory_guard="supervisor"))).health()
+    assert health["memory_guard"] == "supervisor" and health["seccomp"] is False
+    if BWRAP:
+        health = sync_client(create_sandbox_app(BwrapBackend())).health()
+        assert health["seccomp"] is True
+        assert health["memory_guard"] == ("cgroup" if memory_cgroup_parent()[0] is not None else "supervisor")
+        assert health["default_limits"]["disk_mb"] == Limits().disk_mb
+
+
+def test_a_killed_service_leaves_scratch_dirs_that_the_next_start_removes(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agentgym.http.launcher import free_port, start_service, stop_service
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    agentgym = [str(Path(sys.executable).with_name("agentgym"))]
+
+    def start() -> subprocess.Popen:
+        port = free_port()
+        return start_service([*agentgym, "sandbox", "serve", "--backend", "subprocess", "--pool-size", "3",
+                              "--port", str(port)], f"http://127.0.0.1:{port}", env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    first = start()
+    deadline = time.monotonic() + 20
+    while len(list(tmp_path.glob("agentgym-sandbox-*"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    left = {path.name for path in tmp_path.glob("agentgym-sandbox-*")}
+    assert len(left) >= 3  # kill -9: nothing ran to clean up
+    second = start()
+    try:
+        now = {path.name for path in tmp_path.glob("agentgym-sandbox-*")}
+        assert left.isdisjoint(now)  # the dead service's dirs are gone; the new one's own remain
+    finally:
+        stop_service(second)

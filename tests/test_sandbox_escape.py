@@ -219,3 +219,120 @@ def test_bwrap_probe_reports_a_failure_instead_of_pretending(monkeypatch) -> Non
         monkeypatch.undo()
         backends._probe_bwrap.cache_clear()
     assert BwrapBackend.available() is True
+
+
+# --- the run as a whole: namespaces, disk, tree memory, leftovers, host names -------------------
+
+_SYSCALLS = """
+import ctypes, errno, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE, CLONE3 = {"x86_64": (56, 435), "aarch64": (220, 435)}[platform.machine()]
+def outcome(ret):
+    return "ok" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+flags = {"NEWNS": 0x20000, "NEWCGROUP": 0x02000000, "NEWUTS": 0x04000000, "NEWIPC": 0x08000000,
+         "NEWUSER": 0x10000000, "NEWPID": 0x20000000, "NEWNET": 0x40000000}
+for name, flag in flags.items():
+    print("unshare", name, outcome(libc.unshare(flag)))
+    pid = libc.syscall(CLONE, flag | 17, 0, 0, 0, 0)  # 17: SIGCHLD
+    if pid == 0:
+        os._exit(0)
+    print("clone", name, outcome(pid))
+    if pid > 0:
+        os.waitpid(pid, 0)
+print("clone3", outcome(libc.syscall(CLONE3, 0, 0)))
+os.mkdir("m")
+print("mount", outcome(libc.mount(b"none", b"m", b"tmpfs", 0, b"size=1m")))
+print("memfd_create", outcome(libc.syscall({"x86_64": 319, "aarch64": 279}[platform.machine()], b"x", 0)))
+print("shmget", outcome(libc.shmget(0, 4096, 0o1000 | 0o600)))
+print("io_uring_setup", outcome(libc.syscall(425, 8, ctypes.create_string_buffer(120))))
+print("setns", outcome(libc.setns(os.open("/proc/self/ns/net", os.O_RDONLY), 0)))
+print("bpf", outcome(libc.syscall({"x86_64": 321, "aarch64": 280}[platform.machine()], 0, 0, 0)))
+import subprocess, threading
+thread = threading.Thread(target=print, args=("thread", "ok"))
+thread.start()
+thread.join()
+print("subprocess", subprocess.run(["/bin/echo", "ok"], capture_output=True, text=True).stdout.strip())
+"""
+
+
+def test_seccomp_denies_namespaces_mounts_and_hidden_memory(bwrap: BwrapBackend) -> None:
+    """Which syscalls the filter denies, each tried for real (namespaces one flag at a time)."""
+    result = bwrap.run(_SYSCALLS, limits=FAST)
+    answers = dict(line.rsplit(" ", 1) for line in result.stdout.splitlines())
+    print(answers)
+    for flag in ("NEWNS", "NEWCGROUP", "NEWUTS", "NEWIPC", "NEWUSER", "NEWPID", "NEWNET"):
+        assert answers[f"unshare {flag}"] == "EPERM" and answers[f"clone {flag}"] == "EPERM", flag
+    assert answers["clone3"] == "ENOSYS"  # so the C library falls back on clone, whose flags are checked
+    for name in ("mount", "memfd_create", "shmget", "io_uring_setup", "setns", "bpf"):
+        assert answers[name] == "EPERM", name
+    # what ordinary code needs still works: threads, fork + exec
+    assert answers["thread"] == "ok" and answers["subprocess"] == "ok"
+
+
+def test_the_issue_attack_nested_userns_tmpfs_fill_is_stopped_at_unshare(bwrap: BwrapBackend) -> None:
+    from agentgym.sandbox.audit import _CODE
+
+    result = bwrap.run(_CODE["tmpfs_mount"], limits=FAST)
+    assert result.stdout.startswith("blocked unshare Operation not permitted"), result.stdout + result.stderr
+
+
+def test_disk_fill_stops_at_the_scratch_size_and_host_tmp_is_untouched(bwrap: BwrapBackend) -> None:
+    free_before = os.statvfs("/tmp").f_bavail * os.statvfs("/tmp").f_frsize
+    code = ("import os\nwritten = 0\ntry:\n    for n in range(1000):\n        with open(f'/tmp/f{n}', 'wb') as h:\n"
+            "            for _ in range(8):\n                h.write(b'x' * 2**20)\n                h.flush()\n"
+            "                written += 2**20\nexcept OSError as e:\n    print('stopped', e.errno == 28)\n"
+            "print('written', written)\n")
+    limits = Limits(wall_clock_s=10, disk_mb=24)
+    result = bwrap.run(code, limits=limits)
+    assert "stopped True" in result.stdout, result.stdout + result.stderr  # ENOSPC
+    written = int(result.stdout.split("written")[1])
+    assert 16 * 2**20 <= written <= 24 * 2**20
+    assert result.disk_mb == 24
+    free_after = os.statvfs("/tmp").f_bavail * os.statvfs("/tmp").f_frsize
+    assert free_before - free_after < 16 * 2**20  # nothing of it landed on the host's disk
+
+
+def _memory_guards() -> list[str]:
+    from agentgym.sandbox.cgroup import memory_cgroup_parent
+
+    # The supervisor always; the cgroup wherever this machine delegates one (it decides "auto").
+    return ["supervisor"] + (["cgroup"] if memory_cgroup_parent()[0] is not None else [])
+
+
+@pytest.mark.parametrize("guard", _memory_guards())
+def test_tree_memory_is_bounded_as_a_whole(guard: str) -> None:
+    if not BwrapBackend.available():
+        pytest.fail(f"bwrap cannot run here: {BwrapBackend.unavailable_reason()}")
+    backend = BwrapBackend(memory_guard=guard)  # type: ignore[arg-type]
+    # 4 children x 200 MiB: each under the 512 MiB per-process limit, together 800 MiB of a 512 MiB run.
+    code = ("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        b = b'x' * (200 * 2**20)\n"
+            "        time.sleep(60)\nprint('forked', flush=True)\ntime.sleep(60)\n")
+    started = time.monotonic()
+    result = backend.run(code, limits=Limits(wall_clock_s=8, memory_mb=512))
+    assert result.killed_reason == "memory" and result.exit_code is None, result
+    assert result.memory_guard == guard
+    assert time.monotonic() - started < 6  # killed when it went over, not at the wall clock
+    assert _processes_of_uid_range() == []
+
+
+def test_children_of_a_finished_program_do_not_outlive_it(bwrap: BwrapBackend) -> None:
+    tag = f"41.{os.getpid() % 10**6:06d}"
+    code = (f"import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '{tag}'])\n"
+            f"if os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '{tag}'])\nprint('bye')\n")
+    result = bwrap.run(code, limits=FAST)
+    assert result.stdout == "bye\n" and result.exit_code == 0
+    from agentgym.sandbox.audit import _wait_gone
+
+    assert not _wait_gone(f"sleep\0{tag}\0".encode())
+
+
+def test_no_host_name_or_path_in_hostname_pid1_or_mounts(bwrap: BwrapBackend) -> None:
+    code = ("import socket\nprint(socket.gethostname())\nprint(open('/proc/1/cmdline', 'rb').read())\n"
+            "print(open('/proc/self/mountinfo').read())\n")
+    result = bwrap.run(code, limits=FAST)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "sandbox"
+    pid1 = lines[1]
+    assert "--ro-bind" not in pid1 and "--setenv" not in pid1 and "agentgym-sandbox" not in pid1
+    assert "agentgym-sandbox" not in result.stdout  # the scratch is a tmpfs, not a host dir
+    assert socket.gethostname() not in lines[:2] or socket.gethostname() == "sandbox"

@@ -7,6 +7,7 @@ from rich.table import Table
 
 import agentgym
 from agentgym.cli.app import app, console, err_console, fail
+from agentgym.cli.serving import MAX_PORT, MIN_PORT, bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError
 
 
@@ -45,33 +46,43 @@ def check(
 @app.command()
 def serve(
     env_ids: list[str] = typer.Argument(None, help="Env ids to serve (default: every registered env)."),
-    host: str = typer.Option("127.0.0.1", help="Interface to bind; 0.0.0.0 exposes the service to the network."),
-    port: int = typer.Option(8000, help="TCP port."),
-    max_sessions: int = typer.Option(1024, help="Capacity; more sessions get 503."),
-    ttl_s: float = typer.Option(600.0, "--ttl-s", help="Close sessions idle longer than this (seconds)."),
-    step_timeout_s: float = typer.Option(60.0, "--step-timeout-s", help="Deadline of one env call (seconds)."),
-    workers: int = typer.Option(8, help="Threads that run env code."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
+    port: int = typer.Option(8000, help="TCP port, 1-65535."),
+    max_sessions: int = typer.Option(1024, help="Capacity (>= 1); more sessions get 503."),
+    ttl_s: float = typer.Option(600.0, "--ttl-s", help="Close sessions idle longer than this (seconds, > 0)."),
+    step_timeout_s: float = typer.Option(60.0, "--step-timeout-s",
+                                         help="Deadline of one env call from its start (seconds, > 0)."),
+    workers: int = typer.Option(8, help="Threads that run env code (>= 1)."),
     token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Require this bearer token."),
-    max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Larger request bodies get 413."),
+    allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
+                                        help="Serve on a non-loopback --host without a token (anyone who can "
+                                             "reach it can create sessions and run env code)."),
+    max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Larger request bodies get 413 (>= 1)."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Serve envs over HTTP (FastAPI + uvicorn). Docs at http://HOST:PORT/docs."""
     try:
-        import uvicorn
-
         from agentgym.http.server import create_app
     except ImportError as exc:
         fail(ImportError(f"{exc}; install the server extra: pip install 'agentgym-rl[server]'"))
     try:
+        check_range("--port", port, MIN_PORT, MAX_PORT)
+        check_range("--workers", workers, 1)
+        check_range("--max-sessions", max_sessions, 1)
+        check_range("--ttl-s", ttl_s, 0, low_open=True)
+        check_range("--step-timeout-s", step_timeout_s, 0, low_open=True)
+        check_range("--max-body-bytes", max_body_bytes, 1)
+        check_exposure(host, token, allow_no_token, "create sessions and run env code")
         service = create_app(
             env_ids or None, max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
             num_workers=workers, token=token, max_body_bytes=max_body_bytes,
         )
+        sock = bind(host, port)
     except AgentGymError as exc:
         fail(exc)
     served = ", ".join(env_ids) if env_ids else "all registered envs"
     err_console.print(f"serving {served} on http://{host}:{port} (docs: /docs)")
-    uvicorn.run(service, host=host, port=port, log_level=log_level, access_log=False)
+    run_uvicorn(service, sock, log_level=log_level)
 
 
 @app.command()

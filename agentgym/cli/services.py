@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 
 from agentgym.cli.app import app, console, fail
-from agentgym.errors import AgentGymError
+from agentgym.cli.serving import MAX_PORT, MIN_PORT, bind, check_exposure, check_range, run_uvicorn
+from agentgym.errors import AgentGymError, ConfigError
 
 sandbox_app = typer.Typer(help="The code sandbox service (runs untrusted Python).", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
@@ -13,20 +14,32 @@ app.add_typer(sandbox_app, name="sandbox")
 
 @sandbox_app.command("serve")
 def sandbox_serve(
-    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
-    port: int = typer.Option(8100, help="TCP port."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
+    port: int = typer.Option(8100, help="TCP port, 1-65535."),
     backend: str = typer.Option("auto", help="auto | bwrap | docker | subprocess (subprocess is NOT a security boundary)."),
-    pool_size: int = typer.Option(2, help="Pre-spawned sandboxed workers (each used once)."),
-    max_concurrency: int = typer.Option(4, help="Runs at once; more get 503."),
+    pool_size: int = typer.Option(2, help="Pre-spawned sandboxed workers, each used once (>= 0)."),
+    max_concurrency: int = typer.Option(4, help="Runs at once (>= 1); more get 503."),
     token: str | None = typer.Option(None, envvar="AGENTGYM_SANDBOX_TOKEN", help="Require this bearer token."),
+    allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
+                                        help="Serve on a non-loopback --host without a token: anyone who can "
+                                             "reach it can run code on this machine."),
 ) -> None:
     """Serve the code sandbox over HTTP: POST /run {code, stdin?, limits?}."""
-    from agentgym.sandbox.service import serve as serve_sandbox
+    from agentgym.sandbox.backends import default_backend
+    from agentgym.sandbox.service import create_sandbox_app
 
     try:
-        serve_sandbox(host, port, backend=backend, pool_size=pool_size, max_concurrency=max_concurrency, token=token)
+        check_range("--port", port, MIN_PORT, MAX_PORT)
+        check_range("--pool-size", pool_size, 0)
+        check_range("--max-concurrency", max_concurrency, 1)
+        check_exposure(host, token, allow_no_token, "run arbitrary code on this machine")
+        service = create_sandbox_app(default_backend(backend), pool_size=pool_size,  # type: ignore[arg-type]
+                                     max_concurrency=max_concurrency, token=token)
+        sock = bind(host, port)
     except AgentGymError as exc:
         fail(exc)
+    console.print(f"sandbox ({backend}) serving on http://{host}:{port} (docs: /docs)")
+    run_uvicorn(service, sock, log_level="info")
 
 
 retrieval_app = typer.Typer(help="BM25 retrieval: build an index, serve it, write a synthetic corpus.", no_args_is_help=True)
@@ -47,6 +60,10 @@ def retrieval_index(
         build_index(corpus, out, k1=k1, b=b)
     except AgentGymError as exc:
         fail(exc)
+    except UnicodeDecodeError as exc:
+        fail(ConfigError(f"{corpus}: not UTF-8 text (byte {exc.start}); the corpus must be a JSONL file"))
+    except OSError as exc:  # the corpus cannot be read, or --out cannot be created (a file on its path...)
+        fail(ConfigError(f"{exc.filename or out}: {exc.strerror or exc}"))
     console.print(f"[green]ok[/] index written to {out}")
 
 
@@ -70,15 +87,23 @@ def retrieval_synthetic(
 @retrieval_app.command("serve")
 def retrieval_serve(
     index: str = typer.Argument(..., help="Index folder from `agentgym retrieval index`."),
-    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
-    port: int = typer.Option(8001, help="TCP port."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
+    port: int = typer.Option(8001, help="TCP port, 1-65535."),
     token: str | None = typer.Option(None, envvar="AGENTGYM_RETRIEVAL_TOKEN", help="Require this bearer token."),
-    max_k: int = typer.Option(50, help="Largest k a request may ask for."),
+    allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
+                                        help="Serve on a non-loopback --host without a token."),
+    max_k: int = typer.Option(50, help="Largest k a request may ask for (>= 1)."),
 ) -> None:
     """Serve an index over HTTP: POST /retrieve {queries, k}."""
-    from agentgym.retrieval.service import serve_index
+    from agentgym.retrieval.service import create_retrieval_app
 
     try:
-        serve_index(index, host=host, port=port, token=token, max_k=max_k)
+        check_range("--port", port, MIN_PORT, MAX_PORT)
+        check_range("--max-k", max_k, 1)
+        check_exposure(host, token, allow_no_token, "query this index")
+        service = create_retrieval_app(index, token=token, max_k=max_k)
+        sock = bind(host, port)
     except AgentGymError as exc:
         fail(exc)
+    console.print(f"retrieval serving {index} on http://{host}:{port}")
+    run_uvicorn(service, sock)

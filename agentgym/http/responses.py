@@ -17,8 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from agentgym.errors import AgentGymError
+from agentgym.http.wire import ErrorBody
 
 JSON = "application/json"
 BODY_NOT_JSON = "the request body must be a JSON object sent with 'Content-Type: application/json'"
@@ -29,6 +31,71 @@ TELEMETRY_OFF: dict[str, Any] = (
     {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
     if "telemetry" in inspect.signature(FastAPI).parameters else {}
 )
+
+
+#: What each error status means on agentgym's services (the OpenAPI description of the answer).
+ERROR_MEANINGS: dict[int, str] = {
+    401: "Missing or wrong bearer token (the service was started with a token).",
+    404: "Unknown env or session.",
+    409: "The env contract refused the call: step before reset, or after the episode ended.",
+    413: "The request body is larger than the service's limit.",
+    422: "Malformed request: bad JSON, a wrong type, a value out of range, an unknown field.",
+    500: "The env crashed in this call (this session only), or its session was poisoned by a timeout.",
+    503: "At capacity, or every worker is busy; nothing was done. Retry after Retry-After seconds.",
+    504: "The env call ran past the service's step timeout; the session is poisoned.",
+}
+#: The Prometheus text format's content type, as the /metrics routes declare it.
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for a route that may answer these error statuses (all ``ErrorBody``).
+
+    Declaring 422 also replaces FastAPI's default validation-error schema, which is not what the
+    services send.
+
+    Example:
+        >>> sorted(error_responses(401, 422))
+        [401, 422]
+    """
+    return {status: {"model": ErrorBody, "description": ERROR_MEANINGS[status]} for status in statuses}
+
+
+def text_responses(description: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` of a plain-text (Prometheus) 200 answer."""
+    return {200: {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
+_BOUNDS = ("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum")
+
+
+def keep_integer_bounds(app: FastAPI) -> None:
+    """Make ``app``'s OpenAPI write integer bounds as integers (``9223372036854775808``, not ``9.22e18``).
+
+    FastAPI passes the schema through its OpenAPI model, whose bounds are floats; every bound the
+    services declare is an integer or a float of an integral value that is exact in binary.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _integral_bounds(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _integral_bounds(node: Any) -> Any:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _BOUNDS and isinstance(value, float) and value.is_integer() and node.get("type") == "integer":
+                node[key] = int(value)
+            else:
+                _integral_bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            _integral_bounds(item)
+    return node
 
 
 def dumps(payload: Any) -> bytes:
@@ -85,8 +152,13 @@ class ErrorResponses:
             if exc.status_code == 404:
                 message = f"no route {request.method} {request.url.path}; GET /docs lists the routes"
                 return json_response(error_payload("NotFound", message[:1000]), 404)
-            kind = {405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-            return json_response(error_payload(kind, str(exc.detail)), exc.status_code, getattr(exc, "headers", None))
+            if exc.status_code == 405:
+                allowed = allowed_methods(app, request)
+                message = f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
+                return json_response(error_payload("MethodNotAllowed", message[:1000]), 405,
+                                     {"Allow": ", ".join(allowed)})
+            return json_response(error_payload("HTTPError", str(exc.detail)), exc.status_code,
+                                 getattr(exc, "headers", None))
 
         @app.exception_handler(Exception)
         async def on_unexpected(_request: Request, exc: Exception) -> Response:
@@ -128,6 +200,19 @@ class ErrorResponses:
         return self.rejected(f"the request body is not valid JSON{detail}"[:1000])
 
 
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route of ``app`` serves at the request's path (for a 405's ``Allow``).
+
+    Starlette's own 405 names only the first route that matched the path, and FastAPI declares one
+    route per method, so ``/sessions/{id}`` (GET and DELETE) would say only ``GET``.
+    """
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "GET"}
+    for route in app.router.routes:
+        route_methods = getattr(route, "methods", None)
+        if route_methods and route.matches(scope)[0] != Match.NONE:
+            methods |= set(route_methods)
+    return sorted(methods)
 
 
 def declares_json(content_type: str | None) -> bool:

@@ -19,7 +19,10 @@ Routes (all bodies JSON; every error is ``{"error": {"type", "message"}}``):
 
 Status codes: 401 bad token, 404 unknown env/session, 409 step before reset / after the end,
 413 body too large, 422 malformed request, 500 the env crashed (that session only), 503 at
-capacity (with Retry-After), 504 a step outlived the step timeout.
+capacity or no env worker free within the step timeout (with Retry-After; nothing was done), 504 a
+step outlived the step timeout (counted from when it started; the session is then poisoned).
+``/health`` answers 200 ``ok`` or ``degraded`` (some worker threads stuck), 503 ``unavailable``
+(every worker thread stuck).
 """
 
 from __future__ import annotations
@@ -35,11 +38,26 @@ from fastapi.responses import Response
 from pydantic import TypeAdapter
 
 import agentgym
-from agentgym.errors import AgentGymError, EnvCrashed, RemoteTimeout, RequestRejected
+from agentgym.errors import (
+    AgentGymError,
+    ConfigError,
+    EnvCrashed,
+    RemoteTimeout,
+    RequestRejected,
+    ResetNeeded,
+)
 from agentgym.http import wire
 from agentgym.http.fastpath import GuardMiddleware, HotRoute, HotRoutes
 from agentgym.http.metrics import ServiceMetrics
-from agentgym.http.responses import TELEMETRY_OFF, ErrorResponses, error_payload, json_response
+from agentgym.http.responses import (
+    TELEMETRY_OFF,
+    ErrorResponses,
+    error_payload,
+    error_responses,
+    json_response,
+    keep_integer_bounds,
+    text_responses,
+)
 from agentgym.http.sessions import Session, SessionStore
 from agentgym.registry import list_envs, load_env_creator
 from agentgym.registry import spec as lookup_spec
@@ -55,6 +73,7 @@ def create_app(
     num_workers: int = 8,
     token: str | None = None,
     max_body_bytes: int = 8 * 1024 * 1024,
+    max_spare_workers: int | None = None,
 ) -> GuardMiddleware:
     """Build the env service app.
 
@@ -66,6 +85,8 @@ def create_app(
         step_timeout_s: deadline for one reset/step/fork; past it the request gets 504 and the
             session is poisoned. ``None`` disables it.
         num_workers: threads that run env code.
+        max_spare_workers: threads that may stand in for ones stuck in calls past the step timeout
+            (default ``num_workers``).
         token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>``.
         max_body_bytes: larger request bodies get 413.
 
@@ -75,12 +96,15 @@ def create_app(
 
     Raises:
         UnknownEnv, VersionNotFound, RegistryError: an id in ``env_ids`` cannot be served.
+        ConfigError: a limit is out of range (the message names it).
 
     Example:
         >>> app = create_app(["maze-v0"], max_sessions=8)
         >>> sorted(r.path for r in app.routes if r.path.startswith("/sessions/{"))[:2]
         ['/sessions/{session_id}', '/sessions/{session_id}']
     """
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise ConfigError(f"max_body_bytes must be an integer >= 1, got {max_body_bytes!r}")
     env_ids = list(env_ids) if env_ids else None
     if env_ids is not None:
         for env_id in env_ids:
@@ -88,7 +112,7 @@ def create_app(
             load_env_creator(lookup_spec(env_id))
     store = SessionStore(
         max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
-        num_workers=num_workers, allowed_env_ids=env_ids,
+        num_workers=num_workers, allowed_env_ids=env_ids, max_spare_workers=max_spare_workers,
     )
     metrics = ServiceMetrics(store)
 
@@ -106,8 +130,8 @@ def create_app(
         **TELEMETRY_OFF,
     )
     app.state.store = store
+    keep_integer_bounds(app)
     app.state.metrics = metrics
-    errors = {"model": wire.ErrorBody}
     answers = ErrorResponses(metrics.errors)
 
     # --- error model --------------------------------------------------------------------------
@@ -162,24 +186,30 @@ def create_app(
 
     # --- service ------------------------------------------------------------------------------
 
-    @app.get("/health", response_model=wire.Health)
+    @app.get("/health", response_model=wire.Health, responses={503: {"model": wire.Health,
+                                                                     "description": "Every worker is stuck."}})
     async def health() -> Response:
+        stuck, available = store.stuck_workers, store.available_workers
+        status = "ok" if stuck == 0 else ("degraded" if available > 0 else "unavailable")
         return json_response({
-            "status": "ok", "version": agentgym.__version__, "active_sessions": len(store.sessions),
+            "status": status, "version": agentgym.__version__, "active_sessions": len(store.sessions),
             "max_sessions": store.max_sessions, "envs": env_ids or [s.id for s in list_envs()],
-        })
+            "workers": store.executor.num_workers, "stuck_workers": stuck, "available_workers": available,
+            "queued_calls": store.executor.queued,
+        }, 503 if status == "unavailable" else 200)
 
-    @app.get("/metrics", response_class=Response)
+    @app.get("/metrics", response_class=Response,
+             responses={**text_responses("Prometheus text"), **error_responses(401)})
     async def prometheus() -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.get("/envs", response_model=list[wire.EnvSummary])
+    @app.get("/envs", response_model=list[wire.EnvSummary], responses=error_responses(401))
     async def envs() -> Response:
         specs = [lookup_spec(i) for i in env_ids] if env_ids is not None else list_envs()
         return json_response([{"id": s.id, "description": s.description, "max_turns": s.max_turns} for s in specs])
 
-    @app.get("/envs/{env_id:path}", response_model=wire.EnvDetail, responses={404: errors})
+    @app.get("/envs/{env_id:path}", response_model=wire.EnvDetail, responses=error_responses(401, 404))
     async def env_detail(env_id: str) -> Response:
         store.check_served(env_id)
         detail = lookup_spec(env_id).to_json()
@@ -193,34 +223,34 @@ def create_app(
     # --- sessions -----------------------------------------------------------------------------
 
     @app.post("/sessions", status_code=201, response_model=wire.SessionInfo,
-              responses={404: errors, 422: errors, 503: errors})
+              responses=error_responses(401, 404, 413, 422, 500, 503, 504))
     async def create_session(body: wire.CreateSessionRequest) -> Response:
         store.start()
         session = await store.create(body.env_id, body.kwargs, body.max_turns)
         metrics.sessions_created.inc()
         return json_response(session.describe(), 201)
 
-    @app.get("/sessions/{session_id}", response_model=wire.SessionInfo, responses={404: errors})
+    @app.get("/sessions/{session_id}", response_model=wire.SessionInfo, responses=error_responses(401, 404, 500))
     async def get_session(session_id: str) -> Response:
         return json_response(store.get(session_id).describe())
 
-    @app.delete("/sessions/{session_id}", status_code=204, responses={404: errors})
+    @app.delete("/sessions/{session_id}", status_code=204, responses=error_responses(401, 404))
     async def delete_session(session_id: str) -> Response:
         await store.delete(session_id)
         return Response(status_code=204)
 
     @app.post("/sessions/{session_id}/reset", response_model=wire.ResetResponse,
-              responses={404: errors, 422: errors, 500: errors, 504: errors})
+              responses=error_responses(401, 404, 409, 413, 422, 500, 503, 504))
     async def reset(session_id: str, body: wire.ResetRequest | None = None) -> Response:
         return await run_reset(session_id, body)  # served by HotRoutes; declared for /docs and direct use
 
     @app.post("/sessions/{session_id}/step", response_model=wire.StepResponse,
-              responses={404: errors, 409: errors, 422: errors, 500: errors, 504: errors})
+              responses=error_responses(401, 404, 409, 413, 422, 500, 503, 504))
     async def step(session_id: str, body: wire.StepRequest) -> Response:
         return await run_step(session_id, body)  # served by HotRoutes; declared for /docs and direct use
 
     @app.post("/sessions/{session_id}/fork", status_code=201, response_model=wire.SessionInfo,
-              responses={404: errors, 409: errors, 503: errors, 504: errors})
+              responses=error_responses(401, 404, 409, 413, 422, 500, 503, 504))
     async def fork(session_id: str, body: wire.ForkRequest | None = None) -> Response:
         mode = body.mode if body is not None else "auto"
         session = store.get(session_id)
@@ -233,7 +263,7 @@ def create_app(
         return json_response(child.describe(), 201)
 
     @app.post("/sessions/{session_id}/expert", response_model=wire.ExpertResponse,
-              responses={404: errors, 409: errors})
+              responses=error_responses(401, 404, 409, 413, 500, 503, 504))
     async def expert(session_id: str) -> Response:
         session = store.get(session_id)
         async with session.lock:
@@ -243,11 +273,11 @@ def create_app(
 
     # --- batched ------------------------------------------------------------------------------
 
-    @app.post("/batch/step", response_model=wire.BatchStepResponse, responses={422: errors})
+    @app.post("/batch/step", response_model=wire.BatchStepResponse, responses=error_responses(401, 413, 422, 503))
     async def batch_step(body: wire.BatchStepRequest) -> Response:
         return await run_batch_step(body)  # served by HotRoutes; declared for /docs and direct use
 
-    @app.post("/batch/reset", response_model=wire.BatchResetResponse, responses={422: errors})
+    @app.post("/batch/reset", response_model=wire.BatchResetResponse, responses=error_responses(401, 413, 422, 503))
     async def batch_reset(body: wire.BatchResetRequest) -> Response:
         return await run_batch_reset(body)  # served by HotRoutes; declared for /docs and direct use
 
@@ -255,8 +285,27 @@ def create_app(
 
 
 def _reset(session: Session, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
-    obs, info = session.env.reset(seed=seed, options=options)
+    """Reset the session's env. A reset the env rejects ends the episode that was running (the env
+    may be half reset), and the answer says so; until a reset succeeds, steps say why they cannot run."""
+    running = not session.env.episode_over
+    turn = session.env.turn
+    try:
+        obs, info = session.env.reset(seed=seed, options=options)
+    except AgentGymError as exc:
+        ended = f"the episode that was running (turn {turn}) has ended" if running else "no episode is running"
+        session.reset_failure = f"{type(exc).__name__}: {exc}"
+        raise _with_message(exc, f"reset rejected: {exc} -- {ended}; send a reset with valid seed and "
+                                 "options to start a new one") from exc
+    session.reset_failure = None
     return {"observation": obs, "info": info, "episode_seed": session.env.episode_seed}
+
+
+def _with_message(exc: AgentGymError, message: str) -> AgentGymError:
+    """``exc``'s class with ``message`` (the class is what the client maps back to an exception)."""
+    try:
+        return type(exc)(message)
+    except TypeError:  # a class with a different constructor: keep the original
+        return exc
 
 
 def _env_call(session: Session, what: str, fn: Any) -> Any:
@@ -272,7 +321,13 @@ def _env_call(session: Session, what: str, fn: Any) -> Any:
 
 
 def _step(session: Session, action: str) -> dict[str, Any]:
-    obs, reward, terminated, truncated, info = session.env.step(action)
+    try:
+        obs, reward, terminated, truncated, info = session.env.step(action)
+    except ResetNeeded as exc:
+        if session.reset_failure is None:
+            raise
+        raise ResetNeeded(f"step() called before a successful reset(): the last reset was rejected "
+                          f"({session.reset_failure}); call reset() with valid options") from exc
     return {"observation": obs, "reward": reward, "terminated": terminated, "truncated": truncated,
             "info": info, "turn": session.env.turn}
 

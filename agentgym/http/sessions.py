@@ -1,9 +1,12 @@
 """``SessionStore``: the env service's sessions — creation, capacity, idle reaping, serialization.
 
 Each session owns one env (an ``EpisodeGuard``) and an ``asyncio.Lock``: requests to one session
-run one at a time, requests to different sessions run concurrently. Env code runs in a thread pool
-so it never blocks the event loop. A step that runs past its deadline poisons its session (the env
-is in an unknown state); the session then answers every request with an error until deleted.
+run one at a time, requests to different sessions run concurrently. Env code runs in a
+``WorkerPool`` so it never blocks the event loop. The step deadline counts from when the env call
+*starts*: a call that ran past it poisons its session (the env is in an unknown state; the session
+then answers every request with an error until deleted), and its thread is replaced (boundedly).
+A call that never got a thread within the deadline is withdrawn untouched: 503 with Retry-After,
+the session as it was.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import difflib
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,6 +33,7 @@ from agentgym.errors import (
     VersionNotFound,
 )
 from agentgym.guard import EpisodeGuard
+from agentgym.http.workers import Call, WorkerPool
 from agentgym.registry import make
 from agentgym.spec import parse_env_id
 
@@ -47,6 +51,8 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     poisoned: str | None = None
     """Why the session is unusable (a step outlived its deadline), or None."""
+    reset_failure: str | None = None
+    """Why the last reset was rejected, until a reset succeeds (step's 409 then says so)."""
 
     def describe(self) -> dict[str, Any]:
         env = self.env
@@ -63,6 +69,12 @@ class Session:
         }
 
 
+def _check_positive(name: str, value: Any, *, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+        raise ConfigError(f"{name} must be {'an integer' if integer else 'a number'} > 0, got {value!r}")
+
+
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -74,7 +86,23 @@ def _wake_threadsafe(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[Non
 
 
 class SessionStore:
-    """Sessions by id, with a capacity limit, an idle TTL and a thread pool for env code."""
+    """Sessions by id, with a capacity limit, an idle TTL and a thread pool for env code.
+
+    Args:
+        max_sessions: capacity; one more create answers 503.
+        ttl_s: sessions idle longer than this are closed by the reaper.
+        step_timeout_s: deadline of one env call, counted from when it starts (``None``: none).
+        num_workers: threads that run env code.
+        allowed_env_ids: the env ids served (``None``: every registered one).
+        max_spare_workers: threads that may stand in for ones stuck in calls past their deadline
+            (default ``num_workers``); past that, new calls wait for a thread.
+
+    Raises:
+        ConfigError: a value out of range (the message names it).
+
+    Changed in v0.1: the deadline counts from the start of the env call, not from its submission,
+    because with every worker hung, queued calls of healthy sessions timed out and poisoned them.
+    """
 
     def __init__(
         self,
@@ -84,13 +112,18 @@ class SessionStore:
         step_timeout_s: float | None = 60.0,
         num_workers: int = 8,
         allowed_env_ids: list[str] | None = None,
+        max_spare_workers: int | None = None,
     ) -> None:
+        _check_positive("max_sessions", max_sessions, integer=True)
+        _check_positive("ttl_s", ttl_s)
+        if step_timeout_s is not None:
+            _check_positive("step_timeout_s", step_timeout_s)
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self.step_timeout_s = step_timeout_s
         self.allowed_env_ids = allowed_env_ids
         self.sessions: dict[str, Session] = {}
-        self.executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="agentgym-env")
+        self.executor = WorkerPool(num_workers, max_spare_workers)
         self._pending_creates = 0
         self.reaped_total = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -101,31 +134,57 @@ class SessionStore:
         self, session: Session | None, fn: Callable[[], T], *,
         unfinished: Callable[[], list[Session]] | None = None,
     ) -> T:
-        """Run env code in the pool, bounded by ``step_timeout_s``.
+        """Run env code in the pool, bounded by ``step_timeout_s`` from the moment it starts.
 
-        On timeout the request gets ``RemoteTimeout``; ``session`` (and the sessions ``unfinished``
-        names, for batches) are poisoned, and their envs — plus an env ``fn`` was building — are
-        closed in the pool once the stuck call returns.
+        Raises:
+            SessionCapacityError: no thread took the call within ``step_timeout_s`` (every one is
+                busy or stuck); the call was withdrawn before it started, nothing changed (503).
+            RemoteTimeout: the call ran past ``step_timeout_s``. ``session`` (and the sessions
+                ``unfinished`` names, for batches) are poisoned, and their envs — plus an env ``fn``
+                was building — are closed in the pool once the stuck call returns.
         """
         loop = asyncio.get_running_loop()
-        if self.step_timeout_s is None:
-            return await loop.run_in_executor(self.executor, fn)
-        # One waiter woken by whichever comes first, the pool thread finishing or the deadline: the
-        # same outcome as ``wait_for(shield(run_in_executor(...)))`` at about half its event-loop cost
-        # (no wrapping asyncio future, no shield, no wait_for bookkeeping). As with ``shield``,
-        # cancelling the request leaves the call running in the pool.
         call = self.executor.submit(fn)
-        waiter = loop.create_future()
-        call.add_done_callback(lambda _: _wake_threadsafe(loop, waiter))
-        deadline = loop.call_later(self.step_timeout_s, _wake, waiter)
+        timeout = self.step_timeout_s
+        # One waiter, woken by whichever comes first: the call finishing (from its thread) or the
+        # timer. The timer first bounds the wait for a thread, then, re-armed, the call's own run.
+        # As with ``shield``, cancelling the request leaves a started call running in the pool.
+        waiter: list[asyncio.Future[None]] = [loop.create_future()]
+        call.future.add_done_callback(lambda _: _wake_threadsafe(loop, waiter[0]))
+        timer = loop.call_later(timeout, _wake, waiter[0]) if timeout is not None else None
         try:
-            await waiter
+            while not call.future.done():
+                await waiter[0]
+                if call.future.done() or timeout is None:
+                    break
+                started = call.started_at
+                if started is None and call.future.cancel():  # still queued: withdraw it, untouched
+                    raise SessionCapacityError(self._busy_message())
+                remaining = (started or time.monotonic()) + timeout - time.monotonic()
+                if remaining <= 0:
+                    break
+                waiter[0] = loop.create_future()
+                timer = loop.call_later(remaining, _wake, waiter[0])
+        except asyncio.CancelledError:
+            call.future.cancel()  # the request went away: a call still queued never runs
+            raise
         finally:
-            deadline.cancel()
-        if call.done():
-            if call.cancelled():  # the pool was shut down before the call started
+            if timer is not None:
+                timer.cancel()
+        if call.future.done():
+            if call.future.cancelled():  # the pool was shut down before the call started
                 raise asyncio.CancelledError()
-            return call.result()
+            return call.future.result()
+        return self._give_up(call, session, unfinished)
+
+    def _busy_message(self) -> str:
+        pool = self.executor
+        return (f"no env worker took this call within the {self.step_timeout_s:g} s step timeout "
+                f"({pool.num_workers} workers, {pool.stuck} stuck in calls past their deadline, {pool.queued} "
+                "calls queued); nothing was run and the session is unchanged: retry after Retry-After")
+
+    def _give_up(self, call: Call, session: Session | None,
+                 unfinished: Callable[[], list[Session]] | None) -> Any:
         stuck = [session] if session is not None else []
         if unfinished is not None:
             stuck += unfinished()
@@ -134,9 +193,20 @@ class SessionStore:
                 f"a request to session {item.session_id!r} ran past the {self.step_timeout_s:g} s step "
                 "timeout and its env is in an unknown state; DELETE the session and create a new one"
             )
+        self.executor.abandon(call)  # a spare thread stands in while this one is stuck
         # Runs in the pool thread once the stuck call returns (or at once, if it just did).
-        call.add_done_callback(lambda done: self._close_after_timeout(done, stuck))
+        call.future.add_done_callback(lambda done: self._close_after_timeout(done, stuck))
         raise RemoteTimeout(f"env code ran past the service's step timeout of {self.step_timeout_s:g} s")
+
+    @property
+    def stuck_workers(self) -> int:
+        """Worker threads still running calls that ran past their deadline."""
+        return self.executor.stuck
+
+    @property
+    def available_workers(self) -> int:
+        """Worker threads not stuck (busy or idle); 0 means no env call can run."""
+        return self.executor.available
 
     def _close_after_timeout(self, done: Future[Any], stuck: list[Session]) -> None:
         envs = [s.env for s in stuck]
@@ -243,7 +313,7 @@ class SessionStore:
             if session.poisoned is not None:
                 return
             with contextlib.suppress(Exception):
-                await asyncio.get_running_loop().run_in_executor(self.executor, session.env.close)
+                await asyncio.wrap_future(self.executor.submit(session.env.close).future)
 
     # --- reaping ------------------------------------------------------------------------------
 
@@ -280,4 +350,4 @@ class SessionStore:
         for session_id in list(self.sessions):
             session = self.sessions.pop(session_id)
             await self._close(session)
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(cancel_futures=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 #: Longest action string a request may carry (characters).
 MAX_ACTION_CHARS = 100_000
@@ -32,10 +32,44 @@ def _depth_ok(value: Any) -> Any:
 
 #: A JSON object of bounded depth (env options and constructor arguments).
 JsonObject = Annotated[dict[str, Any], AfterValidator(_depth_ok)]
+#: Seeds are below this bound (unsigned 63-bit, as the service draws them). A power of two, so a
+#: float carries it exactly (OpenAPI tooling turns bounds into floats).
+SEED_BOUND = 2**63
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema's "integer" is a mathematical integer: 2305.0 is one, true is not. Strict models
+    # would refuse the first; this lets it through as 2305 and leaves everything else to them.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field of a strict request model that also takes integral floats (``2305.0``), not bools.
+WholeNumber = Annotated[int, BeforeValidator(_integral)]
+
+
+def whole_number(**bounds: int) -> Any:
+    """``WholeNumber`` with bounds (``ge``, ``gt``, ``le``, ``lt``) that show in the JSON schema.
+
+    The bounds sit on the ``int`` before the validator that admits ``3.0``; put after it (or on an
+    optional field) pydantic would write them into the schema under names no client knows.
+
+    Example:
+        >>> from pydantic import TypeAdapter
+        >>> TypeAdapter(whole_number(ge=1, le=9)).json_schema()
+        {'maximum': 9, 'minimum': 1, 'type': 'integer'}
+    """
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]  # type: ignore[call-overload]
+
+
+#: An episode seed: a whole number in [0, SEED_BOUND).
+Seed = whole_number(ge=0, lt=SEED_BOUND)
 
 
 class _Request(BaseModel):
     # strict: "3" is not a seed and true is not 1; a client sending them has a bug worth a 422.
+    # Integer fields are ``WholeNumber``: 3.0 is a JSON integer and is accepted as 3.
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
@@ -61,7 +95,8 @@ class ErrorBody(_Response):
 class CreateSessionRequest(_Request):
     env_id: str = Field(description="A registered env id, e.g. 'maze-v0'.", examples=["maze-v0"])
     kwargs: JsonObject = Field(default_factory=dict, description="Constructor arguments for the env.")
-    max_turns: int | None = Field(default=None, ge=1, description="Override the spec's turn budget.")
+    max_turns: whole_number(ge=1, le=1_000_000) | None = Field(  # type: ignore[valid-type]
+        default=None, description="Override the spec's turn budget.")
 
 
 class SessionInfo(_Response):
@@ -77,7 +112,7 @@ class SessionInfo(_Response):
 
 
 class ResetRequest(_Request):
-    seed: int | None = Field(default=None, ge=0, lt=2**63, description="Episode seed; none draws one.")
+    seed: Seed | None = Field(default=None, description="Episode seed; none draws one.")  # type: ignore[valid-type]
     options: JsonObject | None = Field(default=None, description="Env options, e.g. {'task_id': ...}.")
 
 
@@ -114,17 +149,25 @@ class BatchStepItem(_Request):
 
 
 class BatchStepRequest(_Request):
-    steps: list[BatchStepItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    """Steps of many sessions. A session may appear only once per batch (its steps are ordered):
+    a batch naming one twice is rejected whole with 422."""
+
+    steps: list[BatchStepItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS,
+                                       description="One step per session; session ids must be distinct.")
 
 
 class BatchResetItem(_Request):
     session_id: str
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    seed: Seed | None = None  # type: ignore[valid-type]
     options: JsonObject | None = None
 
 
 class BatchResetRequest(_Request):
-    resets: list[BatchResetItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    """Resets of many sessions. A session may appear only once per batch: a batch naming one twice
+    is rejected whole with 422."""
+
+    resets: list[BatchResetItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS,
+                                         description="One reset per session; session ids must be distinct.")
 
 
 class BatchStepResponse(_Response):
@@ -152,8 +195,15 @@ class EnvDetail(EnvSummary):
 
 
 class Health(_Response):
-    status: Literal["ok"]
+    """``ok``; ``degraded`` (HTTP 200) when some worker threads are stuck in env calls past their
+    deadline but others still run calls; ``unavailable`` (HTTP 503) when every one is stuck."""
+
+    status: Literal["ok", "degraded", "unavailable"]
     version: str
     active_sessions: int
     max_sessions: int
     envs: list[str]
+    workers: int = Field(description="Threads that run env calls (num_workers).")
+    stuck_workers: int = Field(description="Threads still inside env calls that ran past the step timeout.")
+    available_workers: int = Field(description="Threads not stuck (spares stand in for stuck ones, boundedly).")
+    queued_calls: int = Field(description="Env calls waiting for a thread.")

@@ -7,7 +7,7 @@ Routes (every error is ``{"error": {"type", "message"}}``, as in the env service
     GET  /metrics      Prometheus text
 
 Status codes: 401 bad token, 413 body too large, 422 malformed request (bad JSON, ``k`` out of
-``[1, max_k]``, too many or too long queries). FastAPI is imported only by ``create_retrieval_app``.
+``[1, max_k]``, too many or too long queries; the bounds are in the OpenAPI schema). FastAPI is imported only by ``create_retrieval_app``.
 The client is ``agentgym.retrieval.client.RetrievalClient``.
 """
 
@@ -18,11 +18,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from agentgym.errors import ConfigError, RequestRejected
+from agentgym.errors import ConfigError
 from agentgym.retrieval.index import Index
 
 #: Most queries in one request and longest query (characters) the service accepts.
@@ -30,12 +30,35 @@ MAX_QUERIES = 256
 MAX_QUERY_CHARS = 2_000
 
 
-class RetrieveRequest(BaseModel):
-    """Body of ``POST /retrieve``."""
+def retrieve_request_model(max_k: int = 50, max_queries: int = MAX_QUERIES) -> type[BaseModel]:
+    """The body model of ``POST /retrieve`` for a service with these bounds (they show in its schema).
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"queries": ["Zorvex Labs"], "k": 3}]})
-    queries: list[str] = Field(min_length=1, description="Queries, answered in order.")
-    k: int = Field(3, description="Documents per query, in [1, max_k].")
+    Strict, as the env service's requests: ``k: true`` or ``k: "3"`` is a 422, ``k: 3.0`` is 3.
+
+    Example:
+        >>> model = retrieve_request_model(max_k=5)
+        >>> model(queries=["Zorvex Labs"], k=3.0).k
+        3
+        >>> model.model_json_schema()["properties"]["k"]["maximum"]
+        5
+    """
+    from agentgym.http.wire import whole_number
+
+    query = Annotated[str, Field(max_length=MAX_QUERY_CHARS)]
+    return create_model(
+        "RetrieveRequest",
+        __config__=ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"examples": [{"queries": ["Zorvex Labs"], "k": 3}]}),
+        __doc__="Body of ``POST /retrieve``.",
+        queries=(list[query], Field(min_length=1, max_length=max_queries,
+                                    description=f"Queries, answered in order: 1 to {max_queries}, each at most "
+                                                f"{MAX_QUERY_CHARS} characters.")),
+        k=(whole_number(ge=1, le=max_k), Field(3, description=f"Documents per query, in [1, {max_k}].")),
+    )
+
+
+#: The body model with the default bounds.
+RetrieveRequest = retrieve_request_model()
 
 
 def create_retrieval_app(
@@ -73,7 +96,14 @@ def create_retrieval_app(
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
     from agentgym.http.fastpath import GuardMiddleware
-    from agentgym.http.responses import TELEMETRY_OFF, ErrorResponses, json_response
+    from agentgym.http.responses import (
+        TELEMETRY_OFF,
+        ErrorResponses,
+        error_responses,
+        json_response,
+        keep_integer_bounds,
+        text_responses,
+    )
 
     for name, value in (("max_k", max_k), ("max_queries", max_queries), ("num_workers", num_workers),
                         ("max_body_bytes", max_body_bytes)):
@@ -104,20 +134,16 @@ def create_retrieval_app(
     app = FastAPI(title="agentgym retrieval service", lifespan=lifespan, **TELEMETRY_OFF,
                   description="BM25 document retrieval. Every error body is {\"error\": {\"type\", \"message\"}}.")
     app.state.index = searcher
+    keep_integer_bounds(app)
 
     answers.install(app)
 
+    request_model = retrieve_request_model(max_k, max_queries)
+
     # Endpoints carry no return annotation: FastAPI would resolve it in module globals, where the
-    # lazily imported Response is not.
-    @app.post("/retrieve")
-    async def retrieve(body: RetrieveRequest):
-        if not 1 <= body.k <= max_k:
-            raise RequestRejected(f"k must be in [1, {max_k}], got {body.k}")
-        if len(body.queries) > max_queries:
-            raise RequestRejected(f"at most {max_queries} queries per request, got {len(body.queries)}; split the batch")
-        for number, query in enumerate(body.queries):
-            if len(query) > MAX_QUERY_CHARS:
-                raise RequestRejected(f"queries[{number}] is longer than {MAX_QUERY_CHARS} characters")
+    # lazily imported Response is not. The body's model is made here (its bounds are this app's),
+    # so its annotation is set as an object, not a string FastAPI would look up in module globals.
+    async def retrieve(body):
         started = time.perf_counter()
         results = await asyncio.get_running_loop().run_in_executor(pool, searcher.search, body.queries, body.k)
         Metrics.requests.inc()
@@ -125,11 +151,15 @@ def create_retrieval_app(
         Metrics.seconds.observe(time.perf_counter() - started)
         return json_response({"results": [[hit.to_dict() for hit in hits] for hits in results]})
 
+    retrieve.__annotations__ = {"body": request_model}
+    app.post("/retrieve", responses=error_responses(401, 413, 422))(retrieve)
+
     @app.get("/health")
     async def health():
         return json_response({"status": "ok", "num_docs": len(searcher), "max_k": max_k})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={**text_responses("Prometheus text"),
+                                                             **error_responses(401)})
     async def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -9,23 +9,28 @@ opens on 127.0.0.1). ``tests/test_sandbox_escape.py`` runs the real, unbounded v
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
+import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentgym.sandbox.backends import Backend, Limits, Result
+from agentgym.sandbox.backends import Backend
+from agentgym.sandbox.limits import Limits, Result
 
 _FORK_PROBE = 100
 ATTACKS = (
     "network", "write_root", "write_host_tmp", "write_project", "write_home", "read_env", "read_home",
     "proc_snoop", "fork_bomb", "memory_bomb", "cpu_loop", "huge_output", "sleep", "signal_parent",
-    "signal_all",
+    "signal_all", "nested_namespace", "tmpfs_mount", "disk_fill", "tree_memory", "leftover_children",
+    "host_layout",
 )
 
 #: What the subprocess backend stops when the host runs as root (measured; see the escape tests).
@@ -33,7 +38,8 @@ SUBPROCESS_STOPS_AS_ROOT = {
     "network": False, "write_root": False, "write_host_tmp": False, "write_project": False,
     "write_home": False, "read_env": True, "read_home": False, "proc_snoop": False, "fork_bomb": False,
     "memory_bomb": True, "cpu_loop": True, "huge_output": True, "sleep": True, "signal_parent": False,
-    "signal_all": False,
+    "signal_all": False, "nested_namespace": False, "tmpfs_mount": False, "disk_fill": False,
+    "tree_memory": True, "leftover_children": True, "host_layout": False,
 }
 
 _WRITE = """
@@ -117,7 +123,126 @@ try:
 except OSError as exc:
     print("blocked", exc)
 """,
+    # A user namespace (with a mount namespace: never the host's mounts) gives every capability in it.
+    "nested_namespace": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000 | 0x00020000) == 0:
+    print("unshared")
+else:
+    print("blocked", os.strerror(ctypes.get_errno()))
+""",
+    # The issue's attack: a tmpfs mounted in a nested namespace is host RAM that no rlimit counts.
+    # The probe mounts one on a dir of its own scratch and writes 1 MiB to it.
+    "tmpfs_mount": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+uid, gid = os.getuid(), os.getgid()
+os.mkdir("mnt")
+if libc.unshare(0x10000000 | 0x00020000) != 0:
+    print("blocked unshare", os.strerror(ctypes.get_errno()))
+else:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as handle:
+            handle.write(text)
+    if libc.mount(b"none", b"mnt", b"tmpfs", 0, b"size=4m") != 0:
+        print("blocked mount", os.strerror(ctypes.get_errno()))
+    else:
+        with open("mnt/fill", "wb") as handle:
+            handle.write(b"x" * 2**20)
+        print("mounted")
+""",
+    "disk_fill": """
+import json, os, sys
+target = json.load(sys.stdin)["bytes"]
+written, chunk = 0, b"x" * 2**20
+try:
+    for number in range(10_000):
+        with open(f"fill{number}.bin", "wb") as handle:
+            for _ in range(8):  # 8 MiB per file, under RLIMIT_FSIZE
+                if written >= target:
+                    break
+                handle.write(chunk)
+                handle.flush()
+                written += len(chunk)
+        if written >= target:
+            break
+except OSError as exc:
+    print("stopped", exc)
+print("written", written, flush=True)
+""",
+    "tree_memory": """
+import json, os, sys, time
+params = json.load(sys.stdin)
+for _ in range(params["children"]):
+    if os.fork() == 0:
+        block = b"x" * (params["mb"] * 2**20)  # bytes: every page written, so resident
+        time.sleep(30)
+        os._exit(0)
+print("forked", flush=True)
+time.sleep(30)
+""",
+    # Children that outlive the program: it exits at once, they sleep (as `sleep TAG`, to be found).
+    "leftover_children": """
+import json, os, sys
+tag = json.load(sys.stdin)["tag"]
+for _ in range(2):
+    if os.fork() == 0:
+        os.execv("/bin/sleep", ["sleep", tag])
+print("forked", flush=True)
+""",
+    "host_layout": """
+import socket
+print(socket.gethostname())
+print(open("/proc/1/cmdline", "rb").read())
+print(open("/proc/self/mountinfo").read())
+""",
 }
+
+
+def _audit_containment(backend: Backend, limits: Limits) -> dict[str, bool]:
+    """The attacks on the run's totals (namespaces, disk, tree memory) and on what outlives it."""
+    stopped: dict[str, bool] = {}
+    stopped["nested_namespace"] = "unshared" not in backend.run(_CODE["nested_namespace"], "", limits).stdout
+    stopped["tmpfs_mount"] = "mounted" not in backend.run(_CODE["tmpfs_mount"], "", limits).stdout
+    disk = Limits(**{**dataclasses.asdict(limits), "disk_mb": 16, "wall_clock_s": max(limits.wall_clock_s, 3.0)})
+    result = backend.run(_CODE["disk_fill"], json.dumps({"bytes": 2 * disk.disk_mb * 2**20}), disk)
+    written = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("written")]
+    stopped["disk_fill"] = bool(written) and written[0] <= disk.disk_mb * 2**20
+    # Four children of 100 MiB each: every one fits the per-process limit, together they do not.
+    tree = Limits(**{**dataclasses.asdict(limits), "wall_clock_s": max(limits.wall_clock_s, 3.0)})
+    result = backend.run(_CODE["tree_memory"], json.dumps({"children": 4, "mb": 100}), tree)
+    stopped["tree_memory"] = result.killed_reason == "memory"
+    tag = f"{30 + secrets.randbelow(30)}.{secrets.randbelow(10**6):06d}"
+    backend.run(_CODE["leftover_children"], json.dumps({"tag": tag}), limits)
+    stopped["leftover_children"] = not _wait_gone(f"sleep\0{tag}\0".encode())
+    result = backend.run(_CODE["host_layout"], "", limits)
+    lines = result.stdout.splitlines()
+    stopped["host_layout"] = bool(lines) and lines[0] != socket.gethostname() and not any(
+        marker in result.stdout for marker in ("--ro-bind", "agentgym-sandbox-", tempfile.gettempdir() + "/"))
+    return stopped
+
+
+def _wait_gone(cmdline: bytes, settle_s: float = 2.0) -> bool:
+    """Whether a process with exactly this command line still runs after ``settle_s`` (kills it if so)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if (entry / "cmdline").read_bytes() == cmdline:
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        if not found or time.monotonic() > deadline:
+            for pid in found:  # the audit leaves nothing running, whatever the backend let through
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return bool(found)
+        time.sleep(0.05)
 
 
 class _Listener:
@@ -206,6 +331,7 @@ def audit_backend(backend: Backend, *, wall_clock_s: float = 2.0,
         stopped["signal_parent"] = "could signal" not in result.stdout
         result = run("signal_all", {})
         stopped["signal_all"] = "could signal" not in result.stdout
+        stopped.update(_audit_containment(backend, limits))
         return {name: stopped[name] for name in ATTACKS}
     finally:
         listener.close()

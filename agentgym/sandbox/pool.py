@@ -7,7 +7,9 @@ import threading
 from typing import TYPE_CHECKING
 
 from agentgym.errors import ConfigError
-from agentgym.sandbox.backends import Backend, Limits, Result, Worker
+from agentgym.sandbox.backends import Backend
+from agentgym.sandbox.limits import Limits, Result
+from agentgym.sandbox.worker import Worker
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -19,7 +21,9 @@ class WarmPool:
     A run takes an idle worker (or spawns one when none is ready), so it skips the sandbox and
     interpreter start-up. Every worker serves exactly one run and is then killed with its scratch
     dir, so nothing of one run (files, modules, globals, processes) reaches the next. Limits are
-    applied by the worker after it receives the request, so one pool serves any ``Limits``.
+    applied by the worker after it receives the request, so one pool serves any ``Limits`` — except
+    the size of the scratch space, fixed when a worker starts: warm workers have ``limits.disk_mb``,
+    and a run asking for another size gets a freshly spawned worker.
 
     Example:
         >>> from agentgym.sandbox import SubprocessBackend
@@ -28,11 +32,12 @@ class WarmPool:
         '42\\n'
     """
 
-    def __init__(self, backend: Backend, size: int = 2) -> None:
-        if size < 0:
-            raise ConfigError(f"WarmPool size must be >= 0, got {size}")
+    def __init__(self, backend: Backend, size: int = 2, limits: Limits | None = None) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ConfigError(f"WarmPool size must be an integer >= 0, got {size!r}")
         self.backend = backend
         self.size = size
+        self.limits = limits or Limits()
         self._idle: collections.deque[Worker] = collections.deque()
         self._lock = threading.Condition()
         self._closed = False
@@ -47,20 +52,23 @@ class WarmPool:
         with self._lock:
             return len(self._idle)
 
-    def acquire(self) -> Worker:
-        """A ready worker, or a freshly spawned one when the pool is empty."""
-        with self._lock:
-            while self._idle:
-                worker = self._idle.popleft()
-                self._lock.notify_all()
-                if worker.alive():
-                    return worker
-                worker.discard()
-        return self.backend.spawn()
+    def acquire(self, limits: Limits | None = None) -> Worker:
+        """A ready worker for ``limits`` (default: the pool's), or a freshly spawned one when none is."""
+        limits = limits or self.limits
+        if limits.disk_mb == self.limits.disk_mb:
+            with self._lock:
+                while self._idle:
+                    worker = self._idle.popleft()
+                    self._lock.notify_all()
+                    if worker.alive():
+                        return worker
+                    worker.discard()
+        return self.backend.spawn(limits)
 
     def run(self, code: str, stdin: str | bytes = "", limits: Limits | None = None) -> Result:
         """Run ``code`` on a warm worker (same contract as ``run_code``)."""
-        return self.acquire().execute(code, stdin, limits or Limits())
+        limits = limits or self.limits
+        return self.acquire(limits).execute(code, stdin, limits)
 
     def _refill(self) -> None:
         while True:
@@ -70,7 +78,7 @@ class WarmPool:
                 if self._closed:
                     return
             try:
-                worker = self.backend.spawn()
+                worker = self.backend.spawn(self.limits)
             except OSError:
                 self.spawn_errors += 1
                 with self._lock:

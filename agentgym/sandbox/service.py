@@ -3,11 +3,13 @@
 Routes (errors are ``{"error": {"type", "message"}}`` as on the env service):
 
     POST /run       {code, stdin?, limits?} → Result fields; limits are bounded by the server's maxima
-    GET  /health    backend name, ``secure`` flag, warm-pool size, concurrency
+    GET  /health    backend name, ``secure`` flag, ``memory_guard`` (cgroup | supervisor | docker),
+                    ``seccomp``, warm-pool size, concurrency, default and maximum limits
     GET  /metrics   Prometheus text: runs, timeouts, kills by reason, run latency
 
-Status codes: 401 bad token, 413 body too large, 422 malformed request or limits over the maxima,
-503 (with Retry-After) when ``max_concurrency`` runs are already in flight.
+Status codes: 401 bad token, 413 body too large, 422 malformed request or limits over the maxima
+(the maxima are in the OpenAPI schema), 503 (with Retry-After) when ``max_concurrency`` runs are
+already in flight. At start-up it deletes what a killed predecessor left: scratch dirs and run cgroups.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from typing import Annotated, Any
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -28,38 +31,76 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from agentgym.errors import RequestRejected, SandboxBusy
+from agentgym.errors import ConfigError, RequestRejected, SandboxBusy
 from agentgym.http.fastpath import GuardMiddleware
-from agentgym.http.responses import ErrorResponses, json_response
-from agentgym.sandbox.backends import Backend, Limits, Result, default_backend
+from agentgym.http.responses import (
+    ErrorResponses,
+    error_responses,
+    json_response,
+    keep_integer_bounds,
+    text_responses,
+)
+from agentgym.http.wire import whole_number
+from agentgym.sandbox.backends import Backend, default_backend
+from agentgym.sandbox.cgroup import clean_stale_cgroups
+from agentgym.sandbox.limits import Limits, Result
 from agentgym.sandbox.pool import WarmPool
+from agentgym.sandbox.worker import clean_stale_scratch
+
+_LIMIT_MEANINGS = {
+    "wall_clock_s": "Wall-clock budget of the run (seconds).",
+    "cpu_s": "CPU seconds per process.",
+    "memory_mb": "Memory of each process and of the whole run (MiB).",
+    "max_processes": "Processes and threads of the run.",
+    "output_bytes": "Cap on stdout + stderr together (bytes).",
+    "file_size_mb": "Largest file the code may write (MiB).",
+    "open_files": "Open file descriptors per process.",
+    "disk_mb": "Size of the run's scratch space (MiB).",
+}
 
 
-class LimitsOverride(BaseModel):
-    """Per-request limits; each must be at most the server's maximum (``GET /health``)."""
+def request_models(maxima: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
+    """``(LimitsOverride, RunRequest)``: the body models of ``POST /run`` for a server with ``maxima``.
 
-    model_config = ConfigDict(extra="forbid")
-    wall_clock_s: float | None = Field(None, gt=0)
-    cpu_s: int | None = Field(None, gt=0)
-    memory_mb: int | None = Field(None, gt=0)
-    max_processes: int | None = Field(None, gt=0)
-    output_bytes: int | None = Field(None, gt=0)
-    file_size_mb: int | None = Field(None, gt=0)
-    open_files: int | None = Field(None, gt=0)
+    Strict, as the env service's requests (``wall_clock_s: true`` is a 422), with every limit's
+    range in the schema: ``(0, maximum]``.
+
+    Example:
+        >>> limits_model, _ = request_models(Limits(wall_clock_s=30))
+        >>> limits_model.model_json_schema()["properties"]["wall_clock_s"]["anyOf"][0]["maximum"]
+        30.0
+    """
+    fields: dict[str, Any] = {}
+    for item in dataclasses.fields(Limits):
+        ceiling = maxima.cpu_limit_s if item.name == "cpu_s" else getattr(maxima, item.name)
+        if item.name == "wall_clock_s":
+            ceiling = float(ceiling)
+            bounded: Any = Annotated[float, Field(gt=0, le=ceiling)]  # in the type: the schema shows the range
+        else:
+            bounded = whole_number(gt=0, le=int(ceiling))
+        fields[item.name] = (bounded | None, Field(None, description=f"{_LIMIT_MEANINGS[item.name]} At most {ceiling}."))
+    strict = ConfigDict(extra="forbid", strict=True)
+    limits_model = create_model("LimitsOverride", __config__=strict,
+                                __doc__="Per-request limits; each at most the server's maximum.", **fields)
+    run_model = create_model(
+        "RunRequest", __config__=strict, __doc__="Body of ``POST /run``.",
+        code=(str, Field(..., max_length=1_000_000, description="Python source, run as __main__.")),
+        stdin=(str, Field("", max_length=4_000_000, description="The program's standard input.")),
+        limits=(limits_model | None, Field(None, description="Limits of this run (default: the server's).")),
+    )
+    return limits_model, run_model
 
 
-class RunRequest(BaseModel):
-    """Body of ``POST /run``."""
-
-    model_config = ConfigDict(extra="forbid")
-    code: str = Field(..., max_length=1_000_000)
-    stdin: str = Field("", max_length=4_000_000)
-    limits: LimitsOverride | None = None
+#: The largest limits a request may ask for, unless the server is given others.
+DEFAULT_MAX_LIMITS = Limits(wall_clock_s=30, memory_mb=2048, max_processes=64, output_bytes=1024 * 1024,
+                            disk_mb=1024)
+#: The body models for the default maxima.
+LimitsOverride, RunRequest = request_models(DEFAULT_MAX_LIMITS)
 
 
-def bounded_limits(override: LimitsOverride | None, defaults: Limits, maxima: Limits) -> Limits:
+def bounded_limits(override: BaseModel | None, defaults: Limits, maxima: Limits) -> Limits:
     """``defaults`` with ``override`` applied, each value checked against ``maxima``.
 
     Raises:
@@ -103,10 +144,19 @@ def create_sandbox_app(
     """
     chosen = backend if backend is not None else default_backend("auto")
     defaults = default_limits or Limits()
-    maxima = max_limits or Limits(wall_clock_s=30, memory_mb=2048, max_processes=64, output_bytes=1024 * 1024)
+    maxima = max_limits or DEFAULT_MAX_LIMITS
+    for name, value in (("max_concurrency", max_concurrency), ("max_body_bytes", max_body_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
+        raise ConfigError(f"pool_size must be an integer >= 0, got {pool_size!r}")
     bounded_limits(None, defaults, maxima)  # the defaults must fit the maxima themselves
+    _, run_model = request_models(maxima)
+    # What a service killed with kill -9 left behind: scratch dirs and run cgroups of dead owners.
+    clean_stale_scratch(getattr(chosen, "scratch_root", None))
+    clean_stale_cgroups()
     executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="sandbox-run")
-    pool = WarmPool(chosen, size=pool_size) if pool_size else None
+    pool = WarmPool(chosen, size=pool_size, limits=defaults) if pool_size else None
     in_flight = 0
 
     registry = CollectorRegistry()
@@ -120,7 +170,7 @@ def create_sandbox_app(
     Gauge("agentgym_sandbox_pool_idle", "Warm workers ready", registry=registry).set_function(
         lambda: pool.idle if pool else 0)
 
-    def run_blocking(request: RunRequest, limits: Limits) -> Result:
+    def run_blocking(request: Any, limits: Limits) -> Result:
         runner = pool if pool is not None else chosen
         return runner.run(request.code, request.stdin, limits)
 
@@ -134,20 +184,24 @@ def create_sandbox_app(
     app = FastAPI(title="agentgym sandbox", lifespan=lifespan)
 
     ErrorResponses(errors).install(app)
+    keep_integer_bounds(app)
 
     @app.get("/health")
     async def health() -> Response:
         return json_response({"status": "ok", "backend": chosen.name, "secure": chosen.secure,
-                      "pool_size": pool_size, "pool_idle": pool.idle if pool else 0,
-                      "max_concurrency": max_concurrency, "in_flight": in_flight,
-                      "max_limits": dataclasses.asdict(maxima)})
+                              "memory_guard": chosen.memory_guard,
+                              "memory_guard_detail": getattr(chosen, "memory_guard_detail", ""),
+                              "seccomp": bool(getattr(chosen, "seccomp", False)),
+                              "pool_size": pool_size, "pool_idle": pool.idle if pool else 0,
+                              "max_concurrency": max_concurrency, "in_flight": in_flight,
+                              "default_limits": dataclasses.asdict(defaults), "max_limits": dataclasses.asdict(maxima)})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             responses={**text_responses("Prometheus text"), **error_responses(401)})
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/run")
-    async def run(body: RunRequest) -> Response:
+    async def run(body: Any) -> Response:
         nonlocal in_flight
         limits = bounded_limits(body.limits, defaults, maxima)
         if in_flight >= max_concurrency:  # checked and taken with no await between: no race
@@ -165,6 +219,11 @@ def create_sandbox_app(
         if result.killed_reason is not None:
             kills.labels(result.killed_reason).inc()
         return json_response(result.to_dict())
+
+    # The body model carries this server's maxima, so it is set as an object: a string annotation
+    # would be looked up in the module's globals.
+    run.__annotations__ = {"body": run_model, "return": Response}
+    app.post("/run", responses=error_responses(401, 413, 422, 503))(run)
 
     return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
 
