@@ -38,30 +38,31 @@ def learning_curve_figure(report: dict[str, Any], window: int | None = None) -> 
     import matplotlib.pyplot as plt
 
     history, evals = report["history"], report["eval"]
-    window = window or max(1, round(len(history) / 10))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    window = window or max(1, min(len(history), max(3, round(len(history) / 10))))
+    fig, ax = plt.subplots(figsize=(9, 4))
     xs = [h["iteration"] for h in history]
     success = [h["rollout/success_rate"] for h in history]
     ax.plot(xs, success, color="tab:blue", alpha=0.3, linewidth=1, label="training rollouts (raw)")
     ax.plot(xs, smooth(success, window), color="tab:blue", linewidth=2,
             label=f"training rollouts (mean of {window})")
-    if evals.get("before_sft"):
-        ax.plot([0], [evals["before_sft"]["success_rate"]], linestyle="None", marker="s", markersize=7,
-                markerfacecolor="white", color="tab:orange", label="held-out before SFT")
     points = [(0, evals["before"]["success_rate"]),
               *((h["iteration"], h["eval/success_rate"]) for h in history if "eval/success_rate" in h),
               (report["iterations"], evals["after"]["success_rate"])]
     label = "held-out (greedy), after SFT" if evals.get("before_sft") else "held-out (greedy)"
     ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="None", marker="o", markersize=7,
             color="tab:orange", label=label)
+    if evals.get("before_sft"):
+        points.append((0, evals["before_sft"]["success_rate"]))
+        ax.plot([0], [points[-1][1]], linestyle="None", marker="s", markersize=7, markerfacecolor="white",
+                color="tab:orange", label="held-out before SFT")
     for x, y in points:
-        ax.annotate(f"{y:.0%}", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        ax.annotate(f"{y:.0%}", (x, y), textcoords="offset points", xytext=(8, -3), fontsize=8)
     ax.set_xlabel("iteration")
     ax.set_ylabel("success rate")
     ax.set_ylim(-0.02, 1.08)
     ax.set_title(f"{report['algorithm']} on {report['env']}")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # never over a point
     fig.tight_layout()
     return fig
 
