@@ -423,8 +423,10 @@ def check_task_id_replay(run: CheckRun) -> None:
         except Exception as exc:  # an env that cannot replay its own task id breaks the rule
             raise _Broken(f"reset(seed={seed}, options={{'task_id': {task_id!r}}}) raised {exc!r}") from exc
         if again_obs != obs or not isinstance(again_info, dict) or again_info.get("task_id") != task_id:
-            raise _Broken(f"reset(options={{'task_id': {task_id!r}}}) did not replay the task "
-                          f"(first observation or task_id differ)")
+            raise _Broken(f"reset(seed={seed}, options={{'task_id': {task_id!r}}}) did not replay the task "
+                          f"(first observation or task_id differ). Fix: in reset, start the task named by "
+                          f"options['task_id'] when it is given (whatever the seed), or leave task_id out of info "
+                          f"if tasks cannot be named")
 
 
 def _check_fork(run: CheckRun, mode: str) -> None:

@@ -1,4 +1,4 @@
-"""The ``agentgym`` Typer app, its consoles and the one-line error exit shared by every command."""
+"""The ``agentgym`` Typer app, its consoles, ``--version`` and the one-line error exit shared by every command."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     add_completion=False,
@@ -17,7 +18,23 @@ err_console = Console(stderr=True)
 
 
 def fail(exc: Exception) -> NoReturn:
-    """Print ``error: Kind: message`` on stderr and exit with status 2."""
-    err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
+    """Print ``error: Kind: message`` on stderr, on one line however narrow the terminal, and exit with status 2."""
+    err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}", soft_wrap=True,
+                      highlight=False)
     raise typer.Exit(code=2)
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        import agentgym
+
+        console.print(agentgym.__version__, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the agentgym version and exit."),
+) -> None:
+    """agentgym: text and tool environments and turn-level RL trainers for LLM agents."""

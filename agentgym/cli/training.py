@@ -2,66 +2,113 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import typer
 from rich.table import Table
 
-from agentgym.cli.app import app, console, fail
-from agentgym.errors import AgentGymError
+from agentgym.cli.app import app, console, err_console, fail
+from agentgym.errors import AgentGymError, ConfigError
+from agentgym.training.loading import list_presets
+
+if TYPE_CHECKING:
+    from agentgym.training.config import TrainConfig
+    from agentgym.training.run_folder import RunFolder
+
+TRAIN_HELP = [
+    "Train a policy: SFT warm start (optional), then RL. Writes report.json and learning_curve.png.",
+    "Ctrl-C stops after the current iteration and saves a checkpoint (a second Ctrl-C, or SIGTERM, stops at "
+    "once); --resume DIR continues the run, and with --set iterations=N extends a finished one.",
+]
 
 
-@app.command()
+def _train_help() -> str:
+    presets = list_presets()
+    shipped = [f"Shipped presets (in configs/; give the path or just the name): {', '.join(presets)}"] if presets else []
+    return "\n\n".join(TRAIN_HELP + shipped)
+
+
+@app.command(help=_train_help())
 def train(
-    config: str | None = typer.Argument(None, help="YAML config (default: the embedded quickstart)."),
+    config: str | None = typer.Argument(None, help="YAML config or preset name (default: the embedded quickstart)."),
     set_: list[str] = typer.Option([], "--set", help="Override a field: --set rollout.group_size=4 (repeatable)."),
-    out: str | None = typer.Option(None, help="Run folder (default: runs/<env>-<algorithm>-<time>)."),
+    out: str | None = typer.Option(None, help="New run folder (default: runs/<env>-<algorithm>-<time>)."),
     resume: str | None = typer.Option(None, help="Continue the run saved in this folder."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --out first."),
 ) -> None:
-    """Train a policy: SFT warm start (optional), then RL. Writes report.json and learning_curve.png."""
-    import json
-    import time
-    from pathlib import Path
+    from agentgym.training.loop import Trainer
+    from agentgym.training.progress import make_progress, quiet_third_party_bars
 
-    from agentgym.training.loading import config_from_dict, load_config
-
+    notes: list[str] = []
     try:
-        if resume:
-            saved = Path(resume) / "config.json"
-            if not saved.is_file():
-                raise AgentGymError(f"--resume {resume}: no config.json there; is it a run folder?")
-            cfg = config_from_dict(json.loads(saved.read_text()))
-            run_dir = Path(resume)
-        else:
-            cfg = load_config(config, set_)
-            run_dir = Path(out or f"runs/{cfg.env.id.replace('/', '_')}-{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        with quiet_third_party_bars():
+            cfg, folder = _config_and_folder(config, set_, out, resume, overwrite, notes)
+            trainer = Trainer(cfg, folder.path)  # everything that can be checked is, before the folder is touched
     except AgentGymError as exc:
         fail(exc)
-    from agentgym.training.loop import train as run_training
-
-    console.print(f"[bold]agentgym train[/] {config or '(embedded quickstart)'}: {cfg.algorithm.name} on "
-                  f"{cfg.env.id}, {cfg.iterations} iterations, {cfg.rollout.num_tasks}×{cfg.rollout.group_size} "
-                  f"episodes each → {run_dir}")
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("[bold]RL"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=console) as progress:
-        task = progress.add_task("rl", total=cfg.iterations, status="SFT warm start + eval…",
-                                 completed=0)
-
-        def on_iteration(metrics: dict) -> None:
-            progress.update(task, completed=metrics["iteration"],
-                            status=f"success {metrics['rollout/success_rate']:.0%} · "
-                                   f"turns {metrics['rollout/mean_turns']:.1f} · "
-                                   f"{metrics['perf/iteration_s']:.1f}s/it")
-
-        try:
-            report = run_training(cfg, run_dir, resume=bool(resume), on_iteration=on_iteration)
-        except AgentGymError as exc:
-            fail(exc)
-    _print_report(report, run_dir)
+    except KeyboardInterrupt:
+        err_console.print("interrupted before the run started; nothing was written")
+        raise typer.Exit(code=130) from None
+    for note in notes:
+        console.print(f"note: {note}", soft_wrap=True, markup=False, highlight=False)
+    what = f"{cfg.algorithm.name} on {cfg.env.id}, {cfg.iterations} iterations of " \
+           f"{cfg.rollout.num_tasks}×{cfg.rollout.group_size} episodes"
+    console.print(f"agentgym train --resume {folder.path}: continuing {what}" if resume else
+                  f"agentgym train {config or '(embedded quickstart)'}: {what} → {folder.path}",
+                  soft_wrap=True, markup=False, highlight=False)
+    try:
+        with quiet_third_party_bars(), make_progress(console) as progress:
+            report = trainer.run(resume=bool(resume), overwrite=overwrite, progress=progress)
+    except AgentGymError as exc:
+        fail(exc)
+    finally:
+        trainer.close()
+    if "stopped_after" in report:
+        _print_stop(report, folder, cfg)
+        raise typer.Exit(code=143 if report["signal"] == "SIGTERM" else 130)
+    _print_report(report, folder.path)
 
 
-def _print_report(report: dict, run_dir: object) -> None:
+def _config_and_folder(config: str | None, overrides: list[str], out: str | None, resume: str | None,
+                       overwrite: bool, notes: list[str]) -> tuple[TrainConfig, RunFolder]:
+    """The checked config and the run folder it may go into (nothing is written)."""
+    from agentgym.training.checkpoint import checkpoint_iteration
+    from agentgym.training.config import config_to_dict
+    from agentgym.training.loading import load_config
+    from agentgym.training.run_folder import CONFIG, RunFolder
+
+    if resume:
+        if out or overwrite:
+            raise ConfigError("--resume DIR continues the run in DIR: leave out --out and --overwrite")
+        folder = RunFolder(resume)
+        folder.saved_config()  # says so when there is no run
+        cfg = load_config(config or folder.path / CONFIG, overrides, on_note=notes.append)
+        folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path))
+        return cfg, folder
+    cfg = load_config(config, overrides, on_note=notes.append)
+    default = f"runs/{cfg.env.id.replace('/', '_')}-{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = RunFolder(out or default)
+    folder.check_new(overwrite=overwrite)
+    return cfg, folder
+
+
+def _print_stop(report: dict[str, Any], folder: RunFolder, cfg: TrainConfig) -> None:
+    signal, iteration = report["signal"], report["stopped_after"]
+    if iteration is None:
+        text = (f"Stopped ({signal}) before the first checkpoint: there is no checkpoint to resume. "
+                f"Start the run again with: {folder.restart_command()}")
+    elif iteration >= cfg.iterations:
+        text = (f"Stopped ({signal}) during the final evaluation; all {iteration} iterations are saved in "
+                f"{folder.path / 'checkpoint.pt'}. Finish the run with: {folder.resume_command()}")
+    else:
+        text = (f"Stopped ({signal}) after iteration {iteration} of {cfg.iterations}; checkpoint saved in "
+                f"{folder.path / 'checkpoint.pt'}. Resume with: {folder.resume_command()}")
+    console.print(text, soft_wrap=True, markup=False, highlight=False)
+
+
+def _print_report(report: dict[str, Any], run_dir: Path) -> None:
     before, after = report["eval"]["before"], report["eval"]["after"]
     table = Table(title=f"held-out evaluation ({after['episodes']} unseen tasks, greedy)")
     table.add_column("")
@@ -78,10 +125,13 @@ def _print_report(report: dict, run_dir: object) -> None:
         table.add_row(name, f"{e['success_rate']:.0%}", f"{low:.0%}–{high:.0%}", f"{e['mean_return']:.2f}",
                       f"{e['mean_turns']:.1f}", f"{e['invalid_rate']:.0%}")
     console.print(table)
-    delta = after["success_rate"] - before["success_rate"]
-    console.print(f"{report['algorithm']} changed held-out success by [bold]{delta:+.0%}[/] in "
-                  f"{report['wall_time_s'] / 60:.1f} min. Report: {run_dir}/report.json, "
-                  f"curve: {run_dir}/learning_curve.png")
+    # Percentage points between the two rates as printed, not a relative change.
+    points = round(after["success_rate"] * 100) - round(before["success_rate"] * 100)
+    console.print(f"{report['algorithm']} took held-out success from {before['success_rate']:.0%} to "
+                  f"{after['success_rate']:.0%} ([bold]{points:+d} points[/]) in {report['wall_time_s'] / 60:.1f} min.",
+                  soft_wrap=True, highlight=False)
+    console.print(f"Report: {run_dir}/report.json, curve: {run_dir}/learning_curve.png", soft_wrap=True,
+                  markup=False, highlight=False)
 
 
 @app.command()

@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 from agentgym.errors import ConfigError
-
-CHECKPOINT = "checkpoint.pt"
+from agentgym.training.run_folder import CHECKPOINT, RunFolder
 
 
 def rng_state() -> dict[str, Any]:
@@ -27,19 +26,29 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` (plus the RNG states) atomically: a temporary file, then a rename."""
+    """Write ``state`` atomically (a temporary file, then a rename), with the RNG states as they are now
+    unless ``state["rng"]`` gives the ones to save (captured earlier, at the point saved)."""
     tmp = out_dir / (CHECKPOINT + ".tmp")
-    torch.save({**state, "rng": rng_state()}, tmp)
+    torch.save({"rng": rng_state(), **state}, tmp)
     return tmp.replace(out_dir / CHECKPOINT)
+
+
+def checkpoint_iteration(out_dir: Path) -> int | None:
+    """The iteration the checkpoint in ``out_dir`` ends (None without one); reads no tensor data."""
+    path = out_dir / CHECKPOINT
+    if not path.is_file():
+        return None
+    return int(torch.load(path, mmap=True, map_location="cpu", weights_only=False)["iteration"])
 
 
 def load_checkpoint(out_dir: Path) -> dict[str, Any]:
     """The state saved in ``out_dir``; RNG states are reinstated by the caller with ``set_rng_state``.
 
     Raises:
-        ConfigError: there is no checkpoint in ``out_dir``.
+        ConfigError: there is no checkpoint in ``out_dir`` (saying how to start the run again).
     """
     path = out_dir / CHECKPOINT
     if not path.is_file():
-        raise ConfigError(f"--resume {out_dir}: no {CHECKPOINT} there; was the run started with --out {out_dir}?")
+        raise ConfigError(f"--resume {out_dir}: no {CHECKPOINT} there: the run stopped before its first "
+                          f"checkpoint. Start it again with: {RunFolder(out_dir).restart_command()}")
     return torch.load(path, weights_only=False)

@@ -41,6 +41,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     Example:
         >>> coerce("1e-4", float, "optim.lr")
         0.0001
+        >>> coerce(["</search>"], tuple[str, ...], "rollout.stop_strings")
+        ('</search>',)
         >>> coerce("bogus", Literal["mean_norm", "mean_std_norm"], "algorithm.args.mode")
         Traceback (most recent call last):
         ...
@@ -72,6 +74,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, choices))}; got {value!r}")
         return value
+    if origin is tuple and len(get_args(tp)) == 2 and get_args(tp)[1] is Ellipsis:  # tuple[str, ...]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(coerce(v, get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
             raise ConfigError(f"{where} must be a list of {len(get_args(tp))} values, got {value!r}")

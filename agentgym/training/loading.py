@@ -3,21 +3,29 @@
 ``load_config`` and ``config_from_dict`` build the typed ``TrainConfig`` (field types and ranges) and
 then ``check_config``: the checks that need the registries — the algorithm and its arguments, its
 minimum group size, the policy loss, loss terms and rollout-hook options, the backend — so a config
-that cannot work fails here, before anything is built.
+that cannot work fails here, before anything is built. An override that swaps the algorithm or the
+env (``--set algorithm.name=grpo``) drops the settings written for the old one (``retarget``).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from agentgym.backends.builder import list_backends, make_policy
-from agentgym.errors import ConfigError
+from agentgym.errors import ConfigError, RegistryError
+from agentgym.training.algorithm import get_algorithm
 from agentgym.training.coercion import build
-from agentgym.training.config import TrainConfig, apply_overrides
+from agentgym.training.config import AlgorithmConfig, EnvConfig, TrainConfig, apply_overrides
 from agentgym.training.recipe import Recipe
+
+#: Settings that describe one env rather than the run: dropped when an override changes ``env.id``.
+ENV_SETTINGS = ("env.kwargs", "env.max_turns", "rollout.action_format")
 
 
 def check_config(cfg: TrainConfig) -> TrainConfig:
@@ -46,8 +54,113 @@ def presets_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "configs"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML preset (``None``: the embedded quickstart), apply ``key=value`` overrides, check it all.
+def list_presets() -> list[str]:
+    """Names of the shipped presets (``configs/*.yaml`` without the suffix), sorted; empty outside a checkout."""
+    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+
+
+def _config_file(path: str | Path) -> Path:
+    """``path``, or the shipped preset it names (``quickstart_maze_grpo``, with or without ``.yaml``)."""
+    file = Path(path)
+    if file.is_file():
+        return file
+    preset = presets_dir() / (file.name if file.suffix == ".yaml" else f"{file.name}.yaml")
+    if str(path) == file.name and preset.is_file():
+        return preset
+    presets = list_presets()
+    raise ConfigError(f"config file {str(file)!r} not found" + (
+        f"; presets in configs/: {', '.join(p + '.yaml' for p in presets)}" if presets else ""))
+
+
+def _get(data: dict[str, Any], path: str, default: Any = None) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _pop(data: dict[str, Any], path: str) -> Any:
+    *parents, last = path.split(".")
+    node: Any = data
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node.pop(last, None) if isinstance(node, dict) else None
+
+
+def retarget(base: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Apply ``overrides`` to ``base``, dropping what only made sense for an algorithm or env they replace.
+
+    When the overrides change ``algorithm.name``, the base's ``algorithm.args`` (written for the old
+    algorithm) are dropped, so the new one starts from its defaults plus the arguments the overrides
+    give; when they change ``env.id``, so are ``env.kwargs``, ``env.max_turns`` and
+    ``rollout.action_format`` (``ENV_SETTINGS``).
+
+    Args:
+        base: the config as read (preset file or quickstart).
+        overrides: the ``key=value`` strings to apply (``apply_overrides``).
+
+    Returns:
+        The config data to build, and one note per section that lost settings (for the user).
+
+    Example:
+        >>> base = {"algorithm": {"name": "gigpo", "args": {"gamma": 0.9, "mode": "mean_norm"}}}
+        >>> data, notes = retarget(base, ["algorithm.name=rloo", "algorithm.args.epsilon=0.1"])
+        >>> data["algorithm"]
+        {'name': 'rloo', 'args': {'epsilon': 0.1}}
+        >>> notes[0].split(";")[0]
+        "algorithm.name=rloo: dropped gigpo's algorithm.args (gamma, mode)"
+    """
+    data = apply_overrides(base, overrides)
+    stale = []
+    if _get(base, "algorithm.name", AlgorithmConfig.name) != _get(data, "algorithm.name", AlgorithmConfig.name):
+        stale.append("algorithm.args")
+    if _get(base, "env.id", EnvConfig.id) != _get(data, "env.id", EnvConfig.id):
+        stale += ENV_SETTINGS
+    stripped = copy.deepcopy(base)
+    if not any([_pop(stripped, path) not in (None, {}) for path in stale]):
+        return data, []
+    data = apply_overrides(stripped, overrides)
+    dropped = {}
+    for path in stale:
+        old, now = _get(base, path), _get(data, path)
+        if isinstance(old, dict):
+            lost = [str(key) for key in old if key not in (now or {})]
+            if lost:
+                dropped[path] = ", ".join(lost)
+        elif old is not None and now is None:
+            dropped[path] = repr(old)
+    notes = []
+    if "algorithm.args" in dropped:
+        old, new = _get(base, "algorithm.name", AlgorithmConfig.name), _get(data, "algorithm.name")
+        notes.append(f"algorithm.name={new}: dropped {old}'s algorithm.args ({dropped.pop('algorithm.args')}); "
+                     f"{new} uses its defaults{_defaults(new)} unless set with --set algorithm.args.NAME=VALUE")
+    if dropped:
+        old, new = _get(base, "env.id", EnvConfig.id), _get(data, "env.id")
+        described = "; ".join(f"{path}: {what}" for path, what in dropped.items())
+        notes.append(f"env.id={new}: dropped the settings made for {old} ({described}); {new} uses its "
+                     f"spec's defaults unless set with --set")
+    return data, notes
+
+
+def _defaults(name: str) -> str:
+    try:
+        args_type = get_algorithm(name).args_type
+    except RegistryError:  # the unknown name is reported by check_config, with suggestions
+        return ""
+    fields = [f"{f.name}={getattr(args_type, f.name, None)!r}" for f in dataclasses.fields(args_type)]
+    return f" {', '.join(fields)}" if fields else ""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                on_note: Callable[[str], None] | None = None) -> TrainConfig:
+    """Read a YAML config (``None``: the embedded quickstart), apply ``key=value`` overrides, check it all.
+
+    Args:
+        path: a YAML file, the name of a shipped preset (``quickstart_maze_grpo``), or None.
+        overrides: ``key.sub=value`` strings (``--set``).
+        on_note: told what an override of ``algorithm.name`` or ``env.id`` dropped (``retarget``).
 
     Raises:
         ConfigError: a missing or malformed file, or any field problem (naming the field).
@@ -56,15 +169,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is None:
         from agentgym.training.quickstart import QUICKSTART
 
-        data: Any = QUICKSTART
+        base: Any = QUICKSTART
     else:
-        file = Path(path)
-        if not file.is_file():
-            presets = sorted(p.name for p in presets_dir().glob("*.yaml"))
-            raise ConfigError(f"config file {str(file)!r} not found" + (
-                f"; presets in configs/: {', '.join(presets)}" if presets else ""))
+        file = _config_file(path)
         try:
-            data = yaml.safe_load(file.read_text()) or {}
+            base = yaml.safe_load(file.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{file} is not valid YAML: {exc}") from None
-    return config_from_dict(apply_overrides(data, overrides or []))
+        if not isinstance(base, dict):
+            raise ConfigError(f"{file}: a config must be a mapping at the top level, got {type(base).__name__}")
+    data, notes = retarget(base, overrides or [])
+    cfg = config_from_dict(data)
+    for note in notes:
+        if on_note is not None:
+            on_note(note)
+    return cfg

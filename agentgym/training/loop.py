@@ -4,7 +4,10 @@
 collector, the update step); ``Trainer.run`` reads top to bottom and is the same for every
 algorithm: what differs between algorithms lives in their plug-ins (``agentgym.training.algorithm``).
 Every iteration's task seeds, sampling seed and minibatch order derive from ``(cfg.seed,
-iteration)``, so a resumed run replays exactly what an uninterrupted one would have done.
+iteration)``, so a resumed run replays exactly what an uninterrupted one would have done. The run
+folder (``RunFolder``), the response to Ctrl-C and SIGTERM (``StopSignals``: stop after the
+iteration, or at once where the iteration may be abandoned) and the progress display
+(``Progress``) are components the loop calls; none of them changes what is trained.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +35,21 @@ from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Turn
-from agentgym.training.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from agentgym.training.checkpoint import (
+    checkpoint_iteration,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from agentgym.training.config import TrainConfig, config_to_dict
+from agentgym.training.interrupt import StopNow, StopSignals
 from agentgym.training.metrics import MetricsLog, iteration_metrics
 from agentgym.training.plan import TurnIndex
+from agentgym.training.progress import Progress, iteration_status
 from agentgym.training.recipe import Recipe
 from agentgym.training.report import plot_learning_curve
+from agentgym.training.run_folder import RunFolder
 from agentgym.training.update import PolicyUpdate, sft_update
 
 REFERENCE = "reference.pt"
@@ -119,6 +132,22 @@ def _merge_stats(total: CollectStats, part: CollectStats) -> None:
         setattr(total, name, getattr(total, name) + value)
 
 
+@dataclass
+class ResumePoint:
+    """A point the run can be resumed from if it stops now: the end of ``iteration``. The live model,
+    optimiser and schedule are that point's until the next update starts; what else changes meanwhile
+    (RNG states, plug-in state) is captured here."""
+
+    iteration: int
+    """Iterations completed (0: right after the warm start)."""
+    history: list[dict[str, Any]]
+    """Their metrics."""
+    rng: dict[str, Any] | None = None
+    """RNG states at that point; None when that point's checkpoint is already saved."""
+    plugins: dict[str, Any] | None = None
+    """Plug-in state at that point (with ``rng``)."""
+
+
 # --- the run --------------------------------------------------------------------------------------
 
 
@@ -133,6 +162,13 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, out_dir: str | Path) -> None:
         self.cfg = cfg
         self.out = Path(out_dir)
+        self.folder = RunFolder(out_dir)
+        self.progress = Progress()
+        self.stop = StopSignals()
+        self.resume_point: ResumePoint | None = None
+        self.saved_iteration: int | None = None
+        self.extra: dict[str, Any] | None = None
+        self.started = time.perf_counter()
         self.recipe = Recipe.from_config(cfg)
         seed_everything(cfg.seed)
         self.policy = make_policy(cfg.model, seed=cfg.seed)
@@ -163,8 +199,12 @@ class Trainer:
         env = self.make_env()
         try:
             _, info = env.reset(seed=self.cfg.eval.seed_offset)
+            has_expert = bool(getattr(env, "has_expert", False))
         finally:
             env.close()
+        if self.cfg.sft.enabled and not has_expert:
+            raise ConfigError(f"sft.enabled needs expert demonstrations, but {self.cfg.env.id!r} has no expert; "
+                              "set sft.enabled=false to start RL from the untrained policy")
         self.recipe.check_needs(self.policy, self.cfg.env.id, info)
         return bool(info.get("tools"))
 
@@ -207,18 +247,30 @@ class Trainer:
                         "rollout/extra_rounds": float(round_)})
         return groups[:cfg.rollout.num_tasks], stats, metrics
 
+    def evaluate_phase(self, tag: str, title: str) -> dict[str, Any]:
+        """``evaluate`` shown as a phase of the run's progress."""
+        self.progress.start(f"{title} ({self.cfg.eval.num_episodes} episodes)")
+        summary = self.evaluate(tag)
+        self.progress.finish(f"success {summary['success_rate']:.0%}")
+        return summary
+
     def warm_start(self) -> dict[str, Any]:
         """SFT on expert demonstrations (when enabled), with held-out evaluations before and after."""
-        cfg, extra = self.cfg, {}
-        extra["eval_before_sft"] = self.evaluate("before") if cfg.sft.enabled else None
+        cfg, extra, progress = self.cfg, {}, self.progress
+        extra["eval_before_sft"] = self.evaluate_phase("before", "eval before SFT") if cfg.sft.enabled else None
         if cfg.sft.enabled:
             demo_seeds = [cfg.sft.seed_offset + i for i in range(cfg.sft.num_episodes)]
+            progress.start(f"expert demos ({cfg.sft.num_episodes} episodes)")
             demos, demo_stats = collect_demos(self.make_env, self.renderer, demo_seeds,
                                               action_format=self.collector.action_format)
-            extra["sft"] = {**demo_stats, **sft_update(self.model, demos, cfg.sft, max_length=self.max_length,
-                                                       pad_token_id=self.pad_token_id,
-                                                       grad_clip=cfg.optim.grad_clip, seed=cfg.seed)}
-        extra["eval_before"] = self.evaluate("before-rl")
+            progress.finish(f"{len(demos)} turns")
+            progress.start("SFT")
+            extra["sft"] = {**demo_stats, **sft_update(
+                self.model, demos, cfg.sft, max_length=self.max_length, pad_token_id=self.pad_token_id,
+                grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
+                on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total))}
+            progress.finish()
+        extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
         torch.save(self.model.state_dict(), self.out / REFERENCE)
         return extra
 
@@ -243,88 +295,151 @@ class Trainer:
         for name, term in self.recipe.terms.items():
             term.load_state_dict(state.get("terms", {}).get(name, {}))
 
+    # --- saving and restoring -------------------------------------------------------------------
+
+    def save(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any], *,
+             rng: dict[str, Any] | None = None, plugins: dict[str, Any] | None = None) -> None:
+        """Checkpoint the end of ``iteration`` (RNG and plug-in state: now, unless given)."""
+        state = {"iteration": iteration, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "plugins": plugins or self.plugin_state(),
+                 "history": history,
+                 "extra": {**extra, "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started}}
+        save_checkpoint(self.out, state if rng is None else {**state, "rng": rng})
+        self.saved_iteration = iteration
+
+    def capture(self, iteration: int, history: list[dict[str, Any]]) -> ResumePoint:
+        """The resume point at the end of ``iteration`` (call before the next update starts)."""
+        if self.saved_iteration == iteration:
+            return ResumePoint(iteration, list(history))
+        return ResumePoint(iteration, list(history), rng_state(), copy.deepcopy(self.plugin_state()))
+
+    def restore(self) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+        """Reinstate the folder's checkpoint, after checking the config against the run's (the changes a
+        resumed run may make are recorded). Returns the history, the warm start's results and the iteration."""
+        cfg, out = self.cfg, self.out
+        changes = self.folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out))
+        state = load_checkpoint(out)
+        iteration = state["iteration"]
+        self.folder.record_changes(iteration, changes, config_to_dict(cfg))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        # A longer run stretches the schedule: the next update already uses the new schedule's rate.
+        factor = lr_schedule(cfg)(self.scheduler.last_epoch)
+        for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base_lr * factor
+        self.load_plugin_state(state.get("plugins", {}))
+        set_rng_state(state["rng"])
+        self.saved_iteration = iteration
+        return state["history"], state["extra"], iteration
+
+    def stopped(self, iteration: int | None, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """What ``run`` returns when it stops early (a signal, or ``stop_after``) after ``iteration``
+        (None: before anything was saved)."""
+        return {"stopped_after": iteration, "signal": self.stop.signal, "checkpoint": iteration is not None,
+                "history": history}
+
+    def stopped_now(self, point: ResumePoint | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+        """The run was cut short (``StopNow``): save its resume point, if it has one not yet saved."""
+        if point is None:
+            return self.stopped(None, [])
+        if point.rng is not None and extra is not None:
+            self.save(point.iteration, point.history, extra, rng=point.rng, plugins=point.plugins)
+        return self.stopped(point.iteration, point.history)
+
     # --- the run --------------------------------------------------------------------------------
 
-    def run(self, *, resume: bool = False, on_iteration: Callable[[dict[str, Any]], None] | None = None,
-            stop_after: int | None = None) -> dict[str, Any]:
+    def run(self, *, resume: bool = False, overwrite: bool = False,
+            on_iteration: Callable[[dict[str, Any]], None] | None = None, stop_after: int | None = None,
+            progress: Progress | None = None) -> dict[str, Any]:
         """Run (or resume) the job; see ``train``."""
-        cfg, out, recipe = self.cfg, self.out, self.recipe
-        started = time.perf_counter()
-        (out / "trajectories").mkdir(parents=True, exist_ok=True)
+        self.progress = progress or Progress()
+        self.started = time.perf_counter()
+        with StopSignals(self.progress.note) as self.stop:
+            try:
+                return self.run_iterations(resume, overwrite, on_iteration, stop_after)
+            except StopNow:
+                return self.stopped_now(self.resume_point, self.extra)
+
+    def run_iterations(self, resume: bool, overwrite: bool, on_iteration: Callable[[dict[str, Any]], None] | None,
+                       stop_after: int | None) -> dict[str, Any]:
+        """The run itself: start (warm start, or a checkpoint), RL iterations, finish."""
+        cfg, out, recipe, stop, progress = self.cfg, self.out, self.recipe, self.stop, self.progress
         # --- start: from a checkpoint, or SFT warm start + evaluations -----------------------------
         if resume:
-            state = load_checkpoint(out)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.load_plugin_state(state.get("plugins", {}))
-            set_rng_state(state["rng"])
-            history, extra, start_iteration = state["history"], state["extra"], state["iteration"]
+            history, extra, start_iteration = self.restore()
         else:
-            (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
-            history, extra, start_iteration = [], self.warm_start(), 0
+            self.folder.start(config_to_dict(cfg), overwrite=overwrite)
+            with stop.region("immediate"):  # nothing can be saved before RL starts: any signal stops at once
+                extra = self.warm_start()
+            history, start_iteration = [], 0
+        self.extra = extra
+        (out / "trajectories").mkdir(exist_ok=True)
         if recipe.needs_reference:
             self.freeze_reference()
-        log = MetricsLog(out, history, on_iteration)
+        progress.start("RL", total=cfg.iterations, completed=start_iteration)
 
-        for iteration in range(start_iteration + 1, cfg.iterations + 1):
-            it_started = time.perf_counter()
-            # --- collect ---------------------------------------------------------------------------
-            groups, stats, hook_metrics = self.collect(iteration)
-            self._check_tool_calls(iteration, stats)
-            with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
-                fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
-            # --- estimate --------------------------------------------------------------------------
-            advantages = recipe.algorithm.estimator(groups, recipe.args)
-            # --- update (the policy shares its weights with the trainer: sync is a no-op) ----------
-            update_started = time.perf_counter()
-            update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration)
-            for term in recipe.terms.values():
-                update_metrics.update(term.end_iteration())
-            self.scheduler.step()
-            self.policy.sync_weights(None)
-            update_s = time.perf_counter() - update_started
-            # --- log -------------------------------------------------------------------------------
-            timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
-            metrics = iteration_metrics(iteration, groups, advantages, stats, timings,
-                                        self.scheduler.get_last_lr()[0])
-            metrics.update(hook_metrics)
-            metrics.update(update_metrics)
-            if "perf/train_tokens" in update_metrics and update_s > 0:
-                metrics["perf/train_tokens_per_s"] = update_metrics["perf/train_tokens"] / update_s
-            if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration != cfg.iterations:
-                metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
-            history.append(metrics)
-            log.log(metrics)
-            # --- checkpoint ------------------------------------------------------------------------
-            if (cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0) or iteration == cfg.iterations \
-                    or iteration == stop_after:
-                save_checkpoint(out, {
-                    "iteration": iteration, "model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "plugins": self.plugin_state(), "history": history,
-                    "extra": {**extra, "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - started}})
-            if stop_after is not None and iteration >= stop_after:
-                log.close()
-                return {"stopped_after": iteration, "history": history}
+        with MetricsLog(out, history, on_iteration) as log:
+            for iteration in range(start_iteration + 1, cfg.iterations + 1):
+                it_started = time.perf_counter()
+                # --- collect (a stop may abandon it: nothing has changed since the last iteration) ----
+                self.resume_point = self.capture(iteration - 1, history)
+                with stop.region("abandonable"):
+                    groups, stats, hook_metrics = self.collect(iteration)
+                self.resume_point = None
+                self._check_tool_calls(iteration, stats)
+                with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
+                    fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
+                # --- estimate ------------------------------------------------------------------------
+                advantages = recipe.algorithm.estimator(groups, recipe.args)
+                # --- update (the policy shares its weights with the trainer: sync is a no-op) --------
+                update_started = time.perf_counter()
+                update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration)
+                for term in recipe.terms.values():
+                    update_metrics.update(term.end_iteration())
+                self.scheduler.step()
+                self.policy.sync_weights(None)
+                update_s = time.perf_counter() - update_started
+                # --- log -----------------------------------------------------------------------------
+                timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
+                metrics = iteration_metrics(iteration, groups, advantages, stats, timings,
+                                            self.scheduler.get_last_lr()[0])
+                metrics.update(hook_metrics)
+                metrics.update(update_metrics)
+                if "perf/train_tokens" in update_metrics and update_s > 0:
+                    metrics["perf/train_tokens_per_s"] = update_metrics["perf/train_tokens"] / update_s
+                if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration != cfg.iterations:
+                    metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
+                history.append(metrics)
+                log.log(metrics)
+                progress.update(iteration, iteration_status(metrics))
+                # --- checkpoint (and stop, when asked to) ----------------------------------------------
+                stopping = stop.requested or (stop_after is not None and iteration >= stop_after)
+                if (cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0) or iteration == cfg.iterations \
+                        or stopping:
+                    self.save(iteration, history, extra)
+                if stopping:
+                    return self.stopped(iteration, history)
 
         # --- finish: held-out evaluation, report, model -------------------------------------------
-        eval_after = self.evaluate("after")
+        self.resume_point = ResumePoint(cfg.iterations, history)  # saved with the last iteration
+        with stop.region("immediate"):
+            eval_after = self.evaluate_phase("after", "eval after RL")
         report = {
             "algorithm": cfg.algorithm.name,
             "env": cfg.env.id,
             "iterations": cfg.iterations,
-            "wall_time_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - started,
+            "wall_time_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started,
             "eval": {"before": extra["eval_before"], "after": eval_after, "before_sft": extra.get("eval_before_sft")},
             "sft": extra.get("sft"),
             "history": history,
             "config": config_to_dict(cfg),
+            "config_history": self.folder.config_history(),
         }
         (out / "report.json").write_text(json.dumps(report, indent=2))
         self.model.save_pretrained(out / "model")
         self.tokenizer.save_pretrained(out / "model")
         plot_learning_curve(report, out / "learning_curve.png")
-        log.close()
         return report
 
     def _check_tool_calls(self, iteration: int, stats: CollectStats) -> None:
@@ -342,23 +457,40 @@ class Trainer:
         self.collector.close()
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False,
-          on_iteration: Callable[[dict[str, Any]], None] | None = None,
-          stop_after: int | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+          on_iteration: Callable[[dict[str, Any]], None] | None = None, stop_after: int | None = None,
+          progress: Progress | None = None) -> dict[str, Any]:
     """Run (or resume) a training job; writes checkpoints, metrics, trajectories, report and plot.
+
+    Ctrl-C (SIGINT) stops the run after the current iteration, a second Ctrl-C or a SIGTERM at once
+    (abandoning the iteration where that loses nothing else); either way the point reached is saved
+    and the returned dict says where (``agentgym.training.interrupt``).
 
     Args:
         cfg: the validated config.
-        out_dir: run folder; ``resume=True`` continues the run saved there.
-        on_iteration: called with each iteration's metrics (the CLI's progress bar).
+        out_dir: run folder: new or empty, or holding a run (``overwrite`` clears it first; ``resume``
+            continues it, with the config changes a resumed run may make, ``run_folder.RESUMABLE``).
+        on_iteration: called with each iteration's metrics.
         stop_after: stop after this iteration number without finishing the run (tests use it to
             simulate a killed run; the checkpoint of that iteration is written first).
+        progress: where progress goes (``agentgym.training.progress``; default: nowhere).
 
     Returns:
-        The report (also written to ``out_dir/report.json``).
+        The report (also written to ``out_dir/report.json``), or, for a run that stopped early,
+        ``{"stopped_after": iteration or None, "signal": name or None, "checkpoint": bool, "history": [...]}``.
+
+    Raises:
+        ConfigError: the folder cannot take the run (checked before anything is built), or the config
+            cannot work (checked before anything is written).
     """
+    folder = RunFolder(out_dir)
+    if resume:
+        folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path))
+    else:
+        folder.check_new(overwrite=overwrite)
     trainer = Trainer(cfg, out_dir)
     try:
-        return trainer.run(resume=resume, on_iteration=on_iteration, stop_after=stop_after)
+        return trainer.run(resume=resume, overwrite=overwrite, on_iteration=on_iteration, stop_after=stop_after,
+                           progress=progress)
     finally:
         trainer.close()

@@ -86,6 +86,12 @@ class MetricsLog:
         if self._writer is not None:
             self._writer.close()
 
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def _tensorboard(out: Path) -> Any:
     try:

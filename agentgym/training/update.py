@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -141,8 +141,12 @@ def _rows(values: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
 
 
 def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max_length: int, pad_token_id: int,
-               grad_clip: float, seed: int) -> dict[str, Any]:
-    """Cross-entropy on the expert's response tokens (prompt tokens are masked out)."""
+               grad_clip: float, seed: int,
+               on_step: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+    """Cross-entropy on the expert's response tokens (prompt tokens are masked out).
+
+    ``on_step(step, total_steps, loss)`` is called after every optimiser step (progress display).
+    """
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     batch = pack_turns(turns, np.zeros(len(turns)), pad_token_id=pad_token_id, max_length=max_length)
@@ -150,6 +154,7 @@ def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max
     num_minibatches = max(1, math.ceil(batch.num_rows / cfg.batch_size))
     model.train()
     losses = []
+    total_steps = cfg.num_epochs * num_minibatches
     for _ in range(cfg.num_epochs):
         for mb in minibatches(batch, num_minibatches, generator=generator):
             mb = mb.to(device)
@@ -161,4 +166,6 @@ def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
             optimizer.step()
             losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(len(losses), total_steps, losses[-1])
     return {"sft/loss_first": losses[0], "sft/loss_last": losses[-1], "sft/steps": float(len(losses))}

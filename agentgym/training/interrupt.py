@@ -1,0 +1,92 @@
+"""Stopping a run on Ctrl-C (SIGINT) or SIGTERM at a point it can resume from: ``StopSignals``.
+
+The first Ctrl-C asks the run to stop after the current iteration (which then saves a checkpoint).
+A second Ctrl-C, or a SIGTERM (a scheduler's or ``kill``'s notice, which may be followed by a kill),
+asks it to stop now: ``StopNow`` is raised where the loop said the iteration may be abandoned
+(while collecting rollouts: the model has not changed since the iteration began), or as soon as
+the loop reaches such a point (an update is never cut in half). Where nothing can be saved anyway
+(the warm start) or everything already is (the final evaluation), any signal stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Literal
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+Region = Literal["abandonable", "immediate"]
+
+
+class StopNow(BaseException):
+    """Raised inside a region the run may leave at once. A ``BaseException``, like ``KeyboardInterrupt``,
+    so that no ``except Exception`` in env or hook code swallows it."""
+
+
+class StopSignals:
+    """SIGINT/SIGTERM handlers for the duration of a run (a context manager).
+
+    Outside the main thread (where Python cannot install handlers) it does nothing.
+
+    Args:
+        on_note: told, as they arrive, what the signals will do (for the user).
+
+    Example:
+        >>> import os
+        >>> with StopSignals() as stop:
+        ...     os.kill(os.getpid(), signal.SIGINT)
+        ...     stop.requested, stop.now
+        (True, False)
+    """
+
+    def __init__(self, on_note: Callable[[str], None] | None = None) -> None:
+        self.on_note = on_note or (lambda text: None)
+        self.signal: str | None = None
+        """Name of the last signal received (``"SIGINT"``, ``"SIGTERM"``), None before any."""
+        self.now = False
+        """Stop at once (at the next point that may be abandoned), not after the iteration."""
+        self._region: Region | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        """A stop was asked for (after the current iteration, or now)."""
+        return self.signal is not None
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    @contextmanager
+    def region(self, kind: Region) -> Iterator[None]:
+        """Mark code a stop may cut short: ``abandonable`` on a second Ctrl-C or a SIGTERM, ``immediate`` on
+        any signal. Entering it when such a stop is already pending raises ``StopNow`` at once."""
+        if self.now or (kind == "immediate" and self.requested):
+            raise StopNow
+        previous, self._region = self._region, kind
+        try:
+            yield
+        finally:
+            self._region = previous
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signal is None
+        self.signal = signal.Signals(signum).name
+        self.now = self.now or not first or signum == signal.SIGTERM or self._region == "immediate"
+        if self.now and self._region is not None:
+            raise StopNow
+        if self.now:
+            self.on_note(f"{self.signal}: stopping as soon as the current update is finished and saved")
+        else:
+            self.on_note(f"{self.signal}: stopping after this iteration, which is then saved "
+                         f"(Ctrl-C again to stop at once, losing only this iteration)")

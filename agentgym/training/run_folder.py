@@ -1,0 +1,189 @@
+"""A run's folder: starting a run (never over another one), resuming it, and the history of its config.
+
+A folder holds a run when it has any file only a run writes (``RUN_FILES``). A new run goes into a
+folder that does not exist or is empty, or — with ``overwrite`` — into a folder holding a run, which
+is cleared first; a folder holding anything else is never written to. A resumed run may change only
+the fields that extend or observe it (``RESUMABLE``); each change is appended to
+``config_history.jsonl`` and ``config.json`` is rewritten, so the folder always says what ran.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from agentgym.errors import ConfigError
+
+CONFIG = "config.json"
+CHECKPOINT = "checkpoint.pt"
+HISTORY = "config_history.jsonl"
+#: Files only a run writes: a folder with any of them holds a run.
+RUN_FILES = (CONFIG, CHECKPOINT, "metrics.jsonl", "report.json", "reference.pt", HISTORY)
+#: Fields a resumed run may change: they extend the run or change how it is observed or placed,
+#: never what it learns from (``env.url``/``model.device`` move the same run to another service or device).
+RESUMABLE = ("iterations", "checkpoint_every", "eval.every", "env.url", "env.token", "model.device")
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as ``{"a.b": value}``; lists and scalars are leaves.
+
+    Example:
+        >>> flatten({"env": {"id": "maze-v0", "kwargs": {"size": 2}}, "seed": 0})
+        {'env.id': 'maze-v0', 'env.kwargs.size': 2, 'seed': 0}
+    """
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The fields that differ between two plain configs, as ``{path: {"from": old, "to": new}}``.
+
+    Example:
+        >>> config_changes({"iterations": 60, "optim": {"lr": 0.1}}, {"iterations": 90, "optim": {"lr": 0.1}})
+        {'iterations': {'from': 60, 'to': 90}}
+    """
+    before, after = flatten(old), flatten(new)
+    return {path: {"from": before.get(path), "to": after.get(path)}
+            for path in [*before, *(p for p in after if p not in before)] if before.get(path) != after.get(path)}
+
+
+def _resumable(path: str) -> bool:
+    return any(path == field or path.startswith(field + ".") for field in RESUMABLE)
+
+
+class RunFolder:
+    """The folder of one run.
+
+    Args:
+        path: where the run lives.
+
+    Example:
+        >>> import tempfile
+        >>> folder = RunFolder(Path(tempfile.mkdtemp()) / "run")
+        >>> folder.holds_run()
+        False
+        >>> folder.start({"iterations": 2}, overwrite=False)
+        >>> folder.holds_run(), folder.saved_config()
+        (True, {'iterations': 2})
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    # --- what is there -------------------------------------------------------------------------
+
+    def holds_run(self) -> bool:
+        """The folder has a file only a run writes."""
+        return any((self.path / name).exists() for name in RUN_FILES)
+
+    def has_checkpoint(self) -> bool:
+        return (self.path / CHECKPOINT).is_file()
+
+    def saved_config(self) -> dict[str, Any]:
+        """The run's config as plain data (``config.json``).
+
+        Raises:
+            ConfigError: the folder holds no run.
+        """
+        path = self.path / CONFIG
+        if not path.is_file():
+            raise ConfigError(f"--resume {self.path}: no run there (no {CONFIG}); start one with --out {self.path}")
+        return json.loads(path.read_text())
+
+    def config_history(self) -> list[dict[str, Any]]:
+        """Every change made to the run's config on resume, oldest first."""
+        path = self.path / HISTORY
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+    # --- commands to tell the user ---------------------------------------------------------------
+
+    def resume_command(self) -> str:
+        return f"agentgym train --resume {shlex.quote(str(self.path))}"
+
+    def restart_command(self) -> str:
+        """Starts the same run again from scratch: its saved config, into the same folder."""
+        return (f"agentgym train {shlex.quote(str(self.path / CONFIG))} --out {shlex.quote(str(self.path))} "
+                f"--overwrite")
+
+    # --- a new run -------------------------------------------------------------------------------
+
+    def check_new(self, *, overwrite: bool) -> None:
+        """Raise unless a new run may start here (see the module docstring); writes nothing.
+
+        Raises:
+            ConfigError: the folder holds a run (and ``overwrite`` is False), or holds other files.
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"--out {self.path} is a file, not a folder; pick a new folder for the run")
+        if self.holds_run():
+            if overwrite:
+                return
+            if not self.has_checkpoint() and not (self.path / "report.json").exists():
+                raise ConfigError(f"{self.path} holds a run that stopped before its first checkpoint; start it "
+                                  f"again with --overwrite, or pick a new --out folder")
+            raise ConfigError(f"{self.path} already holds a run; continue it with --resume {self.path}, pick a new "
+                              f"--out folder, or add --overwrite to delete that run and start again")
+        if self.path.is_dir() and any(self.path.iterdir()):
+            raise ConfigError(f"{self.path} holds files but is not a run folder, so nothing will be written or "
+                              f"deleted there; pick a new or empty --out folder")
+
+    def start(self, config: dict[str, Any], *, overwrite: bool) -> None:
+        """Create the folder (clearing the run it holds when ``overwrite``) and write ``config.json``."""
+        self.check_new(overwrite=overwrite)
+        if overwrite and self.holds_run():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / CONFIG).write_text(json.dumps(config, indent=2))
+
+    # --- a resumed run ---------------------------------------------------------------------------
+
+    def check_resume(self, config: dict[str, Any], iteration: int | None = None) -> dict[str, dict[str, Any]]:
+        """The changes ``config`` makes to the saved run's config, if a resumed run may make them.
+
+        Args:
+            config: the config to resume with (plain data).
+            iteration: the checkpoint's iteration, when known: the run must not be finished already
+                (unless ``config`` extends it) nor have gone past ``config``'s iterations.
+
+        Raises:
+            ConfigError: no run or no checkpoint here, changes outside ``RESUMABLE`` (all named), or
+                nothing left to run.
+        """
+        changes = config_changes(self.saved_config(), config)
+        if not self.has_checkpoint():
+            raise ConfigError(f"--resume {self.path}: no checkpoint there: the run stopped before its first one, "
+                              f"so there is nothing to resume. Start it again with: {self.restart_command()}")
+        refused = [path for path in changes if not _resumable(path)]
+        if refused:
+            listed = ", ".join(f"{p} ({changes[p]['from']!r} → {changes[p]['to']!r})" for p in refused)
+            raise ConfigError(f"--resume {self.path}: {listed} cannot change when a run resumes (it would no "
+                              f"longer be the run its checkpoint continues); a resumed run may change only "
+                              f"{', '.join(RESUMABLE)}. Start a new run with --out instead")
+        iterations = config.get("iterations")
+        if iteration is not None and isinstance(iterations, int):
+            if iterations < iteration:
+                raise ConfigError(f"--resume {self.path}: iterations={iterations}, but the run is at iteration "
+                                  f"{iteration}; set iterations to {iteration} or more")
+            if iterations == iteration and (self.path / "report.json").is_file():
+                raise ConfigError(f"--resume {self.path}: the run finished all {iteration} iterations; extend it "
+                                  f"with --set iterations=N (N > {iteration})")
+        return changes
+
+    def record_changes(self, iteration: int, changes: dict[str, dict[str, Any]], config: dict[str, Any]) -> None:
+        """Append ``changes`` (made when resuming after ``iteration``) to the history; rewrite ``config.json``."""
+        if not changes:
+            return
+        entry = {"iteration": iteration, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": changes}
+        with open(self.path / HISTORY, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+        (self.path / CONFIG).write_text(json.dumps(config, indent=2))

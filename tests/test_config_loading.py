@@ -1,0 +1,118 @@
+"""Loading configs the way users write them: YAML 1.1 numbers, retargeting the quickstart to another
+algorithm or env, errors that name the path the user wrote, and presets by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import agentgym
+from agentgym.errors import ConfigError
+from agentgym.training import load_config, register_algorithm
+from agentgym.training.quickstart import QUICKSTART
+
+
+def test_yaml_1_1_numbers_written_as_strings_are_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    # YAML 1.1 (PyYAML) reads 1e-4 and 5e-4 as strings: no dot before the exponent.
+    path.write_text("optim:\n  lr: 1e-4\nsft:\n  lr: 5e-4\nloss:\n  kl_coef: 1e-3\niterations: 1e1\n")
+    cfg = load_config(path)
+    assert (cfg.optim.lr, cfg.sft.lr, cfg.loss.kl_coef, cfg.iterations) == (1e-4, 5e-4, 1e-3, 10)
+    assert isinstance(cfg.iterations, int)
+
+
+def test_a_number_with_a_fraction_is_not_an_integer(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("iterations: 2.5e0\n")
+    with pytest.raises(ConfigError, match="iterations must be an integer"):
+        load_config(path)
+
+
+# --- retargeting the quickstart ----------------------------------------------------------------------
+
+
+def test_another_algorithm_starts_from_its_own_defaults_with_a_note() -> None:
+    notes: list[str] = []
+    cfg = load_config(None, ["algorithm.name=grpo"], on_note=notes.append)
+    assert cfg.algorithm.name == "grpo" and cfg.algorithm.args == {}
+    assert len(notes) == 1
+    assert "gigpo" in notes[0] and "gamma" in notes[0] and "grpo" in notes[0]
+
+
+def test_arguments_given_with_the_new_algorithm_are_kept() -> None:
+    notes: list[str] = []
+    cfg = load_config(None, ["algorithm.name=grpo", "algorithm.args.normalize_std=false"], on_note=notes.append)
+    assert cfg.algorithm.args == {"normalize_std": False}
+    assert len(notes) == 1 and "gamma, mode, invalid_action_penalty" in notes[0]
+    with pytest.raises(ConfigError, match="algorithm.args.gamma"):  # gigpo's argument, written for grpo
+        load_config(None, ["algorithm.name=grpo", "algorithm.args.gamma=0.9"])
+
+
+def test_naming_the_same_algorithm_keeps_its_arguments() -> None:
+    notes: list[str] = []
+    cfg = load_config(None, ["algorithm.name=gigpo"], on_note=notes.append)
+    assert cfg.algorithm.args == QUICKSTART["algorithm"]["args"] and notes == []
+
+
+def test_another_env_drops_the_old_envs_settings_with_a_note() -> None:
+    notes: list[str] = []
+    cfg = load_config(None, ["env.id=tools-v0"], on_note=notes.append)
+    assert cfg.env.id == "tools-v0" and cfg.env.kwargs == {} and cfg.env.max_turns is None
+    assert len(notes) == 1 and "maze-v0" in notes[0] and "size" in notes[0] and "max_turns" in notes[0]
+    env = agentgym.make(cfg.env.id, max_turns=cfg.env.max_turns, **cfg.env.kwargs)
+    env.reset(seed=0)
+    env.close()
+
+
+def test_settings_given_with_the_new_env_are_kept() -> None:
+    notes: list[str] = []
+    cfg = load_config(None, ["env.id=sokoban-v0", "env.kwargs.size=5", "env.max_turns=7"], on_note=notes.append)
+    assert cfg.env.kwargs == {"size": 5} and cfg.env.max_turns == 7
+    assert len(notes) == 1 and "env.kwargs: observation" in notes[0] and "max_turns" not in notes[0]
+
+
+# --- errors name the path the user wrote --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RangedArgs:
+    gamma: float = 0.9
+    """Discount in [0, 1]."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"RangedArgs.gamma must be in [0, 1], got {self.gamma}")
+
+
+register_algorithm("test_ranged", lambda groups, args: np.zeros(0), RangedArgs, override=True)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("2", "algorithm.args.gamma must be in [0, 1], got 2.0"),
+    ("often", "algorithm.args.gamma must be a number, got 'often'"),
+])
+def test_algorithm_argument_errors_name_algorithm_args(value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["algorithm.name=test_ranged", f"algorithm.args.gamma={value}"])
+    assert str(info.value) == message
+
+
+def test_a_preset_loads_by_name() -> None:
+    assert load_config("quickstart_maze_grpo").algorithm.name == "grpo"
+    assert load_config("quickstart_maze_grpo.yaml").algorithm.name == "grpo"
+
+
+def test_a_run_folders_config_json_loads_back(tmp_path: Path) -> None:
+    """``config.json`` (what ``--resume`` and the restart command read) gives the same config, variable-length
+    tuples included."""
+    import json
+
+    from agentgym.training import config_to_dict
+
+    cfg = load_config(None, ["rollout.stop_strings=['</search>', '</answer>']"])
+    (tmp_path / "config.json").write_text(json.dumps(config_to_dict(cfg)))
+    assert load_config(tmp_path / "config.json") == cfg
+    assert load_config(None, ["rollout.stop_strings=[]"]).rollout.stop_strings == ()
