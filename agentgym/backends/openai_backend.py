@@ -214,8 +214,10 @@ class OpenAIEndpoint:
             if not isinstance(text, str):
                 raise TypeError("text is not a string")
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            raise PolicyEndpointError(f"policy endpoint {self.base_url} returned something that is not an "
-                                      f"OpenAI {what}: {str(body)[:200]!r}") from None
+            shown = _shown(body)
+            route = "POST /chat/completions" if chat else "POST /completions"
+            raise PolicyEndpointError(f"policy endpoint {self.base_url} ({route}) returned something that is not an "
+                                      f"OpenAI {what}: {shown}; is the URL an OpenAI-compatible API root?") from None
         ids = choice.get("token_ids")
         if ids is None and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
             ids = [int(t.split(":", 1)[1]) for t in tokens]
@@ -225,6 +227,19 @@ class OpenAIEndpoint:
         return EndpointReply(text, str(choice.get("finish_reason") or "stop"),
                              [int(i) for i in ids] if ids is not None else None, logprobs, top,
                              usage.get("completion_tokens"), usage.get("prompt_tokens"))
+
+
+def _shown(body: Any) -> str:
+    """A short view of an unexpected response body (the fields it did have)."""
+    import json
+
+    try:
+        data = body.model_dump() if hasattr(body, "model_dump") else body
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+        return json.dumps(data, default=str)[:200]
+    except (TypeError, ValueError):
+        return repr(body)[:200]
 
 
 def _cause(exc: BaseException) -> str:

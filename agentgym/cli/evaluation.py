@@ -175,8 +175,9 @@ def evaluate(
     except AgentGymError as exc:
         fail(exc)
     total = len(plan.seeds) * plan.samples
-    err_console.print(f"[bold]agentgym eval[/] {len(plan.policies)} policies × {len(plan.envs)} envs × {total} "
-                      f"episodes → {out_dir}")
+    count = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"  # noqa: E731
+    err_console.print(f"[bold]agentgym eval[/] {count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
+                      f"{count(len(plan.envs), 'env')} × {count(total, 'episode')} → {out_dir}")
     command = shlex.join(["agentgym", *sys.argv[1:]])
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console) as progress:

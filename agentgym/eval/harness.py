@@ -178,7 +178,6 @@ class Evaluation:
         elif self.store.has_plan():
             raise ConfigError(f"{root} already holds an evaluation; pass --resume to complete it, or choose "
                               "another --out")
-        self.store.write_plan(self.plan.to_json())
 
     def env_factory(self, entry: EnvEntry) -> Callable[[], Env]:
         """Makes the env of ``entry``: in-process, or a session on its env service."""
@@ -236,6 +235,8 @@ class Evaluation:
                         raise ConfigError(f"policy expert: {', '.join(missing)} has no expert; drop it from "
                                           "--envs or evaluate it with other policies")
             loaded = {spec.name: load_policy(spec, self.plan) for spec in self.plan.policies}
+            # Written only once everything is known to work: a plan that failed to start leaves no folder behind.
+            self.store.write_plan(self.plan.to_json())
             for entry in self.plan.envs:
                 for spec in self.plan.policies:
                     self._run_pair(entry, infos[entry.id], spec, loaded[spec.name])
@@ -267,7 +268,9 @@ class Evaluation:
         saved = len(self.store.records(entry.id, spec.name))
         detail = str(exc) if isinstance(exc, AgentGymError) else f"{type(exc).__name__}: {exc}"
         kind = type(exc).__name__
-        return EvalError(f"{entry.id} × {spec.name}, {where}: {kind}: {detail.rstrip('.')}. {saved} finished "
+        detail = detail.strip() or "(no message)"
+        end = "" if detail[-1] in ".?!" else "."
+        return EvalError(f"{entry.id} × {spec.name}, {where}: {kind}: {detail}{end} {saved} finished "
                          f"episodes of this pair are saved in {self.store.root}; fix the cause, then "
                          f"`agentgym eval --out {self.store.root} --resume` plays the rest")
 
@@ -353,6 +356,15 @@ class Evaluation:
         finished = [len(done)]
 
         def work(item: tuple[int, int]) -> None:
+            if stop.is_set():
+                return
+            try:
+                run_one(item)
+            except BaseException:
+                stop.set()  # no new episode starts; the ones in flight stop at their next turn
+                raise
+
+        def run_one(item: tuple[int, int]) -> None:
             task, sample = item
             env = getattr(local, "env", None)
             if env is None:
@@ -365,7 +377,6 @@ class Evaluation:
             except Interrupted:
                 return
             except Exception as exc:
-                stop.set()
                 raise self._fail(entry, spec, f"task seed {plan.seeds[task]}, sample {sample}", exc) from exc
             record = episode_record(entry.id, spec.name, task, sample, played.trajectory,
                                     observation=played.observation, info=played.info, turn_texts=played.turn_texts,
