@@ -51,7 +51,7 @@ def _env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spl
     runs = [p.run_config for p in policies if p.kind == "run"]
     defaults: dict[str, tuple[dict[str, Any], int | None]] = {}
     if envs is None:
-        if not runs or len(runs) != len(policies):
+        if not runs:
             raise ConfigError("give the envs to evaluate: --envs ID[,ID...] (or --envs all); `agentgym envs` lists them")
         ids = list(dict.fromkeys(r["env"]["id"] for r in runs))
         for run in runs:  # the run's own env settings: what its held-out evaluation played
