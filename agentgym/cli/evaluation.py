@@ -124,7 +124,8 @@ def evaluate(
     episodes: int | None = typer.Option(None, "--episodes", help="Tasks per env, each played --samples times "
                                         "per policy (default 20, or as many as --seeds lists)."),
     seeds: str | None = typer.Option(None, "--seeds", help="Task seeds, e.g. 0-19 or 1,5,9 (default: 1000000 "
-                                     "onwards, the held-out range training's evaluations use)."),
+                                     "onwards, the held-out range training's evaluations use, or a run folder's "
+                                     "eval.seed_offset)."),
     split: str | None = typer.Option(None, "--split", help="Pass split=SPLIT to the envs that have splits "
                                      "(alfworld-v0, tools-v0...)."),
     samples: int = typer.Option(1, "--samples", help="Episodes per task and policy; K > 1 reports pass@k."),
@@ -164,8 +165,11 @@ def evaluate(
             if not specs:
                 raise ConfigError("give at least one --policy (random, expert, a model directory, a run folder or "
                                   "an http://HOST:PORT/v1 endpoint)")
-            task_seeds = parse_seeds(seeds) if seeds else \
-                list(range(DEFAULT_SEED_START, DEFAULT_SEED_START + (20 if episodes is None else episodes)))
+            # Run folders were evaluated from their own eval.seed_offset: start there, so numbers compare.
+            offsets = {int((s.run_config or {}).get("eval", {}).get("seed_offset", DEFAULT_SEED_START))
+                       for s in specs if s.kind == "run"}
+            start = offsets.pop() if len(offsets) == 1 else DEFAULT_SEED_START
+            task_seeds = parse_seeds(seeds) if seeds else list(range(start, start + (20 if episodes is None else episodes)))
             if seeds and episodes is not None and episodes != len(task_seeds):
                 raise ConfigError(f"--seeds gives {len(task_seeds)} tasks but --episodes says {episodes}; drop one")
             plan = EvalPlan(tuple(specs), tuple(_env_entries(envs, env_arg, env_url, split, max_turns, specs)),
@@ -175,7 +179,7 @@ def evaluate(
     except AgentGymError as exc:
         fail(exc)
     total = len(plan.seeds) * plan.samples
-    count = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"  # noqa: E731
+    count = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"
     err_console.print(f"[bold]agentgym eval[/] {count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
                       f"{count(len(plan.envs), 'env')} × {count(total, 'episode')} → {out_dir}")
     command = shlex.join(["agentgym", *sys.argv[1:]])

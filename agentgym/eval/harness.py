@@ -226,6 +226,7 @@ class Evaluation:
             ConfigError: a bad policy, env or folder, found before any episode runs.
         """
         self._prepare_folder()
+        loaded: dict[str, LoadedPolicy] = {}
         try:
             infos = {entry.id: self.probe(entry) for entry in self.plan.envs}
             for spec in self.plan.policies:
@@ -234,19 +235,19 @@ class Evaluation:
                     if missing:
                         raise ConfigError(f"policy expert: {', '.join(missing)} has no expert; drop it from "
                                           "--envs or evaluate it with other policies")
-            loaded = {spec.name: load_policy(spec, self.plan) for spec in self.plan.policies}
+            for spec in self.plan.policies:
+                loaded[spec.name] = load_policy(spec, self.plan)
             # Written only once everything is known to work: a plan that failed to start leaves no folder behind.
             self.store.write_plan(self.plan.to_json())
             for entry in self.plan.envs:
                 for spec in self.plan.policies:
                     self._run_pair(entry, infos[entry.id], spec, loaded[spec.name])
+        finally:
             for policy in loaded.values():
                 policy.close()
-        finally:
             for client in self._clients.values():
                 client.close()
         return write_reports(self.plan, self.store, infos, command=self.command)
-
 
     def _run_pair(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy) -> None:
         plan = self.plan

@@ -101,7 +101,9 @@ def html_report(results: dict[str, Any]) -> str:
         f"{config['temperature']:g}. Every policy plays the same tasks.</p>{command}<p>Policies: {policies}</p>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         f"<h2>Plots</h2><div class=\"plots\">{''.join(plots)}</div>"
-        + (f"<h2>Paired comparisons</h2><p>Difference in per-task success (second minus first), 95% paired "
-           f"bootstrap interval, exact paired test.</p><ul>{verdicts}</ul>" if verdicts else "")
+        + (f"<h2>Paired comparisons</h2><p>Per-task difference in success (points) or mean return, second "
+           f"policy minus first; 95% paired bootstrap interval; exact paired test (McNemar, or sign-flip "
+           f"permutation). Significant: the interval excludes 0 and p &lt; 0.05.</p><ul>{verdicts}</ul>"
+           if verdicts else "")
         + "</body></html>\n"
     )
