@@ -48,11 +48,13 @@ def turns_of(out: Path, policy: str) -> list[list[tuple[str, str, float]]]:
             for r in EvalStore(out).records("maze-v0", policy)]
 
 
+@pytest.mark.parametrize("mode", ["current", "full"])
 def test_local_model_and_the_same_model_served_play_identical_episodes(tmp_path: Path, model_dir: Path,
-                                                                       served: LiveServer) -> None:
-    policies = (parse_policy(f"{model_dir},name=local{SHORT}"),
-                parse_policy(f"{served.url}/v1,name=chat{SHORT}"),
-                parse_policy(f"{served.url}/v1,name=completions,api=completions,tokenizer={model_dir}{SHORT}"))
+                                                                       served: LiveServer, mode: str) -> None:
+    short = SHORT.replace("prompt_mode=current", f"prompt_mode={mode}")  # full: the chat history is spliced
+    policies = (parse_policy(f"{model_dir},name=local{short}"),
+                parse_policy(f"{served.url}/v1,name=chat{short}"),
+                parse_policy(f"{served.url}/v1,name=completions,api=completions,tokenizer={model_dir}{short}"))
     results = Evaluation(EvalPlan(policies, MAZE, tuple(range(5)), concurrency=4), tmp_path).run()
     local = turns_of(tmp_path, "local")
     assert sum(map(len, local)) >= 5
@@ -61,9 +63,24 @@ def test_local_model_and_the_same_model_served_play_identical_episodes(tmp_path:
     rows = {r["policy"]: r for r in results["results"]}
     assert rows["local"]["tokens_generated"] == rows["chat"]["tokens_generated"] == rows["completions"]["tokens_generated"] > 0
     first = EvalStore(tmp_path).records("maze-v0", "local")[0]["turns"][0]
-    assert first["prompt"].startswith("<|im_start|>user\n") and first["response_ids"]
+    assert first["prompt"].startswith("<|im_start|>") and first["response_ids"]
     chat_first = EvalStore(tmp_path).records("maze-v0", "chat")[0]["turns"][0]
-    assert chat_first["prompt"].startswith("[user]\n") and chat_first["tokens"] == len(first["response_ids"])
+    assert chat_first["prompt"].startswith("[") and chat_first["tokens"] == len(first["response_ids"])
+
+
+def test_prompts_that_outgrow_an_endpoints_context_end_the_episode_like_local_ones(tmp_path: Path) -> None:
+    model, tokenizer = build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64,
+                                                        max_position_embeddings=200))
+    live = LiveServer(create_policy_app(TransformersPolicy(model, tokenizer), "small", max_new_tokens=8))
+    try:
+        spec = parse_policy(f"{live.url}/v1,max_new_tokens=8,prompt_mode=full,include_instructions=false")
+        results = Evaluation(EvalPlan((spec,), (EnvEntry("maze-v0", {"size": 2}, max_turns=20),), (0, 1)),
+                             tmp_path).run()
+    finally:
+        live.stop()
+    episodes = EvalStore(tmp_path).records("maze-v0", spec.name)
+    assert len(episodes) == 2 and results["results"][0]["truncation_rate"] == 1.0
+    assert all(e["note"] == "the prompt outgrew the model's context" and e["turns"] for e in episodes)
 
 
 def test_run_folder_and_checkpoint_reproduce_the_training_report(tmp_path: Path) -> None:

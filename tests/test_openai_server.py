@@ -97,7 +97,7 @@ def test_streaming_sends_the_same_text(client: openai.OpenAI) -> None:
     ({"temperature": 5}, openai.BadRequestError, "temperature"),
     ({"max_tokens": 1000}, openai.BadRequestError, "above this server's limit of 64"),
     ({"presence_penalty": 0.5}, openai.BadRequestError, "not supported"),
-    ({"messages": [{"role": "user", "content": "x" * 600}]}, openai.BadRequestError, "exceeds the model's context"),
+    ({"messages": [{"role": "user", "content": "x" * 600}]}, openai.BadRequestError, "exceeds the model's context length"),
 ])
 def test_bad_requests_get_openai_shaped_errors(client: openai.OpenAI, kwargs: dict[str, Any], error: type,
                                                match: str) -> None:

@@ -23,6 +23,7 @@ models with ``agentgym eval --policy http://HOST:PORT/v1``.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,12 +35,19 @@ from agentgym.backends.config import ModelConfig
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.rollout.policy import ChatTokenizer, Generation, Policy, SamplingParams
 
+_CONTEXT = re.compile(r"context length|maximum context|context window", re.IGNORECASE)
+
 
 class PolicyEndpointError(AgentGymError):
     """An OpenAI-compatible endpoint was unreachable, answered with an error, timed out, or returned
     something that is not an OpenAI response. The message names the endpoint and what to check."""
 
     http_status = 502
+
+
+class ContextLengthExceeded(PolicyEndpointError):
+    """The endpoint refused a prompt (plus ``max_tokens``) longer than the model's context (HTTP 400
+    whose message speaks of the context length, as vLLM, SGLang, OpenAI and serve-policy word it)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,8 @@ class OpenAIEndpoint:
             raise PolicyEndpointError(f"{where} is unreachable ({_cause(exc)}); start the server or fix the "
                                       "URL") from None
         except openai.APIStatusError as exc:
+            if exc.status_code == 400 and _CONTEXT.search(_message(exc)):
+                raise ContextLengthExceeded(f"{where}: {_message(exc)}") from None
             raise PolicyEndpointError(f"{where} answered HTTP {exc.status_code}: {_message(exc)}; check the "
                                       "request options and the server's log") from None
         except openai.APIError as exc:

@@ -201,7 +201,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                                "(serve-policy --max-new-tokens)", param="max_tokens")
         if context and prompt_len + wanted > context:
             raise RequestError(f"the prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the "
-                               f"model's context of {context} tokens; shorten the prompt or lower max_tokens",
+                               f"model's context length of {context} tokens; shorten the prompt or lower max_tokens",
                                param="max_tokens")
         return SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
                               top_k=max(body.top_k, 0), stop_strings=body.stop_strings,

@@ -28,6 +28,11 @@ class Interrupted(Exception):
     """The evaluation is stopping; the episode in progress is abandoned (not saved)."""
 
 
+class EpisodeCut(Exception):
+    """An actor cannot go on (the expert has no move, the prompt outgrew the model's context): the
+    episode ends there, truncated and unsolved, with the reason as its note."""
+
+
 @dataclass(frozen=True)
 class ActorTurn:
     """What an actor did in one turn."""
@@ -47,13 +52,13 @@ class ActorTurn:
 
 
 class Actor(Protocol):
-    """Plays episodes: ``begin`` at reset, ``act`` every turn (None: no action, the episode stops),
-    ``observe`` the env's reply when the episode goes on. One actor serves many episodes at once;
+    """Plays episodes: ``begin`` at reset, ``act`` every turn (raising ``EpisodeCut`` when it cannot
+    go on), ``observe`` the env's reply when the episode goes on. One actor serves many episodes at once;
     per-episode state lives in the object ``begin`` returns."""
 
     def begin(self, observation: str, info: dict[str, Any], episode: str) -> Any: ...
 
-    def act(self, state: Any, env: Env) -> ActorTurn | None: ...
+    def act(self, state: Any, env: Env) -> ActorTurn: ...
 
     def observe(self, state: Any, turn: ActorTurn, observation: str, info: dict[str, Any]) -> None: ...
 
@@ -69,7 +74,7 @@ class RandomActor:
     def begin(self, observation: str, info: dict[str, Any], episode: str) -> Any:
         return {"rng": random.Random(f"{self.seed}:{episode}"), "observation": observation, "info": info}
 
-    def act(self, state: Any, env: Env) -> ActorTurn | None:
+    def act(self, state: Any, env: Env) -> ActorTurn:
         rng: random.Random = state["rng"]
         choices = list(state["info"].get("admissible_actions") or []) or state["observation"].split() or ["?"]
         action = str(rng.choice(choices))
@@ -85,9 +90,11 @@ class ExpertActor:
     def begin(self, observation: str, info: dict[str, Any], episode: str) -> Any:
         return None
 
-    def act(self, state: Any, env: Env) -> ActorTurn | None:
+    def act(self, state: Any, env: Env) -> ActorTurn:
         action = env.expert_action()
-        return None if action is None else ActorTurn(action, action)
+        if action is None:
+            raise EpisodeCut("the expert has no action here")
+        return ActorTurn(action, action)
 
     def observe(self, state: Any, turn: ActorTurn, observation: str, info: dict[str, Any]) -> None:
         return None
@@ -120,7 +127,9 @@ class ChatActor:
     def begin(self, observation: str, info: dict[str, Any], episode: str) -> Any:
         return {"conv": self.renderer.start(observation, info), "episode": episode, "turn": 0}
 
-    def act(self, state: Any, env: Env) -> ActorTurn | None:
+    def act(self, state: Any, env: Env) -> ActorTurn:
+        from agentgym.backends.openai_backend import ContextLengthExceeded
+
         messages, tools = self.codec.messages(self.renderer.prompt_ids(state["conv"]))
         if tools and not self.send_tools:
             import json
@@ -135,7 +144,11 @@ class ChatActor:
         if params.seed is not None:
             params = replace(params, seed=zlib.crc32(f"{params.seed}:{state['episode']}:{state['turn']}".encode()))
         state["turn"] += 1
-        reply = self.endpoint.chat(messages, params, tools=tools)
+        try:
+            reply = self.endpoint.chat(messages, params, tools=tools)
+        except ContextLengthExceeded:
+            # What the collector does for local models: an episode whose prompt no longer fits ends there.
+            raise EpisodeCut("the prompt outgrew the model's context") from None
         parsed = parse_action(reply.text, self.action_format)
         tokens = reply.completion_tokens if reply.completion_tokens is not None else len(reply.token_ids or ())
         return ActorTurn(parsed.action, reply.text, parsed.valid, render_messages(messages), int(tokens),
@@ -158,8 +171,8 @@ class PlayedEpisode:
     """(prompt text, response text) per turn."""
     infos: list[dict[str, Any]]
     """Every step's info."""
-    expert_stopped: bool = False
-    """The actor had no action before the episode ended."""
+    note: str | None = None
+    """Why the actor stopped the episode early (``EpisodeCut``), if it did."""
 
 
 def play(env: Env, actor: Actor, seed: int, episode: str, *, options: dict[str, Any] | None = None,
@@ -183,16 +196,18 @@ def play(env: Env, actor: Actor, seed: int, episode: str, *, options: dict[str, 
     texts: list[tuple[str, str]] = []
     infos: list[dict[str, Any]] = []
     state_key = str(info["state_key"])
-    success = truncated = stopped = False
+    success = truncated = False
+    note = None
     while True:
         if stop is not None and stop.is_set():
             raise Interrupted(episode)
         if len(turns) >= MAX_STEPS:
             truncated = True
             break
-        turn = actor.act(state, env)
-        if turn is None:
-            truncated = stopped = True
+        try:
+            turn = actor.act(state, env)
+        except EpisodeCut as cut_short:
+            truncated, note = True, str(cut_short)
             break
         obs, reward, terminated, cut, info = env.step(turn.action)
         turns.append(Turn([], list(turn.response_ids), [], float(reward), state_key,
@@ -207,4 +222,4 @@ def play(env: Env, actor: Actor, seed: int, episode: str, *, options: dict[str, 
         actor.observe(state, turn, obs, info)
     task_id = str(first_info.get("task_id", f"seed:{seed}"))
     return PlayedEpisode(Trajectory(turns, task_id, seed, success=success, truncated=truncated, trajectory_id=episode),
-                         first_obs, first_info, texts, infos, stopped)
+                         first_obs, first_info, texts, infos, note)

@@ -382,8 +382,8 @@ class Evaluation:
             record = episode_record(entry.id, spec.name, task, sample, played.trajectory,
                                     observation=played.observation, info=played.info, turn_texts=played.turn_texts,
                                     infos=played.infos, wall_s=time.perf_counter() - t0)
-            if played.expert_stopped:
-                record["note"] = "the policy had no action here (the episode stops, unsolved)"
+            if played.note:
+                record["note"] = played.note
             self.store.append(entry.id, spec.name, [record])
             with lock:
                 finished[0] += 1
