@@ -7,12 +7,14 @@ holds the others back. Token-level local models go through ``agentgym.eval.local
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from agentgym.backends.openai_backend import ContextLengthExceeded
 from agentgym.core import Env
 from agentgym.eval.messages import MessageCodec, render_messages
 from agentgym.rollout.actions import ActionFormat, parse_action
@@ -128,12 +130,8 @@ class ChatActor:
         return {"conv": self.renderer.start(observation, info), "episode": episode, "turn": 0}
 
     def act(self, state: Any, env: Env) -> ActorTurn:
-        from agentgym.backends.openai_backend import ContextLengthExceeded
-
         messages, tools = self.codec.messages(self.renderer.prompt_ids(state["conv"]))
         if tools and not self.send_tools:
-            import json
-
             listing = f"Available tools (JSON schema):\n{json.dumps(tools)}"
             if messages and messages[0]["role"] == "system":
                 messages[0] = {"role": "system", "content": f"{listing}\n\n{messages[0]['content']}"}
