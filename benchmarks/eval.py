@@ -163,7 +163,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    report: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    report: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+                              "load_average_before": os.getloadavg()}
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the run", flush=True)
     if args.part in ("harness", "both"):
         print("harness, expert policy:", flush=True)
         report["harness"] = bench_harness(args.envs, args.episodes, args.concurrency)
@@ -178,6 +180,8 @@ def main() -> None:
         for r in report["openai"]:
             print(f"| {r['batch']} | {r['tokens']} | {r['in_process_ms_per_token']:.3f} | {r['http_ms_per_token']:.3f} | "
                   f"{r['overhead_ms_per_token']:.3f} |")
+    report["load_average_after"] = os.getloadavg()
+    print(f"load average {os.getloadavg()[0]:.1f} after the run")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {RESULTS / 'eval.json'}")

@@ -69,14 +69,15 @@ class _Job:
 class GenerationBatcher:
     """Collects generation jobs from concurrent requests and runs them as few batched ``generate`` calls.
 
-    One worker task takes every job waiting when it wakes (up to ``max_batch_rows``), groups them by
-    sampling parameters and runs each group in a worker thread (the event loop keeps accepting
+    One worker task takes the first job, waits ``batch_wait_s`` for others sent at the same time, takes
+    every job waiting (up to ``max_batch_rows``), groups them by sampling parameters and runs each group in a worker thread (the event loop keeps accepting
     requests meanwhile). The policy is only ever called from one thread at a time.
     """
 
-    def __init__(self, policy: TransformersPolicy, max_batch_rows: int = 64) -> None:
+    def __init__(self, policy: TransformersPolicy, max_batch_rows: int = 64, batch_wait_s: float = 0.005) -> None:
         self.policy = policy
         self.max_batch_rows = max_batch_rows
+        self.batch_wait_s = batch_wait_s
         self._queue: asyncio.Queue[_Job] | None = None
         self._worker: asyncio.Task[None] | None = None
         self.batches = 0
@@ -113,6 +114,9 @@ class GenerationBatcher:
         assert self._queue is not None
         while True:
             jobs = [await self._queue.get()]
+            # Requests sent together reach the loop a few hundred microseconds apart: a short wait lets
+            # them join this batch instead of waiting for the next one.
+            await asyncio.sleep(self.batch_wait_s)
             while not self._queue.empty() and len(jobs) < self.max_batch_rows:
                 jobs.append(self._queue.get_nowait())
             groups: dict[Any, list[_Job]] = {}
