@@ -128,8 +128,9 @@ def markdown_report(results: dict[str, Any]) -> str:
               "samples of each task. Wall: seconds spent on that env and policy.")]
     if results["comparisons"]:
         lines += ["", "## Paired comparisons", "",
-                  ("Per task, the difference in success (second policy minus first); 95% interval from a paired "
-                  "bootstrap over tasks; p from an exact paired test (McNemar, or sign-flip permutation with "
-                  "several samples per task). Significant means both the interval excludes 0 and p < 0.05."), ""]
+                  ("Per task, the difference in success (in percentage points), and in mean return where the "
+                   "return says more than success, second policy minus first; 95% interval from a paired "
+                   "bootstrap over tasks; p from an exact paired test (McNemar for 0/1 outcomes, sign-flip "
+                   "permutation otherwise). Significant means both the interval excludes 0 and p < 0.05."), ""]
         lines += [f"- {c['verdict']}" for c in results["comparisons"]]
     return "\n".join(lines) + "\n"
