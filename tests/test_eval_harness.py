@@ -37,9 +37,30 @@ class NoExpertCounter(CounterEnv):
     has_expert = False
 
 
+class ToolCounter(CounterEnv):
+    """A counter with a tool spec; ``inc`` is a tool call, reported in info["tool_calls"] when ``report``."""
+
+    TOOLS = [{"type": "function", "function": {"name": "inc", "parameters": {"type": "object"}}}]
+
+    def __init__(self, report: bool = True) -> None:
+        super().__init__()
+        self.report = report
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return obs, {**info, "tools": self.TOOLS}
+
+    def step(self, action: str):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.report:
+            info["tool_calls"] = int(action == "inc")
+        return obs, reward, terminated, truncated, info
+
+
 agentgym.register("test/eval-counter-v0", CounterEnv, max_turns=8, override=True)
 agentgym.register("test/eval-fragile-v0", FragileCounter, max_turns=8, override=True)
 agentgym.register("test/eval-noexpert-v0", NoExpertCounter, max_turns=8, override=True)
+agentgym.register("test/eval-tools-v0", ToolCounter, max_turns=8, override=True)
 
 POLICIES = (parse_policy("random"), parse_policy("expert"))
 
@@ -91,6 +112,17 @@ def test_results_json_and_reports(tmp_path: Path) -> None:
     assert "| test/eval-counter-v0 | expert | 12 | 100% |" in md and "pass@3" in md
     assert results["comparisons"][0]["verdict"] in md
     assert html.count("<svg") == 2 and "<script" not in html and "src=" not in html  # self-contained
+
+
+def test_tool_calls_per_episode_where_the_env_reports_them(tmp_path: Path) -> None:
+    envs = (EnvEntry("test/eval-tools-v0"), EnvEntry("test/eval-tools-v0", {"report": False}))
+    reported = Evaluation(plan(envs=envs[:1], policies=(parse_policy("expert"),)), tmp_path / "a").run()
+    row = reported["results"][0]
+    assert row["has_tools"] and row["tool_calls_reported"] and row["tool_calls_per_episode"] == 4.0  # span 4: 4 incs
+    assert "| 4.00 |" in (tmp_path / "a" / "report.md").read_text()
+    silent = Evaluation(plan(envs=envs[1:], policies=(parse_policy("expert"),)), tmp_path / "b").run()
+    assert not silent["results"][0]["tool_calls_reported"]
+    assert "| 0% | — |" in (tmp_path / "b" / "report.md").read_text()  # "not reported", never a false 0
 
 
 def test_returns_are_compared_where_they_say_more_than_success(tmp_path: Path) -> None:

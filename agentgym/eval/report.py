@@ -43,9 +43,12 @@ def build_results(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *
             records = store.records(entry.id, spec.name)
             wall = store.wall_s(entry.id, spec.name)
             summary = summarize(groups_of(records))
+            # Tool calls are counted from info["tool_calls"]; an env that never reports them shows "—", not 0.
+            reported = any("tool_calls" in (t.get("info") or {}) for r in records for t in r["turns"])
             rows.append({"env": entry.id, "policy": spec.name, **summary, "wall_s": wall,
                          "episodes_per_s": summary["episodes"] / wall if wall > 0 else None,
                          "has_tools": infos[entry.id].has_tools if entry.id in infos else None,
+                         "tool_calls_reported": reported,
                          "complete": summary["episodes"] == len(plan.seeds) * plan.samples})
             scores[spec.name] = _task_scores(records, "success")
             returns[spec.name] = _task_scores(records, "return")
@@ -99,7 +102,8 @@ def results_table(results: dict[str, Any]) -> list[list[str]]:
                 _pct(r["success_rate"]), f"{_pct(low)}–{_pct(high)}", f"{r['mean_return']:.2f}",
                 f"{r['mean_turns']:.1f}", str(r["tokens_generated"]), _pct(r["invalid_rate"])]
         if tools:
-            line.append(f"{r['tool_calls_per_episode']:.2f}" if r.get("has_tools") else "—")
+            line.append(f"{r['tool_calls_per_episode']:.2f}" if r.get("has_tools") and r.get("tool_calls_reported")
+                        else "—")
         line += [_pct(r[k]) if k in r else "—" for k in ks]
         line.append(_cell(r, "wall_s", ".2f"))
         table.append(line)
@@ -124,7 +128,8 @@ def markdown_report(results: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
     lines += ["", ("Success: share of episodes the env marked solved, with a Wilson 95% interval. Return: mean "
               "episode return. Turns: mean turns per episode. Tokens: generated tokens, all episodes. Invalid: "
-              "share of turns whose action could not be parsed or applied. pass@k: unbiased estimate over the "
+              "share of turns whose action could not be parsed or applied. Tool calls/ep: tools the env ran per "
+              "episode, as it reports them in info['tool_calls'] (— where it does not). pass@k: unbiased estimate over the "
               "samples of each task. Wall: seconds spent on that env and policy.")]
     if results["comparisons"]:
         lines += ["", "## Paired comparisons", "",
