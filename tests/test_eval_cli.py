@@ -113,10 +113,10 @@ def test_resume_needs_the_folder() -> None:
 
 
 def test_split_goes_only_to_envs_that_have_splits(tmp_path: Path) -> None:
-    from agentgym.cli.evaluation import _env_entries
+    from agentgym.cli.evaluation import env_entries
     from agentgym.eval.policies import parse_policy
 
-    entries = _env_entries("tools-v0,maze-v0", [], [], "test", None, [parse_policy("random")])
+    entries = env_entries("tools-v0,maze-v0", [], [], "test", None, [parse_policy("random")])
     assert [(e.id, e.kwargs) for e in entries] == [("tools-v0", {"split": "test"}), ("maze-v0", {})]
 
 

@@ -88,10 +88,10 @@ def test_run_folder_and_checkpoint_reproduce_the_training_report(tmp_path: Path)
                  "eval.num_episodes=6", "sft.num_episodes=4", "sft.num_epochs=2", "env.max_turns=4"]
     report = train(load_config(None, overrides), tmp_path / "run")
     after = report["eval"]["after"]
-    from agentgym.cli.evaluation import _env_entries
+    from agentgym.cli.evaluation import env_entries
 
     specs = [parse_policy(str(tmp_path / "run")), parse_policy(str(tmp_path / "run" / "checkpoint.pt"))]
-    envs = _env_entries(None, [], [], None, None, specs)
+    envs = env_entries(None, [], [], None, None, specs)
     assert envs == [EnvEntry("maze-v0", {"size": 2, "observation": "local"}, 4)]  # the run's own env settings
     seeds = tuple(range(1_000_000, 1_000_006))  # eval.seed_offset: the tasks report.json was measured on
     results = Evaluation(EvalPlan(tuple(specs), tuple(envs), seeds, concurrency=4), tmp_path / "eval").run()

@@ -131,7 +131,12 @@ class OpenAIEndpoint:
             PolicyEndpointError: unreachable, or an error answer.
             ConfigError: the model is not among those served.
         """
-        served = self.models()
+        try:
+            served = self.models()
+        except PolicyEndpointError as exc:
+            if self._model is None or "HTTP 404" not in str(exc):
+                raise
+            served = []  # a server without GET /models: trust the model name given
         name = self.model
         if served and name not in served:
             raise ConfigError(f"endpoint {self.base_url} does not serve model {name!r}; it serves "

@@ -41,8 +41,18 @@ def _yaml_value(text: str) -> Any:
         return text
 
 
-def _env_entries(envs: str | None, env_args: list[str], env_urls: list[str], split: str | None,
-                 max_turns: int | None, policies: list[Any]) -> list[Any]:
+def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], split: str | None,
+                max_turns: int | None, policies: list[Any]) -> list[Any]:
+    """The ``EnvEntry`` list of ``--envs``, ``--env-arg``, ``--env-url``, ``--split`` and ``--max-turns``.
+
+    With no ``--envs``, the envs of the run folders among the policies, with the kwargs and turn
+    budget they trained with. ``--envs all`` is every built-in env. ``--split`` goes to the envs
+    whose constructor takes a ``split`` (and to envs on services, which answer for themselves).
+
+    Raises:
+        ConfigError: no envs and no run folder, a malformed ``--env-arg``/``--env-url``, or a split
+            no env has.
+    """
     import inspect
 
     import agentgym
@@ -172,7 +182,7 @@ def evaluate(
             task_seeds = parse_seeds(seeds) if seeds else list(range(start, start + (20 if episodes is None else episodes)))
             if seeds and episodes is not None and episodes != len(task_seeds):
                 raise ConfigError(f"--seeds gives {len(task_seeds)} tasks but --episodes says {episodes}; drop one")
-            plan = EvalPlan(tuple(specs), tuple(_env_entries(envs, env_arg, env_url, split, max_turns, specs)),
+            plan = EvalPlan(tuple(specs), tuple(env_entries(envs, env_arg, env_url, split, max_turns, specs)),
                             tuple(task_seeds), samples, temperature if temperature is not None else
                             (0.0 if samples == 1 else 1.0), sampling_seed, concurrency)
         out_dir = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -226,9 +236,12 @@ def serve_policy(
     except ImportError as exc:
         fail(ImportError(f"{exc}; install the server and train extras: pip install 'agentgym-rl[server,train]'"))
     folder = Path(model_dir)
-    is_run = (folder / "report.json").is_file() or (folder / "checkpoint.pt").is_file()
-    if is_run and (folder / "model" / "config.json").is_file():
-        folder = folder / "model"  # a finished run folder: serve its final model
+    if (folder / "report.json").is_file() or (folder / "checkpoint.pt").is_file():  # a run folder
+        if not (folder / "model" / "config.json").is_file():
+            fail(ConfigError(f"run folder {folder} has no model/ yet (the run has not finished); serve a finished "
+                             "run or a model directory, or evaluate the checkpoint with agentgym eval --policy "
+                             f"{folder}/checkpoint.pt"))
+        folder = folder / "model"
     served = name or Path(model_dir).resolve().name
     err_console.print(f"serving {folder} as model {served!r} on http://{host}:{port}/v1")
     try:

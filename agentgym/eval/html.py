@@ -31,7 +31,10 @@ def _bar_plot(title: str, rows: list[dict[str, Any]], value: str, colors: dict[s
     top = unit_max if unit_max is not None else max([abs(v) for v in values] + [1e-9])
     low_end = 0.0 if unit_max is not None or min(values) >= 0 else -top
     span = (top - low_end) or 1.0
-    scale = lambda v: left + (v - low_end) / span * (width - left - 20)
+
+    def scale(v: float) -> float:  # the right 50 px stay free for the value label
+        return left + (v - low_end) / span * (width - left - 50)
+
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="{escape(title)}">')]
     zero = scale(0.0)
@@ -39,6 +42,7 @@ def _bar_plot(title: str, rows: list[dict[str, Any]], value: str, colors: dict[s
     for i, (row, v) in enumerate(zip(rows, values)):
         y = 6 + i * (bar + gap)
         x0, x1 = sorted((scale(0.0), scale(v)))
+        label_x = x1 + 4
         color = colors[row["policy"]]
         parts.append(f'<text x="{left - 6}" y="{y + bar - 5}" text-anchor="end" font-size="12">'
                      f'{escape(row["policy"])}</text>')
@@ -46,11 +50,12 @@ def _bar_plot(title: str, rows: list[dict[str, Any]], value: str, colors: dict[s
                      f'<title>{escape(row["policy"])}: {v:.3g}</title></rect>')
         if ci:
             lo, hi = (scale(float(c)) for c in row["success_ci95"])
+            label_x = max(label_x, hi + 4)
             mid = y + bar / 2
             parts.append(f'<path d="M{lo:.1f},{mid} H{hi:.1f} M{lo:.1f},{mid - 5} V{mid + 5} M{hi:.1f},{mid - 5} '
                          f'V{mid + 5}" stroke="#222" fill="none"/>')
         label = f"{100 * v:.0f}%" if unit_max == 1.0 else f"{v:.2f}"
-        parts.append(f'<text x="{max(x1, x0) + 4:.1f}" y="{y + bar - 5}" font-size="11">{label}</text>')
+        parts.append(f'<text x="{label_x:.1f}" y="{y + bar - 5}" font-size="11">{label}</text>')
     for tick in (low_end, (low_end + top) / 2, top):
         text = f"{100 * tick:.0f}%" if unit_max == 1.0 else f"{tick:.2g}"
         parts.append(f'<text x="{scale(tick):.1f}" y="{height - 5}" text-anchor="middle" font-size="10" '
