@@ -48,7 +48,11 @@ def test_ctrl_c_keeps_finished_episodes_and_resume_completes_without_redoing(tmp
     service = LiveServer(create_app(["test/eval-slow-v0"]))  # the subprocess plays on this env service
     out = tmp_path / "eval"
     log = out / "trajectories" / "test__eval-slow-v0" / "expert.jsonl"
-    command = [sys.executable, "-m", "agentgym", "eval", "--policy", "expert", "--envs", "test/eval-slow-v0",
+    # A shell starts background jobs with SIGINT ignored and Python then keeps it ignored: the child installs
+    # Python's own Ctrl-C handler first, so the test means the same however the suite was started.
+    with_ctrl_c = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                   "sys.argv[0] = 'agentgym'; runpy.run_module('agentgym', run_name='__main__')")
+    command = [sys.executable, "-c", with_ctrl_c, "eval", "--policy", "expert", "--envs", "test/eval-slow-v0",
                "--env-url", service.url, "--episodes", "40", "--concurrency", "1", "--out", str(out)]
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from conftest import CounterEnv, free_port
@@ -40,7 +40,7 @@ class NoExpertCounter(CounterEnv):
 class ToolCounter(CounterEnv):
     """A counter with a tool spec; ``inc`` is a tool call, reported in info["tool_calls"] when ``report``."""
 
-    TOOLS = [{"type": "function", "function": {"name": "inc", "parameters": {"type": "object"}}}]
+    TOOLS: ClassVar[list[dict[str, Any]]] = [{"type": "function", "function": {"name": "inc", "parameters": {"type": "object"}}}]
 
     def __init__(self, report: bool = True) -> None:
         super().__init__()
@@ -86,7 +86,7 @@ def test_every_policy_plays_the_same_tasks_and_the_log_holds_every_turn(tmp_path
     assert episode["observation"] == obs and episode["info"]["state_key"] == info["state_key"]
     for turn in episode["turns"]:  # the log replays: same actions give the logged observations and keys
         assert turn["state_key"] == info["state_key"]
-        obs, reward, terminated, truncated, info = replay.step(turn["action"])
+        obs, reward, terminated, _truncated, info = replay.step(turn["action"])
         assert (turn["observation"], turn["reward"], turn["info"]) == (obs, reward, info)
         assert set(turn) >= {"prompt", "response", "action", "observation", "reward", "state_key", "info", "invalid"}
     assert episode["success"] and terminated
@@ -159,7 +159,7 @@ def test_interrupted_evaluation_keeps_finished_episodes_and_resume_does_not_redo
     after = lines(path)
     assert after[:3] == kept and len(after) == 6  # nothing replayed, nothing duplicated
     whole = Evaluation(the_plan, tmp_path / "whole").run()
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "episodes_per_s")} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "episodes_per_s")} for r in rows]
     assert strip(resumed["results"]) == strip(whole["results"])
 
 

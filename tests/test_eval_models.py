@@ -107,7 +107,7 @@ def test_model_directory_without_tokenizer_or_chat_template(tmp_path: Path, mode
     shutil.copytree(model_dir, bare)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (bare / name).unlink()
-    plan = lambda p: EvalPlan((parse_policy(str(p)),), MAZE, (0,))  # noqa: E731
+    plan = lambda p: EvalPlan((parse_policy(str(p)),), MAZE, (0,))
     with pytest.raises(ConfigError, match="has no tokenizer files .* save the tokenizer there"):
         Evaluation(plan(bare), tmp_path / "a").run()
     templateless = tmp_path / "templateless"

@@ -48,7 +48,7 @@ def test_pass_at_k_never_decreases_with_k() -> None:
         n = int(rng.integers(1, 12))
         c = int(rng.integers(0, n + 1))
         values = [pass_at_k(n, c, k) for k in range(1, n + 1)]
-        assert all(a <= b + 1e-12 for a, b in zip(values, values[1:]))
+        assert all(a <= b + 1e-12 for a, b in itertools.pairwise(values))
 
 
 def test_mcnemar_exact_matches_the_binomial_tail_by_hand() -> None:
@@ -71,7 +71,7 @@ def test_sign_flip_exact_equals_brute_force_enumeration() -> None:
 
 def test_sign_flip_monte_carlo_is_close_to_exact_and_seeded() -> None:
     d = np.r_[np.full(14, 0.5), np.full(6, -0.5)]  # 20 non-zero differences: Monte Carlo
-    exact = sum(math.comb(20, i) for i in range(0, 7)) * 2 / 2**20  # |sum| >= 4 ⇔ at most 6 of one sign
+    exact = sum(math.comb(20, i) for i in range(7)) * 2 / 2**20  # |sum| >= 4 ⇔ at most 6 of one sign
     assert sign_flip_p(d, seed=3) == sign_flip_p(d, seed=3)
     assert abs(sign_flip_p(d, seed=3) - exact) < 0.01
 

@@ -64,14 +64,14 @@ def test_models_and_chat_like_a_user(client: openai.OpenAI, policy: Transformers
 
 def test_completions_with_token_ids_n_seed_and_stop(client: openai.OpenAI, policy: TransformersPolicy) -> None:
     ids = prompt_ids(policy, "x")
-    kwargs: dict[str, Any] = dict(model="tiny", prompt=ids, max_tokens=8, temperature=1.0, seed=7, n=3)
+    kwargs: dict[str, Any] = {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 1.0, "seed": 7, "n": 3}
     first, again = client.completions.create(**kwargs), client.completions.create(**kwargs)
     texts = [c.text for c in first.choices]
     assert texts == [c.text for c in again.choices]  # seeded: reproducible
     assert len(set(texts)) > 1  # n samples of one prompt differ
     batch = client.completions.create(model="tiny", prompt=[ids, ids[:-1]], max_tokens=3, temperature=0, logprobs=2)
     assert [c.index for c in batch.choices] == [0, 1] and len(batch.choices[0].logprobs.token_logprobs) == 3
-    seeded = dict(model="tiny", prompt=ids, max_tokens=12, temperature=1.0, seed=11)
+    seeded = {"model": "tiny", "prompt": ids, "max_tokens": 12, "temperature": 1.0, "seed": 11}
     full = client.completions.create(**seeded).choices[0].text
     first_new = next(i for i in range(1, len(full)) if full[i] not in full[:i] and full[i].isprintable())
     cut = client.completions.create(**seeded, stop=[full[first_new]]).choices[0]

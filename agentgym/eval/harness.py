@@ -393,10 +393,13 @@ class Evaluation:
         futures: list[Any] = []
         try:
             futures += [pool.submit(work, item) for item in todo]
-            outcome = wait(futures, return_when=FIRST_EXCEPTION)
-            for future in outcome.done:
-                if future.exception() is not None:
-                    raise future.exception()  # type: ignore[misc]
+            pending: Any = futures
+            while pending:
+                # A timed wait: the main thread wakes up regularly, so Ctrl-C is handled at once.
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    if future.exception() is not None:
+                        raise future.exception()  # type: ignore[misc]
         except BaseException:
             stop.set()
             for future in futures:
