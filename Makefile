@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= server,train,sandbox,textworld,alfworld,search,dev
+EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,dev
 
 .PHONY: setup demo serve-demo test clean
 
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml Makefile
 	@command -v bwrap >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 		{ apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; } || \
 		echo "warning: could not install bubblewrap; the sandbox tests will fail until it is installed"
+	@# The trajectory viewer's browser tests drive Debian's chromium through Playwright (no browser download).
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		{ apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }; } || \
+		echo "warning: could not install chromium; the viewer's browser tests will fail until it is installed"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# No GPU: take the CPU build of PyTorch first, so nothing pulls the CUDA wheels.

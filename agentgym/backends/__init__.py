@@ -1,13 +1,15 @@
 """Generation backends behind ``agentgym.rollout.policy.Policy``, and ``make_policy`` to build one from config.
 
 ``TransformersPolicy`` runs any ``transformers`` causal LM on CPU or CUDA; ``tiny`` builds small
-models from a config alone. Importing this package does not import torch: backends load on first use.
+models from a config alone; ``openai_backend`` talks to OpenAI-compatible servers and
+``openai_server`` is one (``agentgym serve-policy``). Importing this package does not import torch: backends load on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentgym.backends import openai_backend  # noqa: F401  (registers model.backend: openai; imports no client)
 from agentgym.backends.builder import list_backends, make_policy, register_backend
 from agentgym.backends.config import ModelConfig, TinyModelConfig
 

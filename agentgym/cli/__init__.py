@@ -1,10 +1,10 @@
-"""The ``agentgym`` command line: env, training and service commands (``agentgym --help``)."""
+"""The ``agentgym`` command line: env, training, evaluation and service commands (``agentgym --help``)."""
 
 from __future__ import annotations
 
 import sys
 
-from agentgym.cli import envs, services, training  # noqa: F401  (each module registers its commands)
+from agentgym.cli import envs, evaluation, services, training  # noqa: F401  (each module registers its commands)
 from agentgym.cli.app import app, err_console
 from agentgym.errors import AgentGymError
 

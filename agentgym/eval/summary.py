@@ -1,4 +1,4 @@
-"""Evaluation summaries: success rate with a Wilson 95% interval, returns, turns, invalid actions."""
+"""Evaluation summaries: success rate with a Wilson 95% interval, returns, turns, tokens, invalid actions, pass@k."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.rollout.records import EpisodeGroup
+from agentgym.eval.statistics import pass_at_k_table
+from agentgym.rollout.records import EpisodeGroup, Turn
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -24,21 +25,49 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def generated_tokens(turn: Turn) -> int:
+    """Tokens the policy generated for a turn: its response ids, or the count an endpoint reported
+    (``extras["completion_tokens"]``) when the ids are not known."""
+    counted = turn.extras.get("completion_tokens")
+    return int(counted) if counted is not None else len(turn.response_ids)
+
+
 def summarize(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
-    """Per-episode statistics of a batch: success rate (+ 95% CI), return, turns, invalid rate, tokens, tool calls."""
+    """Per-episode statistics of a batch of groups (one group per task).
+
+    Keys: ``episodes``, ``tasks``, ``success_rate`` and ``success_ci95`` (Wilson), ``mean_return``,
+    ``mean_turns``, ``invalid_rate`` (per turn), ``truncation_rate``, ``mean_response_tokens`` (per
+    turn), ``tokens_generated`` (total), ``tool_calls_per_episode``, and ``pass@k`` entries (k = 1, 2,
+    4, ..., K) when every task has K ≥ 2 episodes.
+
+    Example:
+        >>> from agentgym.rollout.records import Trajectory
+        >>> win = Trajectory([Turn([1], [2, 3], [0.0, 0.0], 1.0, "s")], "t", 0, success=True)
+        >>> lose = Trajectory([Turn([1], [4], [0.0], 0.0, "s")], "t", 0)
+        >>> s = summarize([EpisodeGroup("g0", "t", 0, [win, lose])])
+        >>> s["success_rate"], s["tokens_generated"], s["pass@2"]
+        (0.5, 3, 1.0)
+    """
     trajectories = [t for g in groups for t in g.trajectories]
     n = len(trajectories)
     successes = sum(t.success for t in trajectories)
     turns = [t for tr in trajectories for t in tr.turns]
+    tokens = sum(generated_tokens(t) for t in turns)
     low, high = wilson_interval(successes, n)
-    return {
+    summary: dict[str, Any] = {
         "episodes": n,
+        "tasks": len(groups),
         "success_rate": successes / n if n else 0.0,
         "success_ci95": [low, high],
         "mean_return": sum(t.episode_return for t in trajectories) / n if n else 0.0,
         "mean_turns": len(turns) / n if n else 0.0,
         "invalid_rate": sum(t.invalid for t in turns) / len(turns) if turns else 0.0,
         "truncation_rate": sum(t.truncated for t in trajectories) / n if n else 0.0,
-        "mean_response_tokens": sum(len(t.response_ids) for t in turns) / len(turns) if turns else 0.0,
+        "mean_response_tokens": tokens / len(turns) if turns else 0.0,
+        "tokens_generated": tokens,
         "tool_calls_per_episode": sum(t.tool_calls for t in turns) / n if n else 0.0,
     }
+    outcomes = [[t.success for t in g.trajectories] for g in groups]
+    if outcomes and min(len(o) for o in outcomes) >= 2:
+        summary.update(pass_at_k_table(outcomes))
+    return summary

@@ -29,6 +29,7 @@ import agentgym
 from agentgym.backends.builder import make_policy
 from agentgym.core import Env
 from agentgym.errors import ConfigError
+from agentgym.eval.local import collect_episodes
 from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
@@ -216,11 +217,12 @@ class Trainer:
                               top_k=r.top_k, stop_strings=r.stop_strings, seed=seed)
 
     def evaluate(self, tag: str) -> dict[str, Any]:
-        """Held-out episodes (seeds from ``eval.seed_offset``), one per task, at ``eval.temperature``."""
+        """Held-out episodes (seeds from ``eval.seed_offset``), one per task, at ``eval.temperature``, played and
+        summarised by the evaluation harness's own functions, so report.json and `agentgym eval` agree."""
         e = self.cfg.eval
         seeds = [e.seed_offset + i for i in range(e.num_episodes)]
-        groups = self.collector.collect(seeds, 1, self.sampling(e.temperature, self.cfg.seed + 7),
-                                        group_prefix=f"eval-{tag}-")
+        groups = collect_episodes(self.collector, seeds, 1, self.sampling(e.temperature, self.cfg.seed + 7),
+                                  group_prefix=f"eval-{tag}-")
         return summarize(groups)
 
     def collect(self, iteration: int) -> tuple[list[EpisodeGroup], CollectStats, dict[str, float]]:

@@ -1,0 +1,273 @@
+"""Evaluation commands: ``eval``, ``serve-policy``, ``view``."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from agentgym.cli.app import app, console, err_console, fail
+from agentgym.errors import AgentGymError, ConfigError
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: ``0-19``, ``1,5,9`` or a mix (``0-4,100``).
+
+    Example:
+        >>> parse_seeds("0-3,10")
+        [0, 1, 2, 3, 10]
+    """
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        low, sep, high = part.partition("-")
+        try:
+            seeds += list(range(int(low), int(high) + 1)) if sep else [int(part)]
+        except ValueError:
+            raise ConfigError(f"--seeds {text!r}: {part!r} is not a seed or a range like 0-19") from None
+    return seeds
+
+
+def _yaml_value(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], split: str | None,
+                max_turns: int | None, policies: list[Any]) -> list[Any]:
+    """The ``EnvEntry`` list of ``--envs``, ``--env-arg``, ``--env-url``, ``--split`` and ``--max-turns``.
+
+    With no ``--envs``, the envs of the run folders among the policies, with the kwargs and turn
+    budget they trained with. ``--envs all`` is every built-in env. ``--split`` goes to the envs
+    whose constructor takes a ``split`` (and to envs on services, which answer for themselves).
+
+    Raises:
+        ConfigError: no envs and no run folder, a malformed ``--env-arg``/``--env-url``, or a split
+            no env has.
+    """
+    import inspect
+
+    import agentgym
+    from agentgym.eval.harness import EnvEntry
+
+    runs = [p.run_config for p in policies if p.kind == "run"]
+    defaults: dict[str, tuple[dict[str, Any], int | None]] = {}
+    if envs is None:
+        if not runs:
+            raise ConfigError("give the envs to evaluate: --envs ID[,ID...] (or --envs all); `agentgym envs` lists them")
+        ids = list(dict.fromkeys(r["env"]["id"] for r in runs))
+        for run in runs:  # the run's own env settings: what its held-out evaluation played
+            defaults.setdefault(run["env"]["id"], (dict(run["env"].get("kwargs") or {}), run["env"].get("max_turns")))
+    elif envs.strip() == "all":
+        ids = [spec.id for spec in agentgym.list_envs() if str(spec.entry_point).startswith("agentgym.envs.")]
+    else:
+        ids = [e.strip() for e in envs.split(",") if e.strip()]
+    kwargs: dict[str, dict[str, Any]] = {i: dict(defaults.get(i, ({}, None))[0]) for i in ids}
+    for item in env_args:
+        env_id, sep, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        if not sep or not eq or env_id not in kwargs:
+            raise ConfigError(f"--env-arg {item!r}: write ENV_ID:KEY=VALUE with ENV_ID one of {', '.join(ids)}")
+        kwargs[env_id][key] = _yaml_value(value)
+    urls: dict[str, str] = {}
+    for item in env_urls:
+        env_id, eq, url = ("", "", item) if item.startswith(("http://", "https://")) else item.partition("=")
+        if eq and env_id not in kwargs:
+            raise ConfigError(f"--env-url {item!r}: {env_id!r} is not one of the envs evaluated ({', '.join(ids)})")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--env-url {item!r}: give URL or ENV_ID=URL with an http(s):// URL")
+        for target in ([env_id] if eq else ids):
+            urls[target] = url
+    if split is not None:
+        accepting = []
+        for env_id in ids:
+            if env_id in urls:
+                accepting.append(env_id)
+                continue
+            creator = agentgym.spec(env_id).load_creator()
+            try:
+                takes_split = "split" in inspect.signature(creator).parameters
+            except (TypeError, ValueError):
+                takes_split = False
+            if takes_split:
+                accepting.append(env_id)
+        if not accepting:
+            raise ConfigError(f"--split {split}: none of {', '.join(ids)} has splits (a 'split' argument)")
+        for env_id in accepting:
+            kwargs[env_id]["split"] = split
+    return [EnvEntry(i, kwargs[i], max_turns if max_turns is not None else defaults.get(i, ({}, None))[1],
+                     urls.get(i)) for i in ids]
+
+
+def _print_results(results: dict[str, Any], out: Path) -> None:
+    from agentgym.eval.report import results_table
+
+    rows = results_table(results)
+    table = Table(title=f"evaluation ({len(results['seeds'])} tasks per env)")
+    for name in rows[0]:
+        table.add_column(name, justify="left" if name in ("env", "policy") else "right")
+    for row in rows[1:]:
+        table.add_row(*row)
+    console.print(table)
+    for comparison in results["comparisons"]:
+        style = "green" if comparison["significant"] else "dim"
+        console.print(f"[{style}]{comparison['verdict']}[/]", markup=True, highlight=False)
+    console.print(f"Report: {out}/report.md, {out}/report.html; results: {out}/results.json; "
+                  f"trajectories: {out}/trajectories/ (agentgym view {out})")
+
+
+@app.command("eval")
+def evaluate(
+    policy: list[str] = typer.Option([], "--policy", help="random | expert | MODEL_DIR | RUN[/checkpoint.pt] | "
+                                     "http://HOST:PORT/v1[,model=NAME][,api=chat|completions] (repeatable; "
+                                     "options ,name=LABEL,max_new_tokens=N,...)."),
+    envs: str | None = typer.Option(None, "--envs", help="Env ids, comma-separated, or 'all' (default: the env of "
+                                    "the run folders given as policies)."),
+    episodes: int | None = typer.Option(None, "--episodes", help="Tasks per env, each played --samples times "
+                                        "per policy (default 20, or as many as --seeds lists)."),
+    seeds: str | None = typer.Option(None, "--seeds", help="Task seeds, e.g. 0-19 or 1,5,9 (default: 1000000 "
+                                     "onwards, the held-out range training's evaluations use, or a run folder's "
+                                     "eval.seed_offset)."),
+    split: str | None = typer.Option(None, "--split", help="Pass split=SPLIT to the envs that have splits "
+                                     "(alfworld-v0, tools-v0...)."),
+    samples: int = typer.Option(1, "--samples", help="Episodes per task and policy; K > 1 reports pass@k."),
+    concurrency: int = typer.Option(32, "--concurrency", help="Episodes in flight at once."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature of model "
+                                             "policies (default: 0, greedy, with one sample; 1 with more)."),
+    sampling_seed: int = typer.Option(0, "--sampling-seed", help="Seeds model sampling and the random policy."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="Override every env's turn budget."),
+    env_arg: list[str] = typer.Option([], "--env-arg", help="Env argument ENV_ID:KEY=VALUE (repeatable)."),
+    env_url: list[str] = typer.Option([], "--env-url", help="Play envs on an env service: URL (every env) or "
+                                      "ENV_ID=URL (repeatable)."),
+    env_token: str | None = typer.Option(None, "--env-token", envvar="AGENTGYM_TOKEN", help="Env service token."),
+    out: str | None = typer.Option(None, "--out", help="Output folder (default: runs/eval-<time>)."),
+    resume: bool = typer.Option(False, "--resume", help="Complete the evaluation saved in --out."),
+) -> None:
+    """Evaluate policies on envs: success (95% CI), return, turns, tokens, invalid actions, pass@k, paired
+    comparisons. Writes results.json, report.md, report.html and every trajectory as JSONL."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentgym.eval.harness import DEFAULT_SEED_START, EvalPlan, Evaluation
+    from agentgym.eval.policies import parse_policy
+
+    try:
+        if resume and out is None:
+            raise ConfigError("--resume needs --out DIR, the folder of the evaluation to complete")
+        if resume and not policy:
+            import json
+
+            saved = Path(out) / "plan.json"  # type: ignore[arg-type]
+            if not saved.is_file():
+                raise ConfigError(f"--resume {out}: no plan.json there; start the evaluation without --resume")
+            plan = EvalPlan.from_json(json.loads(saved.read_text()))
+            plan = EvalPlan(plan.policies, plan.envs, plan.seeds, plan.samples, plan.temperature,
+                            plan.sampling_seed, concurrency)
+        else:
+            specs = [parse_policy(p) for p in policy]
+            if not specs:
+                raise ConfigError("give at least one --policy (random, expert, a model directory, a run folder or "
+                                  "an http://HOST:PORT/v1 endpoint)")
+            # Run folders were evaluated from their own eval.seed_offset: start there, so numbers compare.
+            offsets = {int((s.run_config or {}).get("eval", {}).get("seed_offset", DEFAULT_SEED_START))
+                       for s in specs if s.kind == "run"}
+            start = offsets.pop() if len(offsets) == 1 else DEFAULT_SEED_START
+            task_seeds = parse_seeds(seeds) if seeds else list(range(start, start + (20 if episodes is None else episodes)))
+            if seeds and episodes is not None and episodes != len(task_seeds):
+                raise ConfigError(f"--seeds gives {len(task_seeds)} tasks but --episodes says {episodes}; drop one")
+            plan = EvalPlan(tuple(specs), tuple(env_entries(envs, env_arg, env_url, split, max_turns, specs)),
+                            tuple(task_seeds), samples, temperature if temperature is not None else
+                            (0.0 if samples == 1 else 1.0), sampling_seed, concurrency)
+        out_dir = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    except AgentGymError as exc:
+        fail(exc)
+    total = len(plan.seeds) * plan.samples
+    count = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"
+    err_console.print(f"[bold]agentgym eval[/] {count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
+                      f"{count(len(plan.envs), 'env')} × {count(total, 'episode')} → {out_dir}")
+    command = shlex.join(["agentgym", *sys.argv[1:]])
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console) as progress:
+        bars: dict[tuple[str, str], Any] = {}
+
+        def on_progress(env: str, name: str, done: int, all_: int) -> None:
+            key = (env, name)
+            if key not in bars:
+                bars[key] = progress.add_task(f"{env} × {name}", total=all_, completed=done)
+            progress.update(bars[key], completed=done)
+
+        evaluation = Evaluation(plan, out_dir, resume=resume, env_token=env_token, on_progress=on_progress,
+                                command=command)
+        try:
+            results = evaluation.run()
+        except AgentGymError as exc:
+            progress.stop()
+            fail(exc)
+        except KeyboardInterrupt:
+            progress.stop()
+            err_console.print(f"[yellow]interrupted[/]: finished episodes are saved in {out_dir}; "
+                              f"`agentgym eval --out {out_dir} --resume` plays the rest")
+            raise typer.Exit(code=130) from None
+    _print_results(results, out_dir)
+
+
+@app.command("serve-policy")
+def serve_policy(
+    model_dir: str = typer.Argument(..., help="A Hugging Face model directory, or an `agentgym train` run folder."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; 0.0.0.0 exposes the server to the network."),
+    port: int = typer.Option(8001, help="TCP port."),
+    name: str | None = typer.Option(None, help="Model name clients pass (default: the directory's name)."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    max_new_tokens: int = typer.Option(512, help="Largest max_tokens a request may ask for."),
+    seed: int = typer.Option(0, help="Seed of unseeded sampling."),
+    log_level: str = typer.Option("warning", help="uvicorn log level."),
+) -> None:
+    """Serve a model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
+    try:
+        from agentgym.backends.openai_server import serve_policy as serve
+    except ImportError as exc:
+        fail(ImportError(f"{exc}; install the server and train extras: pip install 'agentgym-rl[server,train]'"))
+    folder = Path(model_dir)
+    if (folder / "report.json").is_file() or (folder / "checkpoint.pt").is_file():  # a run folder
+        if not (folder / "model" / "config.json").is_file():
+            fail(ConfigError(f"run folder {folder} has no model/ yet (the run has not finished); serve a finished "
+                             "run or a model directory, or evaluate the checkpoint with agentgym eval --policy "
+                             f"{folder}/checkpoint.pt"))
+        folder = folder / "model"
+    served = name or Path(model_dir).resolve().name
+    err_console.print(f"serving {folder} as model {served!r} on http://{host}:{port}/v1")
+    try:
+        serve(str(folder), host=host, port=port, name=served, device=device, dtype=dtype, seed=seed,
+              max_new_tokens=max_new_tokens, log_level=log_level)
+    except AgentGymError as exc:
+        fail(exc)
+
+
+@app.command()
+def view(
+    folder: str = typer.Argument(..., help="An `agentgym eval --out` or `agentgym train --out` folder."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+    port: int = typer.Option(8002, help="TCP port."),
+    log_level: str = typer.Option("warning", help="uvicorn log level."),
+) -> None:
+    """Replay trajectories in the browser: turn by turn, filters, side-by-side comparison, learning curves."""
+    try:
+        from agentgym.eval.viewer.server import create_viewer_app
+    except ImportError as exc:
+        fail(ImportError(f"{exc}; install the server extra: pip install 'agentgym-rl[server]'"))
+    try:
+        service = create_viewer_app(folder)
+    except AgentGymError as exc:
+        fail(exc)
+    import uvicorn
+
+    err_console.print(f"viewer of {folder} on http://{host}:{port}/")
+    uvicorn.run(service, host=host, port=port, log_level=log_level, access_log=False)

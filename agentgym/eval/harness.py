@@ -1,0 +1,421 @@
+"""The evaluation harness: ``EvalPlan`` (policies × envs × task seeds × samples) and ``Evaluation``,
+which plays every episode, saves each as it finishes, resumes, and writes the reports.
+
+Every policy plays the *same* tasks: task ``i`` of every env is ``reset(seed=seeds[i])`` for every
+policy and sample, so policies compare task by task. Token-level local models (a model directory,
+a run folder or checkpoint, an endpoint's ``completions`` API with a local tokenizer) run through
+the ``Collector`` with generation batched across ``concurrency`` live episodes; ``random``,
+``expert`` and chat endpoints run ``concurrency`` episodes at once in threads (concurrent
+requests). Episodes are appended to the folder as they finish (local models: as each batch of
+episodes finishes), so an interrupted or failed evaluation keeps them and ``resume=True`` plays
+only the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import agentgym
+from agentgym.core import Env
+from agentgym.errors import AgentGymError, AuthenticationError, ConfigError, RemoteEnvError, RequestRejected
+from agentgym.eval.episodes import ChatActor, ExpertActor, Interrupted, RandomActor, play
+from agentgym.eval.html import html_report
+from agentgym.eval.loading import LoadedPolicy, load_policy
+from agentgym.eval.local import InfoRecorder, collect_episodes
+from agentgym.eval.policies import PolicySpec, unique_names
+from agentgym.eval.report import build_results, markdown_report
+from agentgym.eval.store import EvalStore, episode_record, slug
+from agentgym.rollout.collector import Collector
+from agentgym.rollout.policy import SamplingParams
+from agentgym.rollout.prompt import PromptRenderer
+
+#: Seeds of evaluation tasks start here by default: the range training's held-out evaluations use
+#: (``eval.seed_offset``) and training never samples, so `agentgym eval` numbers match report.json's.
+DEFAULT_SEED_START = 1_000_000
+
+ProgressFn = Callable[[str, str, int, int], None]
+"""``(env id, policy name, episodes done, episodes total)``, called as episodes finish."""
+
+
+class EvalError(AgentGymError):
+    """An evaluation stopped: an env crashed, an endpoint failed, or the folder holds another plan."""
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One env of an evaluation."""
+
+    id: str
+    """Registered env id."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments (``--env-arg``, ``--split``)."""
+    max_turns: int | None = None
+    """Override of the spec's turn budget."""
+    url: str | None = None
+    """An env service holding this env (``--env-url``); None plays it in-process."""
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """What to evaluate: saved as ``plan.json``, so a resumed evaluation is exactly the same one."""
+
+    policies: tuple[PolicySpec, ...]
+    """The policies, in report order (the first is the baseline of paired comparisons)."""
+    envs: tuple[EnvEntry, ...]
+    """The envs."""
+    seeds: tuple[int, ...]
+    """Task seeds; task i is ``reset(seed=seeds[i])`` for every policy."""
+    samples: int = 1
+    """Episodes per task and policy (pass@k needs more than one)."""
+    temperature: float = 0.0
+    """Sampling temperature of model policies (0 = greedy)."""
+    sampling_seed: int = 0
+    """Seeds model sampling and the random policy."""
+    concurrency: int = 32
+    """Episodes in flight at once."""
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ConfigError("give at least one --policy (random, expert, a model directory, a run folder or a URL)")
+        if not self.envs:
+            raise ConfigError("give at least one env with --envs ID[,ID...]")
+        if not self.seeds:
+            raise ConfigError("--episodes must be >= 1")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("--seeds lists a seed twice; each task needs its own seed")
+        if self.samples < 1:
+            raise ConfigError(f"--samples must be >= 1, got {self.samples}")
+        if self.concurrency < 1:
+            raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.temperature < 0:
+            raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
+        unique_names(list(self.policies))
+        for kind, names in (("env", [e.id for e in self.envs]), ("policy", [p.name for p in self.policies])):
+            slugs = [slug(n) for n in names]
+            if len(set(slugs)) != len(slugs):
+                raise ConfigError(f"two {kind} names map to the same file name ({names}); rename one")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (``from_json`` reads it back)."""
+        return {"policies": [p.to_json() for p in self.policies], "envs": [asdict(e) for e in self.envs],
+                "seeds": list(self.seeds), "samples": self.samples, "temperature": self.temperature,
+                "sampling_seed": self.sampling_seed, "concurrency": self.concurrency}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EvalPlan:
+        """Inverse of ``to_json``."""
+        return cls(tuple(PolicySpec.from_json(p) for p in data["policies"]),
+                   tuple(EnvEntry(**e) for e in data["envs"]), tuple(data["seeds"]), data["samples"],
+                   data["temperature"], data["sampling_seed"], data["concurrency"])
+
+    def same_episodes(self, other: EvalPlan) -> bool:
+        """True when ``other`` plays the same episodes (concurrency may differ)."""
+        mine, theirs = self.to_json(), other.to_json()
+        mine.pop("concurrency"), theirs.pop("concurrency")
+        return mine == theirs
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """What the harness learned about an env from one reset before any episode."""
+
+    has_tools: bool
+    has_expert: bool
+    action_format: str
+
+
+class Evaluation:
+    """Runs an ``EvalPlan`` into a folder.
+
+    Args:
+        plan: what to evaluate.
+        out_dir: the evaluation folder (``agentgym.eval.store``).
+        resume: complete the evaluation saved in ``out_dir`` (its plan must play the same episodes).
+        env_token: bearer token of the env services (never saved).
+        on_progress: progress callback (``ProgressFn``).
+        command: the command line, recorded in results.json.
+
+    Example:
+        >>> import tempfile
+        >>> from agentgym.eval.policies import parse_policy
+        >>> plan = EvalPlan((parse_policy("expert"), parse_policy("random")), (EnvEntry("maze-v0", {"size": 2}),),
+        ...                 tuple(range(4)))
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     results = Evaluation(plan, out).run()
+        >>> [(r["policy"], r["success_rate"]) for r in results["results"]][0]
+        ('expert', 1.0)
+    """
+
+    def __init__(self, plan: EvalPlan, out_dir: str | Path, *, resume: bool = False, env_token: str | None = None,
+                 on_progress: ProgressFn | None = None, command: str | None = None) -> None:
+        self.plan = plan
+        self.store = EvalStore(out_dir)
+        self.resume = resume
+        self.env_token = env_token
+        self.on_progress = on_progress or (lambda *_: None)
+        self.command = command
+        self._clients: dict[str, Any] = {}
+
+    # --- set-up -------------------------------------------------------------------------------------
+
+    def _prepare_folder(self) -> None:
+        root = self.store.root
+        if self.resume:
+            if not self.store.has_plan():
+                raise ConfigError(f"--resume {root}: no plan.json there; start the evaluation without --resume")
+            saved = EvalPlan.from_json(self.store.read_plan())
+            if not saved.same_episodes(self.plan):
+                raise ConfigError(f"--resume {root}: that evaluation was started with different policies, envs, "
+                                  "seeds or sampling; resume it with `agentgym eval --out DIR --resume` alone, or "
+                                  "choose a new --out")
+        elif self.store.has_plan():
+            raise ConfigError(f"{root} already holds an evaluation; pass --resume to complete it, or choose "
+                              "another --out")
+
+    def env_factory(self, entry: EnvEntry) -> Callable[[], Env]:
+        """Makes the env of ``entry``: in-process, or a session on its env service."""
+        if entry.url:
+            from agentgym.http.client import EnvClient, RemoteEnv
+
+            client = self._clients.get(entry.url)
+            if client is None:
+                client = self._clients[entry.url] = EnvClient(entry.url, token=self.env_token)
+            return lambda: RemoteEnv(entry.id, client=client, max_turns=entry.max_turns, **entry.kwargs)
+        return lambda: agentgym.make(entry.id, max_turns=entry.max_turns, **entry.kwargs)
+
+    def probe(self, entry: EnvEntry) -> EnvInfo:
+        """Make the env and reset it on the first task: a bad id, argument or service fails here."""
+        where = f" on the env service {entry.url}" if entry.url else ""
+        try:
+            env = self.env_factory(entry)()
+        except AgentGymError as exc:
+            unreachable = isinstance(exc, RemoteEnvError) and not isinstance(exc, (AuthenticationError, RequestRejected))
+            if entry.url and unreachable:
+                raise EvalError(f"env {entry.id}{where} cannot be reached ({exc}); start it with "
+                                f"`agentgym serve {entry.id}` or fix --env-url") from None
+            raise
+        try:
+            _, info = env.reset(seed=self.plan.seeds[0])
+            has_expert = bool(getattr(env, "has_expert", False))
+        finally:
+            env.close()
+        wanted = None
+        if entry.url:
+            wanted = self._clients[entry.url].env_detail(entry.id).get("action_format")
+        else:
+            wanted = getattr(agentgym.spec(entry.id), "action_format", None)
+        return EnvInfo(bool(info.get("tools")), has_expert, wanted or "plain")
+
+    # --- the run ------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Play every missing episode, then write results.json, report.md and report.html.
+
+        Returns:
+            The results (also in ``results.json``).
+
+        Raises:
+            EvalError: an episode failed (the finished ones stay saved; resume completes the rest).
+            ConfigError: a bad policy, env or folder, found before any episode runs.
+        """
+        self._prepare_folder()
+        loaded: dict[str, LoadedPolicy] = {}
+        try:
+            infos = {entry.id: self.probe(entry) for entry in self.plan.envs}
+            for spec in self.plan.policies:
+                if spec.kind == "expert":
+                    missing = [e for e, info in infos.items() if not info.has_expert]
+                    if missing:
+                        raise ConfigError(f"policy expert: {', '.join(missing)} has no expert; drop it from "
+                                          "--envs or evaluate it with other policies")
+            for spec in self.plan.policies:
+                loaded[spec.name] = load_policy(spec, self.plan)
+            # Written only once everything is known to work: a plan that failed to start leaves no folder behind.
+            self.store.write_plan(self.plan.to_json())
+            for entry in self.plan.envs:
+                for spec in self.plan.policies:
+                    self._run_pair(entry, infos[entry.id], spec, loaded[spec.name])
+        finally:
+            for policy in loaded.values():
+                policy.close()
+            for client in self._clients.values():
+                client.close()
+        return write_reports(self.plan, self.store, infos, command=self.command)
+
+    def _run_pair(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy) -> None:
+        plan = self.plan
+        done = {(r["task_index"], r["sample"]) for r in self.store.records(entry.id, spec.name)}
+        total = len(plan.seeds) * plan.samples
+        self.on_progress(entry.id, spec.name, len(done), total)
+        if len(done) >= total:
+            return
+        started = time.perf_counter()
+        try:
+            if policy.token_policy is not None:
+                self._run_collector(entry, info, spec, policy, done)
+            else:
+                self._run_threads(entry, info, spec, policy, done)
+        finally:
+            self.store.add_time(entry.id, spec.name, time.perf_counter() - started)
+
+    def _fail(self, entry: EnvEntry, spec: PolicySpec, where: str, exc: BaseException) -> EvalError:
+        saved = len(self.store.records(entry.id, spec.name))
+        detail = str(exc) if isinstance(exc, AgentGymError) else f"{type(exc).__name__}: {exc}"
+        kind = type(exc).__name__
+        detail = detail.strip() or "(no message)"
+        end = "" if detail[-1] in ".?!" else "."
+        return EvalError(f"{entry.id} × {spec.name}, {where}: {kind}: {detail}{end} {saved} finished "
+                         f"episodes of this pair are saved in {self.store.root}; fix the cause, then "
+                         f"`agentgym eval --out {self.store.root} --resume` plays the rest")
+
+    def _sampling(self, spec: PolicySpec) -> SamplingParams:
+        p = spec.prompt
+        return SamplingParams(max_new_tokens=p.max_new_tokens, temperature=self.plan.temperature, top_p=p.top_p,
+                              top_k=p.top_k, stop_strings=tuple(p.stop_strings), seed=self.plan.sampling_seed)
+
+    def _renderer(self, spec: PolicySpec, tokenizer: Any, action_format: str) -> PromptRenderer:
+        p = spec.prompt
+        return PromptRenderer(tokenizer, mode=p.prompt_mode, window_turns=p.window_turns,
+                              action_format=action_format,  # type: ignore[arg-type]
+                              system_prompt=p.system_prompt, show_admissible_actions=p.show_admissible_actions,
+                              include_instructions=p.include_instructions, tool_messages=p.tool_messages)
+
+    def _run_collector(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy,
+                       done: set[tuple[int, int]]) -> None:
+        plan, token_policy = self.plan, policy.token_policy
+        assert token_policy is not None
+        fmt = spec.prompt.action_format or info.action_format
+        tokenizer = token_policy.tokenizer
+        make = self.env_factory(entry)
+        recorders: list[InfoRecorder] = []
+
+        def make_env() -> InfoRecorder:
+            recorder = InfoRecorder(make())
+            recorders.append(recorder)
+            return recorder
+
+        collector = Collector(make_env, token_policy, self._renderer(spec, tokenizer, fmt),
+                              action_format=fmt, env_workers=16 if entry.url else 0,  # type: ignore[arg-type]
+                              max_prompt_tokens=spec.prompt.max_prompt_tokens)
+        todo = [i for i in range(len(plan.seeds)) if any((i, k) not in done for k in range(plan.samples))]
+        total = len(plan.seeds) * plan.samples
+        finished = [len(done)]
+        chunk = max(1, plan.concurrency // plan.samples)
+
+        def save(start: int, groups: list[Any]) -> None:
+            records = []
+            for g_index, group in enumerate(groups):
+                task = todo[start + g_index]
+                for k, trajectory in enumerate(group.trajectories):
+                    seed, obs, first, infos = recorders[g_index * plan.samples + k].episode()
+                    matches = seed == trajectory.seed and len(infos) == len(trajectory.turns)
+                    texts = [(tokenizer.decode(t.prompt_ids, skip_special_tokens=False),
+                              tokenizer.decode(t.response_ids, skip_special_tokens=True)) for t in trajectory.turns]
+                    records.append(episode_record(entry.id, spec.name, task, k, trajectory, observation=obs,
+                                                  info=first, turn_texts=texts, infos=infos if matches else None))
+            self.store.append(entry.id, spec.name, records)
+            finished[0] = min(total, finished[0] + sum(len(g.trajectories) for g in groups))
+            self.on_progress(entry.id, spec.name, finished[0], total)
+
+        try:
+            collect_episodes(collector, [plan.seeds[i] for i in todo], plan.samples, self._sampling(spec),
+                             chunk_tasks=chunk, on_chunk=save)
+        except Exception as exc:
+            raise self._fail(entry, spec, f"tasks with seeds {plan.seeds[todo[0]]}..{plan.seeds[todo[-1]]}", exc) from exc
+        finally:
+            collector.close()
+
+    def _actor(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy) -> Any:
+        if spec.kind == "random":
+            return RandomActor(self.plan.sampling_seed)
+        if spec.kind == "expert":
+            return ExpertActor()
+        from agentgym.eval.messages import MessageCodec
+
+        fmt = spec.prompt.action_format or info.action_format
+        return ChatActor(policy.endpoint, self._renderer(spec, MessageCodec(), fmt), fmt,  # type: ignore[arg-type]
+                         self._sampling(spec), send_tools=spec.send_tools)
+
+    def _run_threads(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy,
+                     done: set[tuple[int, int]]) -> None:
+        plan = self.plan
+        actor = self._actor(entry, info, spec, policy)
+        make = self.env_factory(entry)
+        todo = [(i, k) for i in range(len(plan.seeds)) for k in range(plan.samples) if (i, k) not in done]
+        total = len(plan.seeds) * plan.samples
+        stop = threading.Event()
+        local = threading.local()
+        envs: list[Env] = []
+        lock = threading.Lock()
+        finished = [len(done)]
+
+        def work(item: tuple[int, int]) -> None:
+            if stop.is_set():
+                return
+            try:
+                run_one(item)
+            except BaseException:
+                stop.set()  # no new episode starts; the ones in flight stop at their next turn
+                raise
+
+        def run_one(item: tuple[int, int]) -> None:
+            task, sample = item
+            env = getattr(local, "env", None)
+            if env is None:
+                env = local.env = make()
+                with lock:
+                    envs.append(env)
+            t0 = time.perf_counter()
+            try:
+                played = play(env, actor, plan.seeds[task], f"{entry.id}/{task}/{sample}", stop=stop)
+            except Interrupted:
+                return
+            except Exception as exc:
+                raise self._fail(entry, spec, f"task seed {plan.seeds[task]}, sample {sample}", exc) from exc
+            record = episode_record(entry.id, spec.name, task, sample, played.trajectory,
+                                    observation=played.observation, info=played.info, turn_texts=played.turn_texts,
+                                    infos=played.infos, wall_s=time.perf_counter() - t0)
+            if played.note:
+                record["note"] = played.note
+            self.store.append(entry.id, spec.name, [record])
+            with lock:
+                finished[0] += 1
+                self.on_progress(entry.id, spec.name, finished[0], total)
+
+        pool = ThreadPoolExecutor(max_workers=min(plan.concurrency, len(todo)), thread_name_prefix="agentgym-eval")
+        futures: list[Any] = []
+        try:
+            futures += [pool.submit(work, item) for item in todo]
+            pending: Any = futures
+            while pending:
+                # A timed wait: the main thread wakes up regularly, so Ctrl-C is handled at once.
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    if future.exception() is not None:
+                        raise future.exception()  # type: ignore[misc]
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            for env in envs:
+                env.close()
+
+
+def write_reports(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *,
+                  command: str | None = None) -> dict[str, Any]:
+    """Build the results from the saved episodes and write results.json, report.md and report.html."""
+    results = build_results(plan, store, infos, command=command)
+    (store.root / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (store.root / "report.md").write_text(markdown_report(results))
+    (store.root / "report.html").write_text(html_report(results), encoding="utf-8")
+    return results

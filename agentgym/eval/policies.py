@@ -1,0 +1,269 @@
+"""Policy specs for ``agentgym eval``: what ``--policy TEXT`` means, parsed and checked (torch-free).
+
+A policy is one of::
+
+    random                                  uniform over info["admissible_actions"] (see RandomActor)
+    expert                                  the env's expert (expert_action)
+    http://HOST:PORT/v1[,model=NAME][,api=chat|completions][,tokenizer=DIR]
+                                            an OpenAI-compatible endpoint (vLLM, SGLang, serve-policy...)
+    DIR                                     a local Hugging Face model directory (with a chat template)
+    RUN | RUN/checkpoint.pt                 an `agentgym train` run folder (its final model/, else its
+                                            latest checkpoint) or one checkpoint file
+
+followed by optional ``,key=value`` options: ``name=LABEL`` (the label in reports), prompt settings
+(``prompt_mode``, ``window_turns``, ``action_format``, ``include_instructions``,
+``show_admissible_actions``, ``tool_messages``, ``system_prompt``, ``max_new_tokens``,
+``max_prompt_tokens``), endpoint settings (``timeout_s``, ``max_retries``, ``tools=off``) and local
+model settings (``device``, ``dtype``). A run folder brings the prompt settings it trained with.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from agentgym.errors import ConfigError
+
+PolicyKind = Literal["random", "expert", "endpoint", "model", "run"]
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """How prompts are rendered and responses generated for a model policy (``RolloutConfig``'s fields)."""
+
+    prompt_mode: Literal["window", "full", "current"] = "window"
+    """``window``, ``full`` or ``current`` (see ``agentgym.rollout.prompt``)."""
+    window_turns: int = 2
+    """History turns in ``window`` mode."""
+    action_format: Literal["plain", "tag", "raw"] | None = None
+    """How a response becomes an action; None: what the env asks for (``raw`` for tool envs), else ``plain``."""
+    include_instructions: bool = True
+    """Put the env's instructions in the system message."""
+    show_admissible_actions: bool = True
+    """List the admissible actions under each observation."""
+    tool_messages: bool = True
+    """Tool envs: pass tool specs to the chat template; observations as tool messages in ``full`` mode."""
+    system_prompt: str | None = None
+    """Extra system text placed first."""
+    max_new_tokens: int = 256
+    """Generation cap per turn (tokens)."""
+    max_prompt_tokens: int = 4096
+    """An episode whose prompt would be longer is truncated there (local models)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    stop_strings: tuple[str, ...] = ()
+    """End a turn at one of these strings (kept in the response)."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy of an evaluation, parsed from its ``--policy`` text."""
+
+    text: str
+    """What the user wrote (kept in results.json)."""
+    kind: PolicyKind
+    """``random``, ``expert``, ``endpoint``, ``model`` (HF directory) or ``run`` (train run / checkpoint)."""
+    name: str
+    """Label in reports and file names; unique within an evaluation."""
+    location: str | None = None
+    """Endpoint base URL, model directory, or checkpoint file."""
+    model: str | None = None
+    """Endpoint model name (None: the only model the server lists)."""
+    api: Literal["chat", "completions"] = "chat"
+    """Endpoint API: ``chat`` (the server's chat template) or ``completions`` (token ids; needs ``tokenizer``)."""
+    tokenizer: str | None = None
+    """Endpoint ``completions`` API: the local directory of the served model's tokenizer."""
+    timeout_s: float = 60.0
+    """Endpoint request deadline."""
+    max_retries: int = 2
+    """Endpoint retries of failed connections, timeouts and 5xx answers."""
+    send_tools: bool = True
+    """Chat endpoints: send tool envs' specs as ``tools=`` (``tools=off`` keeps them in the prompt text only)."""
+    device: str = "auto"
+    """Local models: ``auto``, ``cpu``, ``cuda``..."""
+    dtype: str = "float32"
+    """Local models: parameter dtype."""
+    prompt: PromptSettings = field(default_factory=PromptSettings)
+    """Prompt rendering and generation settings."""
+    run_config: dict[str, Any] | None = None
+    """Run folders: the run's ``config.json`` (model, env, rollout, eval sections)."""
+
+    @property
+    def uses_model(self) -> bool:
+        """True for policies that generate text (everything but ``random`` and ``expert``)."""
+        return self.kind in ("endpoint", "model", "run")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (``from_json`` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PolicySpec:
+        """Inverse of ``to_json``."""
+        prompt = dict(data.get("prompt") or {})
+        prompt["stop_strings"] = tuple(prompt.get("stop_strings") or ())
+        return cls(**{**data, "prompt": PromptSettings(**prompt)})
+
+
+_PROMPT_FIELDS = {f.name: f for f in fields(PromptSettings)}
+_SPEC_OPTIONS = {"name", "model", "api", "tokenizer", "timeout_s", "max_retries", "tools", "device", "dtype"}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _coerce(key: str, value: str, kind: Any) -> Any:
+    text = str(kind)
+    if "bool" in text:
+        if value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise ConfigError(f"policy option {key}={value!r} must be true or false")
+    if text.startswith("int") or text == "<class 'int'>":
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"policy option {key}={value!r} must be an integer") from None
+    if "float" in text:
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"policy option {key}={value!r} must be a number") from None
+    if "tuple" in text:
+        return tuple(s for s in value.split("|") if s)
+    return None if value.lower() == "none" else value
+
+
+def _split_options(text: str) -> tuple[str, dict[str, str]]:
+    head, *rest = text.split(",")
+    options: dict[str, str] = {}
+    for item in rest:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"policy {text!r}: option {item!r} is not key=value (e.g. name=mine)")
+        options[key] = value.strip()
+    return head.strip(), options
+
+
+def _apply_options(spec: PolicySpec, options: dict[str, str]) -> PolicySpec:
+    prompt_updates: dict[str, Any] = {}
+    updates: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in _PROMPT_FIELDS:
+            prompt_updates[key] = _coerce(key, value, _PROMPT_FIELDS[key].type)
+        elif key in _SPEC_OPTIONS:
+            if key == "tools":
+                updates["send_tools"] = _coerce(key, value, "bool")
+            elif key in ("timeout_s", "max_retries"):
+                updates[key] = _coerce(key, value, "float" if key == "timeout_s" else "int")
+            else:
+                updates[key] = value
+        else:
+            known = sorted(_SPEC_OPTIONS | set(_PROMPT_FIELDS))
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else f" Options: {', '.join(known)}"
+            raise ConfigError(f"policy {spec.text!r}: unknown option {key!r}.{hint}")
+    if prompt_updates:
+        updates["prompt"] = replace(spec.prompt, **prompt_updates)
+    spec = replace(spec, **updates)
+    if spec.api not in ("chat", "completions"):
+        raise ConfigError(f"policy {spec.text!r}: api must be 'chat' or 'completions', got {spec.api!r}")
+    if spec.prompt.prompt_mode not in ("window", "full", "current"):
+        raise ConfigError(f"policy {spec.text!r}: prompt_mode must be window, full or current")
+    if spec.prompt.action_format not in (None, "plain", "tag", "raw"):
+        raise ConfigError(f"policy {spec.text!r}: action_format must be plain, tag or raw")
+    if spec.kind == "endpoint" and spec.api == "completions" and not spec.tokenizer:
+        raise ConfigError(f"policy {spec.text!r}: api=completions sends token ids, so it needs the served model's "
+                          "tokenizer: add tokenizer=DIR (or use api=chat)")
+    if spec.prompt.max_new_tokens < 1:
+        raise ConfigError(f"policy {spec.text!r}: max_new_tokens must be >= 1")
+    return spec
+
+
+def _run_prompt_settings(config: dict[str, Any]) -> PromptSettings:
+    rollout = config.get("rollout") or {}
+    known = {k: v for k, v in rollout.items() if k in _PROMPT_FIELDS}
+    known["stop_strings"] = tuple(known.get("stop_strings") or ())
+    return replace(PromptSettings(), **known)
+
+
+def _read_run_config(folder: Path, text: str) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"policy {text!r}: {folder} has a checkpoint but no config.json; is it an "
+                          "`agentgym train` run folder?")
+    return json.loads(path.read_text())
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """Parse one ``--policy`` value (see the module docstring).
+
+    Raises:
+        ConfigError: an unknown kind, a path that is neither a model nor a run, a bad option.
+
+    Example:
+        >>> parse_policy("random").kind
+        'random'
+        >>> spec = parse_policy("http://127.0.0.1:8001/v1,model=qwen,name=served,max_new_tokens=64")
+        >>> spec.kind, spec.model, spec.name, spec.prompt.max_new_tokens
+        ('endpoint', 'qwen', 'served', 64)
+        >>> parse_policy("gpt-4")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: policy 'gpt-4' is not random, expert, an http(s):// endpoint, a model directory or a run folder (no such path)
+    """
+    head, options = _split_options(text)
+    if head in ("random", "expert"):
+        spec = PolicySpec(text, head, head)  # type: ignore[arg-type]
+    elif head.startswith(("http://", "https://")):
+        spec = PolicySpec(text, "endpoint", options.get("model") or head.split("//", 1)[1].split("/", 1)[0],
+                          location=head.rstrip("/"))
+    else:
+        spec = _parse_path(text, head)
+    return _apply_options(spec, options)
+
+
+def _parse_path(text: str, head: str) -> PolicySpec:
+    path = Path(head)
+    if path.is_file() and path.suffix == ".pt":
+        config = _read_run_config(path.parent, text)
+        return PolicySpec(text, "run", f"{path.parent.name}@{path.stem}", location=str(path),
+                          prompt=_run_prompt_settings(config), run_config=config)
+    if not path.is_dir():
+        lead = head.split(",")[0]
+        if head.split(":")[0] in ("ftp", "ws", "http", "https") or "://" in head:
+            raise ConfigError(f"policy {text!r}: endpoints must be http:// or https:// URLs")
+        close = difflib.get_close_matches(lead, ["random", "expert"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else " (no such path)"
+        raise ConfigError(f"policy {text!r} is not random, expert, an http(s):// endpoint, a model directory "
+                          f"or a run folder{hint}")
+    if (path / "checkpoint.pt").is_file() or (path / "report.json").is_file():
+        config = _read_run_config(path, text)
+        final = path / "model"
+        location = str(final) if (final / "config.json").is_file() else str(path / "checkpoint.pt")
+        if not Path(location).exists():
+            raise ConfigError(f"policy {text!r}: run folder {path} has neither model/ nor checkpoint.pt")
+        return PolicySpec(text, "run", path.resolve().name, location=location,
+                          prompt=_run_prompt_settings(config), run_config=config)
+    if (path / "config.json").is_file():
+        return PolicySpec(text, "model", path.resolve().name, location=str(path))
+    raise ConfigError(f"policy {text!r}: directory {path} has neither config.json (a Hugging Face model) nor "
+                      "checkpoint.pt (an `agentgym train` run)")
+
+
+def unique_names(specs: list[PolicySpec]) -> list[PolicySpec]:
+    """Check that labels are unique (reports and files are keyed by them).
+
+    Raises:
+        ConfigError: two policies share a name; says how to rename one.
+    """
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.name in seen:
+            raise ConfigError(f"policies {seen[spec.name]!r} and {spec.text!r} are both named {spec.name!r}; "
+                              f"add ,name=LABEL to one of them")
+        seen[spec.name] = spec.text
+    return specs

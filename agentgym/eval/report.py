@@ -1,0 +1,141 @@
+"""An evaluation's results (``results.json``, machine-readable) and ``report.md``.
+
+``build_results`` reads the saved episodes back and computes, per env and policy, the summary of
+``agentgym.eval.summary.summarize`` (the same function training's held-out evaluations use) plus
+wall time, and for every env and pair of policies a paired comparison on the tasks both played
+(``agentgym.eval.statistics``).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import agentgym
+from agentgym.eval.statistics import compare_paired
+from agentgym.eval.store import EvalStore, groups_of
+from agentgym.eval.summary import summarize
+
+if TYPE_CHECKING:
+    from agentgym.eval.harness import EnvInfo, EvalPlan
+
+
+def _task_scores(records: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """Per task index, the mean of ``key`` (``success`` or ``return``) over its samples."""
+    by_task: dict[int, list[float]] = {}
+    for r in records:
+        by_task.setdefault(int(r["task_index"]), []).append(float(r[key]))
+    return {task: sum(s) / len(s) for task, s in by_task.items()}
+
+
+def build_results(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *,
+                  command: str | None = None) -> dict[str, Any]:
+    """The results dict (what ``results.json`` holds)."""
+    rows, comparisons = [], []
+    for entry in plan.envs:
+        scores: dict[str, dict[int, float]] = {}
+        returns: dict[str, dict[int, float]] = {}
+        # Where the return is just the success indicator, comparing it again would say nothing new.
+        return_differs = False
+        for spec in plan.policies:
+            records = store.records(entry.id, spec.name)
+            wall = store.wall_s(entry.id, spec.name)
+            summary = summarize(groups_of(records))
+            # Tool calls are counted from info["tool_calls"]; an env that never reports them shows "—", not 0.
+            reported = any("tool_calls" in (t.get("info") or {}) for r in records for t in r["turns"])
+            rows.append({"env": entry.id, "policy": spec.name, **summary, "wall_s": wall,
+                         "episodes_per_s": summary["episodes"] / wall if wall > 0 else None,
+                         "has_tools": infos[entry.id].has_tools if entry.id in infos else None,
+                         "tool_calls_reported": reported,
+                         "complete": summary["episodes"] == len(plan.seeds) * plan.samples})
+            scores[spec.name] = _task_scores(records, "success")
+            returns[spec.name] = _task_scores(records, "return")
+            return_differs |= any(float(r["return"]) != float(bool(r["success"])) for r in records)
+        names = [p.name for p in plan.policies]
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                tasks = sorted(set(scores[a]) & set(scores[b]))
+                if not tasks:
+                    continue
+                for metric, table in (("success", scores), ("return", returns)):
+                    if metric == "return" and not return_differs:
+                        continue
+                    comparisons.append(compare_paired(entry.id, a, b, [table[a][t] for t in tasks],
+                                                      [table[b][t] for t in tasks], metric=metric,
+                                                      seed=plan.sampling_seed).to_json())
+    return {
+        "agentgym_version": agentgym.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": command,
+        "config": plan.to_json(),
+        "seeds": list(plan.seeds),
+        "results": rows,
+        "comparisons": comparisons,
+    }
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    return "—" if value is None else format(value, fmt)
+
+
+
+def results_table(results: dict[str, Any]) -> list[list[str]]:
+    """Header + one row per (env, policy): the numbers report.md and report.html show."""
+    rows = results["results"]
+    ks = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
+    tools = any(r.get("has_tools") for r in rows)
+    header = ["env", "policy", "episodes", "success", "95% CI", "return", "turns", "tokens", "invalid",
+              *(["tool calls/ep"] if tools else []), *ks, "wall s"]
+    table = [header]
+    for r in rows:
+        low, high = r["success_ci95"]
+        line = [r["env"], r["policy"], str(r["episodes"]) + ("" if r["complete"] else " (incomplete)"),
+                _pct(r["success_rate"]), f"{_pct(low)}–{_pct(high)}", f"{r['mean_return']:.2f}",
+                f"{r['mean_turns']:.1f}", str(r["tokens_generated"]), _pct(r["invalid_rate"])]
+        if tools:
+            line.append(f"{r['tool_calls_per_episode']:.2f}" if r.get("has_tools") and r.get("tool_calls_reported")
+                        else "—")
+        line += [_pct(r[k]) if k in r else "—" for k in ks]
+        line.append(_cell(r, "wall_s", ".2f"))
+        table.append(line)
+    return table
+
+
+def markdown_report(results: dict[str, Any]) -> str:
+    """report.md: what was run, the table, and the paired comparisons in words."""
+    config = results["config"]
+    seeds = results["seeds"]
+    span = f"{seeds[0]}..{seeds[-1]}" if seeds == list(range(seeds[0], seeds[0] + len(seeds))) else ", ".join(map(str, seeds))
+    lines = ["# Evaluation report", "",
+             (f"agentgym {results['agentgym_version']}, {results['created']}. "
+             f"{len(seeds)} tasks per env (seeds {span}), {config['samples']} episode(s) per task and policy, "
+             f"temperature {config['temperature']:g}, sampling seed {config['sampling_seed']}. Every policy plays "
+             "the same tasks."), ""]
+    if results.get("command"):
+        lines += [f"Command: `{results['command']}`", ""]
+    lines += ["Policies: " + "; ".join(f"`{p['name']}` = `{p['text']}`" for p in config["policies"]), ""]
+    table = results_table(results)
+    lines += ["| " + " | ".join(table[0]) + " |", "|" + "|".join("---" for _ in table[0]) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
+    lines += ["", ("Success: share of episodes the env marked solved, with a Wilson 95% interval. Return: mean "
+              "episode return. Turns: mean turns per episode. Tokens: generated tokens, all episodes. Invalid: "
+              "share of turns whose action could not be parsed or applied. Tool calls/ep: tools the env ran per "
+              "episode, as it reports them in info['tool_calls'] (— where it does not). pass@k: unbiased estimate over the "
+              "samples of each task. Wall: seconds spent on that env and policy.")]
+    if results["comparisons"]:
+        lines += ["", "## Paired comparisons", "",
+                  ("Per task, the difference in success (in percentage points), and in mean return where the "
+                   "return says more than success, second policy minus first; 95% interval from a paired "
+                   "bootstrap over tasks; p from an exact paired test (McNemar for 0/1 outcomes, sign-flip "
+                   "permutation otherwise). Significant means both the interval excludes 0 and p < 0.05."), ""]
+        lines += [f"- {c['verdict']}" for c in results["comparisons"]]
+    return "\n".join(lines) + "\n"

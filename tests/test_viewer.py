@@ -1,0 +1,138 @@
+"""`agentgym view` in headless Chromium (Debian's chromium, driven by Playwright; no browser download):
+open the page, filter, click into a trajectory and step through it, compare two policies on one
+task, read a training run's learning curves. Screenshots are kept in tests/artifacts/."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import LiveServer
+
+from agentgym.eval.harness import EnvEntry, EvalPlan, Evaluation
+from agentgym.eval.policies import parse_policy
+from agentgym.eval.store import EvalStore
+from agentgym.eval.viewer.server import create_viewer_app
+from agentgym.training.config import load_config
+from agentgym.training.loop import train
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    opened = context.new_page()
+    opened.set_default_timeout(15_000)
+    yield opened
+    context.close()
+
+
+def open_viewer(page: Any, folder: Path) -> LiveServer:
+    server = LiveServer(create_viewer_app(folder))
+    page.goto(server.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    return server
+
+
+def test_replay_filter_and_compare_an_evaluation(tmp_path: Path, page: Any) -> None:
+    plan = EvalPlan((parse_policy("random"), parse_policy("expert")), (EnvEntry("maze-v0", {"size": 2}),),
+                    tuple(range(4)))
+    Evaluation(plan, tmp_path).run()
+    expert = EvalStore(tmp_path).records("maze-v0", "expert")
+    server = open_viewer(page, tmp_path)
+    try:
+        assert page.locator(".episode-row").count() == 8
+        page.select_option("#f-policy", "expert")
+        page.wait_for_function("document.querySelectorAll('.episode-row').length === 4")
+        page.locator(".episode-row").first.click()
+        page.wait_for_selector("#episode:not([hidden])")
+        head = page.inner_text("#episode-head")
+        assert "maze-v0 · expert" in head and "✓ success" in head and "seed 0" in head
+        first = expert[0]["turns"]
+        assert page.inner_text("#turn-pos") == f"turn 1 of {len(first)}"
+        assert page.inner_text(".current .f-action span") == first[0]["action"]
+        assert page.inner_text(".current .f-state-key span") == first[0]["state_key"]
+        assert page.inner_text(".current .f-observation pre") == expert[0]["observation"]
+        page.click("#turn-next")
+        assert page.inner_text("#turn-pos") == f"turn 2 of {len(first)}"
+        assert page.inner_text(".current .f-observation pre") == first[0]["observation"]  # what the agent saw next
+        assert page.inner_text(".current .f-action span") == first[1]["action"]
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "viewer_episode.png"), full_page=True)
+
+        page.select_option("#f-policy", "")
+        page.select_option("#f-success", "false")
+        page.wait_for_function("[...document.querySelectorAll('.episode-row')].every(r => r.textContent.startsWith('✗'))")
+
+        page.click("#tab-compare")
+        page.select_option("#cmp-task", "0")
+        page.wait_for_function("document.querySelector('#cmp-col-b .card') !== null")
+        left, right = page.inner_text("#cmp-col-a"), page.inner_text("#cmp-col-b")
+        assert "maze-v0 · random" in left and "maze-v0 · expert" in right
+        assert page.locator("#cmp-col-b .turn-card").count() == len(first)
+        page.screenshot(path=str(ARTIFACTS / "viewer_compare.png"), full_page=True)
+
+        page.click("#tab-summary")
+        assert page.locator("#results-table tbody tr").count() == 2
+        assert "expert is better than random" in page.inner_text("#results") or "not significant" in page.inner_text("#results")
+    finally:
+        server.stop()
+
+
+def test_training_run_iterations_advantages_and_learning_curves(tmp_path: Path, page: Any) -> None:
+    overrides = ["iterations=2", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=2",
+                 "eval.num_episodes=2", "sft.num_episodes=2", "sft.num_epochs=1", "env.max_turns=3"]
+    train(load_config(None, overrides), tmp_path)
+    # A run that records per-turn advantages (in the turn's extras) shows them.
+    first_file = tmp_path / "trajectories" / "iter_00001.jsonl"
+    groups = [json.loads(line) for line in first_file.read_text().splitlines()]
+    groups[0]["trajectories"][0]["turns"][0]["extras"]["advantage"] = 0.625
+    first_file.write_text("".join(json.dumps(g) + "\n" for g in groups))
+    server = open_viewer(page, tmp_path)
+    try:
+        assert "training run" in page.inner_text("#subtitle")
+        assert page.locator(".episode-row").count() == 8  # 2 iterations × 2 tasks × 2 episodes
+        page.select_option("#f-iteration", "2")
+        page.wait_for_function("document.querySelectorAll('.episode-row').length === 4")
+        assert all("it 2" in t for t in page.locator(".episode-row").all_inner_texts())
+        page.select_option("#f-iteration", "1")
+        page.wait_for_function("document.querySelector('.episode-row').textContent.includes('it 1')")
+        page.locator(".episode-row").first.click()
+        page.wait_for_selector("#episode:not([hidden])")
+        assert page.inner_text(".current .f-advantage span") == "0.6250"
+        page.click(".current .f-prompt summary")
+        prompt = page.locator(".current .f-prompt pre").inner_text()
+        assert "<|im_start|>" in prompt  # decoded with the run's tokenizer
+        assert page.inner_text(".current .f-action span") == groups[0]["trajectories"][0]["turns"][0]["action"]
+        page.click("#tab-summary")
+        assert page.inner_text("#tab-summary") == "Learning curves"
+        page.wait_for_selector("svg.curve path", state="attached")  # a flat curve has no height
+        assert page.input_value("#curve-metric") == "rollout/success_rate"
+        assert "rollout/success_rate: 2 points" in page.inner_text("#curves")
+        page.screenshot(path=str(ARTIFACTS / "viewer_curves.png"), full_page=True)
+    finally:
+        server.stop()
+
+
+def test_viewer_refuses_a_folder_that_is_neither(tmp_path: Path) -> None:
+    from agentgym.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="holds neither an evaluation .* nor a training run"):
+        create_viewer_app(tmp_path)
