@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from conftest import CounterEnv, free_port
+from conftest import CounterEnv
 
 import agentgym
 from agentgym.errors import ConfigError, RegistryError, UnknownEnv
-from agentgym.eval.harness import EnvEntry, EvalError, EvalPlan, Evaluation
+from agentgym.eval.harness import Evaluation
+from agentgym.eval.plan import EnvEntry, EvalError, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
+from agentgym.http.launcher import free_port
 
 
 class FragileCounter(CounterEnv):

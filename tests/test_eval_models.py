@@ -12,17 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LiveServer, free_port
+from conftest import LiveServer
 
 from agentgym.backends.openai_backend import PolicyEndpointError
 from agentgym.backends.openai_server import create_policy_app
 from agentgym.backends.tiny import TinyModelConfig, build_tiny_model, save_tiny
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError
-from agentgym.eval.harness import EnvEntry, EvalError, EvalPlan, Evaluation
+from agentgym.eval.harness import Evaluation
+from agentgym.eval.plan import EnvEntry, EvalError, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
-from agentgym.training.config import load_config
+from agentgym.http.launcher import free_port
+from agentgym.training.loading import load_config
 from agentgym.training.loop import train
 
 TINY = TinyModelConfig(num_layers=1, hidden_size=64, intermediate_size=128, max_position_embeddings=1024)

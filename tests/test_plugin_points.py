@@ -13,23 +13,23 @@ import torch
 
 import agentgym
 from agentgym.backends import TinyModelConfig
-from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.backends.tiny import build_tiny_model
+from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout import Collector, Fork, PromptRenderer, RolloutHooks, SamplingParams
 from agentgym.training import (
-    get_algorithm,
     Phase,
     TurnTable,
     UpdatePlan,
     episode_advantages,
+    get_algorithm,
     load_config,
     register_algorithm,
     register_hook_option,
 )
 from agentgym.training.algorithm import ALGORITHMS, AlgorithmNeeds
-from agentgym.training.losses import aggregate
 from agentgym.training.loop import Trainer, train
+from agentgym.training.losses import aggregate
 from agentgym.training.options import HOOK_OPTIONS
 from agentgym.training.terms import LOSS_TERMS, LossTerm, register_loss_term
 

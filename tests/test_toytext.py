@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.envs.games import register_games
 from agentgym.envs.blackjack import BlackjackEnv, basic_strategy
 from agentgym.envs.frozenlake import FrozenLakeEnv
+from agentgym.envs.games import register_games
 from agentgym.envs.toytext import ToyTextEnv, strip_ansi, to_builtin
 from agentgym.errors import ConfigError, ResetNeeded
 

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from conftest import LiveServer
 
-from agentgym.eval.harness import EnvEntry, EvalPlan, Evaluation
+from agentgym.eval.harness import Evaluation
+from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
 from agentgym.eval.viewer.server import create_viewer_app
-from agentgym.training.config import load_config
+from agentgym.training.loading import load_config
 from agentgym.training.loop import train
 
 CHROMIUM = "/usr/bin/chromium"

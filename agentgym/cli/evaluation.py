@@ -13,6 +13,7 @@ from rich.table import Table
 
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.errors import AgentGymError, ConfigError
+from agentgym.registry import load_env_creator
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -56,7 +57,7 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
     import inspect
 
     import agentgym
-    from agentgym.eval.harness import EnvEntry
+    from agentgym.eval.plan import EnvEntry
 
     runs = [p.run_config for p in policies if p.kind == "run"]
     defaults: dict[str, tuple[dict[str, Any], int | None]] = {}
@@ -92,7 +93,7 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
             if env_id in urls:
                 accepting.append(env_id)
                 continue
-            creator = agentgym.spec(env_id).load_creator()
+            creator = load_env_creator(agentgym.spec(env_id))
             try:
                 takes_split = "split" in inspect.signature(creator).parameters
             except (TypeError, ValueError):
@@ -155,7 +156,8 @@ def evaluate(
     comparisons. Writes results.json, report.md, report.html and every trajectory as JSONL."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentgym.eval.harness import DEFAULT_SEED_START, EvalPlan, Evaluation
+    from agentgym.eval.harness import DEFAULT_SEED_START, Evaluation
+    from agentgym.eval.plan import EvalPlan
     from agentgym.eval.policies import parse_policy
 
     try:

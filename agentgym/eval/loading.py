@@ -13,7 +13,7 @@ from agentgym.eval.policies import PolicySpec
 from agentgym.rollout.policy import Policy
 
 if TYPE_CHECKING:
-    from agentgym.eval.harness import EvalPlan
+    from agentgym.eval.plan import EvalPlan
 
 
 @dataclass

@@ -19,7 +19,7 @@ from agentgym.eval.store import EvalStore, groups_of
 from agentgym.eval.summary import summarize
 
 if TYPE_CHECKING:
-    from agentgym.eval.harness import EnvInfo, EvalPlan
+    from agentgym.eval.plan import EnvInfo, EvalPlan
 
 
 def _task_scores(records: list[dict[str, Any]], key: str) -> dict[int, float]:

@@ -35,7 +35,13 @@ from agentgym.training.config import (
 from agentgym.training.loading import check_config, config_from_dict, load_config
 from agentgym.training.options import HookOption, get_hook_option, list_hook_options, register_hook_option
 from agentgym.training.plan import Phase, TurnIndex, UpdatePlan
-from agentgym.training.turn_table import TurnTable, discounted_returns, episode_advantages, group_mean_std, normalize
+from agentgym.training.turn_table import (
+    TurnTable,
+    discounted_returns,
+    episode_advantages,
+    group_mean_std,
+    normalize,
+)
 
 __all__ = [
     "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig", "HookOption",

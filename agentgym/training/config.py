@@ -17,7 +17,7 @@ import yaml
 from agentgym.backends.config import ModelConfig
 from agentgym.errors import ConfigError
 from agentgym.rollout.actions import ActionFormat
-from agentgym.training.coercion import build, to_plain
+from agentgym.training.coercion import to_plain
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
