@@ -8,17 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from learning import LEARN, ROOT, assert_learns
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
-from agentgym.trainers.gigpo import GiGPOArgs, step_advantages
+from agentgym.trainers.gigpo import step_advantages
 from agentgym.trainers.hgpo import HGPOArgs, hgpo_advantages, level_advantages
 from agentgym.training.algorithm import get_algorithm
 from agentgym.training.config import load_config
 from agentgym.training.loop import train
 from agentgym.training.turn_table import TurnTable
-
-from learning import LEARN, ROOT, assert_learns
 
 
 def traj(*steps: tuple) -> Trajectory:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from learning import LEARN, ROOT, assert_learns
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
@@ -17,8 +18,6 @@ from agentgym.training.algorithm import get_algorithm
 from agentgym.training.config import load_config
 from agentgym.training.loop import Trainer, flatten, train, turn_index
 from agentgym.training.plan import TurnIndex
-
-from learning import LEARN, ROOT, assert_learns
 
 PRESET = ROOT / "configs" / "quickstart_maze_seeupo.yaml"
 SMALL = ["iterations=4", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
