@@ -11,8 +11,9 @@ a longer horizon). ``--set`` adds overrides to every run (e.g. a higher learning
 collapse) and ``--tag`` names such an experiment. Each run is its own process with one torch thread,
 so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can share the machine.
 
-Results accumulate in ``benchmarks/results/algorithms.json`` keyed by (tag, task, variant, seed,
-iterations): a run already there is not repeated, so a grid can be filled over several invocations.
+Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (tag, task,
+variant, seed, iterations): a run already there is not repeated, so a grid can be filled over several
+invocations, also at the same time.
 Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` (training
 success and the sampled-token entropy estimate per iteration, mean over seeds). ``--update-cost``
 times only the update step of each variant on one shared batch and counts its forward passes
@@ -181,6 +182,21 @@ def key(run: dict) -> tuple:
     return run["tag"], run["task"], run["variant"], run["seed"], run["iterations"]
 
 
+def save(path: Path, run: dict) -> None:
+    """Add ``run`` to the results file, re-reading it under a lock so concurrent invocations keep
+    each other's rows."""
+    import fcntl
+
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        text = fh.read()
+        stored = [r for r in (json.loads(text) if text.strip() else []) if "variant" in r and key(r) != key(run)]
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps([*stored, run], indent=1))
+
+
 def launch(spec: dict) -> dict:
     """Run ``spec`` in a child process (fresh memory accounting, one thread)."""
     done = subprocess.run([sys.executable, __file__, "--run-one", json.dumps(spec)], capture_output=True,
@@ -259,6 +275,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one torch thread each)")
     parser.add_argument("--set", action="append", default=[], help="extra override for every run (key=value)")
     parser.add_argument("--tag", default="default", help="names the experiment (required with --set)")
+    parser.add_argument("--results", default=str(RESULTS_FILE), help="JSON file the runs accumulate in")
     parser.add_argument("--update-cost", action="store_true",
                         help="only time the update step of each variant on one shared batch (grpo first)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each timed update (--update-cost)")
@@ -273,14 +290,15 @@ def main() -> None:
     if args.set and args.tag == "default":
         parser.error("--set changes the runs: name the experiment with --tag")
     RESULTS.mkdir(exist_ok=True)
-    stored = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.is_file() else []
+    results = Path(args.results)
+    stored = json.loads(results.read_text()) if results.is_file() else []
     stored = [r for r in stored if "variant" in r]  # rows of the older GRPO/RLOO/GiGPO-only script go
     done = {key(r) for r in stored}
     specs = [{"tag": args.tag, "task": task, "variant": variant, "seed": seed, "iterations": args.iterations,
               "set": args.set}
              for task in args.tasks for variant in args.variants for seed in args.seeds]
     todo = [s for s in specs if key(s) not in done]
-    print(f"{len(specs) - len(todo)} of {len(specs)} runs already in {RESULTS_FILE.name}; running {len(todo)}",
+    print(f"{len(specs) - len(todo)} of {len(specs)} runs already in {results.name}; running {len(todo)}",
           flush=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(launch, spec) for spec in todo]
@@ -291,7 +309,7 @@ def main() -> None:
                 print(exc, file=sys.stderr, flush=True)
                 continue
             stored.append(run)
-            RESULTS_FILE.write_text(json.dumps(stored, indent=1))
+            save(results, run)
             print(f"{run['task']} {run['variant']} seed {run['seed']}: {run['before']:.0%} -> {run['after']:.0%} "
                   f"({run['wall_s']:.0f} s, {run['s_per_iteration']:.1f} s/it)", flush=True)
     wanted = {key(s) for s in specs}
