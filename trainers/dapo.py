@@ -1,7 +1,9 @@
 """DAPO dynamic sampling (hook option ``dapo``; Yu et al. 2025, "DAPO", §3.2), usable with any algorithm.
 
 A group whose trajectories all got the same outcome has no group-relative signal: under GRPO every
-advantage in it is 0, so it only dilutes the batch. Dynamic sampling drops such groups after each
+advantage in it is 0, so it only dilutes the batch. (Step-level estimators such as ``gigpo`` and
+``hgpo`` can still find signal in such a group, between turns taken from the same state; the filter
+drops it all the same.) Dynamic sampling drops such groups after each
 collection, and the training loop collects more tasks (up to ``max_extra_rounds`` extra rounds)
 until the batch has ``rollout.num_tasks`` groups again. Switch it on with
 ``algorithm.hooks: {dapo: {max_extra_rounds: 3}}``; DAPO's other ingredient, clip-higher, is
