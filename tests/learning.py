@@ -7,16 +7,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Overrides on a quickstart preset for a short CPU run that still learns: fewer iterations, a smaller
-#: held-out evaluation, no intermediate checkpoint.
-LEARN = ["iterations=20", "checkpoint_every=0", "eval.num_episodes=32"]
+#: Overrides on a quickstart preset for a shorter CPU run that still learns (half the iterations).
+LEARN = ["iterations=30", "checkpoint_every=0"]
+
+#: The options (GSPO, DAPO, EPO, LLDS) are tested on top of GiGPO, the quickstart's algorithm: they are
+#: usable with any algorithm, and GiGPO learns the quickstart fastest (their presets use GRPO, which
+#: ``benchmarks/algorithms.py`` compares them with).
+ON_GIGPO = ["algorithm.name=gigpo", "algorithm.args={gamma: 0.95, mode: mean_norm, invalid_action_penalty: 0.1}"]
 
 
-def assert_learns(report: dict[str, Any], min_gain: float = 0.1) -> None:
-    """Training success in the last 5 iterations beats the first 5 by ``min_gain``, and held-out success
-    does not fall (greedy, on seeds training never sees)."""
-    rates = [h["rollout/success_rate"] for h in report["history"]]
-    first, last = sum(rates[:5]) / 5, sum(rates[-5:]) / 5
+def assert_learns(report: dict[str, Any], min_gain: float = 0.15) -> None:
+    """Held-out success (greedy, 64 episodes on seeds training never sees) rose by ``min_gain``."""
     before, after = report["eval"]["before"]["success_rate"], report["eval"]["after"]["success_rate"]
-    assert last - first >= min_gain, f"training success {first:.0%} -> {last:.0%} ({rates})"
-    assert after >= before, f"held-out success fell: {before:.0%} -> {after:.0%}"
+    assert after - before >= min_gain, f"held-out success {before:.0%} -> {after:.0%}"

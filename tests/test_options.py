@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from learning import LEARN, ROOT, assert_learns
+from learning import LEARN, ON_GIGPO, ROOT, assert_learns
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext
@@ -130,7 +130,7 @@ def test_the_loop_refills_the_batch_and_reports_per_iteration(tmp_path: Path, fi
 
 @pytest.mark.timeout(300)
 def test_dapo_learns_the_quickstart_maze(tmp_path: Path) -> None:
-    report = train(load_config(preset("dapo"), LEARN), tmp_path)
+    report = train(load_config(preset("dapo"), [*LEARN, *ON_GIGPO]), tmp_path)
     assert_learns(report)
     assert all(h["dapo/kept_groups"] >= h["rollout/groups"] for h in report["history"])
     assert sum(h["dapo/dropped_groups"] for h in report["history"]) > 0
@@ -266,7 +266,7 @@ def test_epo_resume_is_exact(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_epo_learns_the_quickstart_maze(tmp_path: Path) -> None:
-    report = train(load_config(preset("epo"), [*LEARN, "loss.terms.epo.schedule_iterations=20"]), tmp_path)
+    report = train(load_config(preset("epo"), [*LEARN, *ON_GIGPO, "loss.terms.epo.schedule_iterations=30"]), tmp_path)
     assert_learns(report)
 
 
@@ -336,11 +336,11 @@ def test_llds_bad_lambda_names_the_field() -> None:
 
 @pytest.mark.timeout(300)
 def test_llds_learns_the_quickstart_maze(tmp_path: Path) -> None:
-    report = train(load_config(preset("llds"), LEARN), tmp_path)
+    report = train(load_config(preset("llds"), [*LEARN, *ON_GIGPO]), tmp_path)
     assert_learns(report)
     assert any(h["llds/gated_frac"] > 0 for h in report["history"])  # the gate opened across minibatches
 
 
 @pytest.mark.timeout(300)
 def test_gspo_learns_the_quickstart_maze(tmp_path: Path) -> None:
-    assert_learns(train(load_config(preset("gspo"), LEARN), tmp_path))
+    assert_learns(train(load_config(preset("gspo"), [*LEARN, *ON_GIGPO]), tmp_path))

@@ -19,7 +19,9 @@ multiplied by how much the already-updated later turns' policies changed on the 
 Cost against ``grpo``: P phases (P = the longest trajectory's turns), each with its own old-log-prob
 pass, ``optim.num_minibatches`` optimiser steps and one more no-grad pass for the ratios, so P × (2 +
 num_minibatches) forward passes over smaller batches instead of 1 + num_minibatches over one batch
-(``perf/update_phases`` logs P; ``benchmarks/algorithms.py`` measures the time).
+(``perf/update_phases`` logs P; ``benchmarks/algorithms.py --update-cost`` measures it). It also takes
+P times as many optimiser steps, so it wants a smaller learning rate or fewer minibatches per phase
+than GRPO (the quickstart preset: one step per phase at a third of GRPO's learning rate).
 """
 
 from __future__ import annotations
