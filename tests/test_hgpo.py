@@ -281,7 +281,7 @@ def test_registered_with_its_defaults() -> None:
 # --- end to end ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_hgpo_learns_the_quickstart_maze(tmp_path: Path) -> None:
     report = train(load_config(ROOT / "configs" / "quickstart_maze_hgpo.yaml", LEARN), tmp_path)
     assert_learns(report)

@@ -128,7 +128,7 @@ def test_the_loop_refills_the_batch_and_reports_per_iteration(tmp_path: Path, fi
         trainer.close()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_dapo_learns_the_quickstart_maze(tmp_path: Path) -> None:
     report = train(load_config(preset("dapo"), [*LEARN, *ON_GIGPO]), tmp_path)
     assert_learns(report)
@@ -264,7 +264,7 @@ def test_epo_resume_is_exact(tmp_path: Path) -> None:
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_epo_learns_the_quickstart_maze(tmp_path: Path) -> None:
     report = train(load_config(preset("epo"), [*LEARN, *ON_GIGPO, "loss.terms.epo.schedule_iterations=30"]), tmp_path)
     assert_learns(report)
@@ -334,13 +334,13 @@ def test_llds_bad_lambda_names_the_field() -> None:
         load_config(preset("llds"), ["loss.terms.llds.coef=-1"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_llds_learns_the_quickstart_maze(tmp_path: Path) -> None:
     report = train(load_config(preset("llds"), [*LEARN, *ON_GIGPO]), tmp_path)
     assert_learns(report)
     assert any(h["llds/gated_frac"] > 0 for h in report["history"])  # the gate opened across minibatches
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_gspo_learns_the_quickstart_maze(tmp_path: Path) -> None:
     assert_learns(train(load_config(preset("gspo"), [*LEARN, *ON_GIGPO]), tmp_path))

@@ -209,6 +209,6 @@ def test_resume_is_exact(tmp_path: Path) -> None:
     assert a["plugins"]["plan"] == b["plugins"]["plan"] and a["plugins"]["plan"]["ratios"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_seeupo_learns_the_quickstart_maze(tmp_path: Path) -> None:
     assert_learns(train(load_config(PRESET, LEARN), tmp_path))
