@@ -1,26 +1,53 @@
-"""GRPO vs RLOO vs GiGPO on the quickstart task: same env, model, demos and budget, several seeds.
+"""Every algorithm and option on the same tasks, seeds and budget: learning, speed and memory.
 
-    python benchmarks/algorithms.py [--seeds 0 1 2] [--algorithms grpo rloo gigpo] [--iterations 60]
+    python benchmarks/algorithms.py [--variants grpo hgpo ...] [--tasks maze maze3] [--seeds 0 1 2]
+                                    [--iterations 60] [--jobs 2] [--set key=value ...] [--tag NAME]
+    python benchmarks/algorithms.py --update-cost --variants grpo seeupo   # the update step alone
 
-Each run is the embedded quickstart with only ``algorithm.name`` and ``seed`` changed. Prints a
-markdown table (held-out success before/after RL, mean ± std over seeds, iterations until the
-training rollouts first reach 80% success) and writes ``benchmarks/results/algorithms.json`` and
-``algorithms.png`` (training success per iteration, mean over seeds).
+A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, ``rloo``, ``gigpo``,
+``hgpo``, ``seeupo``, and the options on top of GRPO: ``gspo``, ``dapo``, ``epo``, ``llds``); a
+*task* changes only the env (``maze``: the quickstart as is; ``maze3``: 3×3-cell mazes with 20 turns,
+a longer horizon). ``--set`` adds overrides to every run (e.g. a higher learning rate to provoke a
+collapse) and ``--tag`` names such an experiment. Each run is its own process with one torch thread,
+so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can share the machine.
+
+Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (tag, task,
+variant, seed, iterations): a run already there is not repeated, so a grid can be filled over several
+invocations, also at the same time.
+Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` (training
+success and the sampled-token entropy estimate per iteration, mean over seeds). ``--update-cost``
+times only the update step of each variant on one shared batch and counts its forward passes
+(SeeUPO's extra cost: one phase per turn index, each with its own passes).
+
+Columns: held-out success before and after RL (greedy, 64 episodes on seeds training never sees;
+mean ± std over seeds), iterations until the training success (mean of 3 iterations) first reaches the
+task's threshold, seconds per iteration, peak resident memory, update phases per iteration, and the
+mean negative log-prob per sampled response token in the first and last 5 iterations (an estimate of
+the sampling entropy: it falls towards 0 when the policy collapses onto deterministic answers).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
-
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS_FILE = RESULTS / "algorithms.json"
+VARIANTS = ["grpo", "rloo", "gigpo", "hgpo", "seeupo", "gspo", "dapo", "epo", "llds"]
+#: task name → (overrides on top of the variant's preset, training-success threshold)
+TASKS: dict[str, tuple[list[str], float]] = {
+    "maze": ([], 0.8),
+    "maze3": (["env.kwargs.size=3", "env.max_turns=20"], 0.6),
+}
 
 
 def first_reaching(history: list[dict], threshold: float, window: int = 3) -> int | None:
@@ -32,66 +59,265 @@ def first_reaching(history: list[dict], threshold: float, window: int = 3) -> in
     return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--algorithms", nargs="+", default=["grpo", "rloo", "gigpo"])
-    parser.add_argument("--iterations", type=int, default=60)
-    args = parser.parse_args()
-    RESULTS.mkdir(exist_ok=True)
-    runs = []
-    for algorithm in args.algorithms:
-        for seed in args.seeds:
-            overrides = [f"algorithm.name={algorithm}", f"seed={seed}", f"iterations={args.iterations}",
-                         "checkpoint_every=0"]
-            if algorithm != "gigpo":  # the quickstart's algorithm.args are GiGPO's; same penalty for all
-                overrides.append("algorithm.args={invalid_action_penalty: 0.1}")
-            started = time.perf_counter()
-            with tempfile.TemporaryDirectory() as out:
-                report = train(load_config(None, overrides), out)
-            runs.append({
-                "algorithm": algorithm, "seed": seed, "wall_s": time.perf_counter() - started,
-                "before": report["eval"]["before"]["success_rate"], "after": report["eval"]["after"]["success_rate"],
-                "iters_to_80": first_reaching(report["history"], 0.8),
-                "curve": [h["rollout/success_rate"] for h in report["history"]],
-            })
-            print(f"{algorithm} seed {seed}: {runs[-1]['before']:.0%} -> {runs[-1]['after']:.0%} "
-                  f"({runs[-1]['wall_s']:.0f} s)", flush=True)
-    (RESULTS / "algorithms.json").write_text(json.dumps(runs, indent=2))
+def response_statistics(out: Path, iterations: int) -> tuple[list[float], list[float]]:
+    """Per iteration: mean −log-prob per sampled response token (all turns), and mean log-prob per
+    token of the turns of successful trajectories (nan when none succeeded)."""
+    nll, success_lp = [], []
+    for iteration in range(1, iterations + 1):
+        total = count = s_total = s_count = 0.0
+        for line in (out / "trajectories" / f"iter_{iteration:05d}.jsonl").read_text().splitlines():
+            for trajectory in json.loads(line)["trajectories"]:
+                for turn in trajectory["turns"]:
+                    logprobs = turn["response_logprobs"]
+                    total -= sum(logprobs)
+                    count += len(logprobs)
+                    if trajectory["success"]:
+                        s_total += sum(logprobs)
+                        s_count += len(logprobs)
+        nll.append(total / count if count else float("nan"))
+        success_lp.append(s_total / s_count if s_count else float("nan"))
+    return nll, success_lp
 
-    print("\n| algorithm | held-out success before RL | after RL (mean ± std) | gain | iterations to 80% (train) | s/run |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for algorithm in args.algorithms:
-        mine = [r for r in runs if r["algorithm"] == algorithm]
-        after = [r["after"] for r in mine]
-        before = [r["before"] for r in mine]
-        reach = [r["iters_to_80"] for r in mine]
-        reached = [x for x in reach if x is not None]
-        reach_text = (f"{statistics.mean(reached):.0f} ({len(reached)}/{len(reach)} seeds)" if reached
-                      else f"not reached (0/{len(reach)})")
-        std = statistics.stdev(after) if len(after) > 1 else 0.0
-        print(f"| {algorithm} | {statistics.mean(before):.0%} | {statistics.mean(after):.0%} ± {std:.0%} | "
-              f"{statistics.mean(after) - statistics.mean(before):+.0%} | {reach_text} | "
-              f"{statistics.mean(r['wall_s'] for r in mine):.0f} |")
 
+def run_one(spec: dict) -> dict:
+    """One training run (in this process); returns its row of results."""
+    import resource
+
+    import torch
+
+    from agentgym.training.loading import load_config
+    from agentgym.training.loop import train
+
+    torch.set_num_threads(1)
+    overrides = [*TASKS[spec["task"]][0], f"seed={spec['seed']}", f"iterations={spec['iterations']}",
+                 "checkpoint_every=0", *spec["set"]]
+    if any(o.startswith("loss.terms.epo") for o in spec["set"]) or spec["variant"] == "epo":
+        overrides.append(f"loss.terms.epo.schedule_iterations={spec['iterations']}")
+    cfg = load_config(ROOT / "configs" / f"quickstart_maze_{spec['variant']}.yaml", overrides)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        report = train(cfg, out)
+        nll, success_lp = response_statistics(Path(out), spec["iterations"])
+    history = report["history"]
+    return {
+        **spec,
+        "wall_s": time.perf_counter() - started,
+        "before": report["eval"]["before"]["success_rate"],
+        "after": report["eval"]["after"]["success_rate"],
+        "iters_to_threshold": first_reaching(history, TASKS[spec["task"]][1]),
+        "s_per_iteration": statistics.mean(h["perf/iteration_s"] for h in history),
+        "update_s_per_iteration": statistics.mean(h["perf/update_s"] for h in history),
+        "update_phases": statistics.mean(h.get("perf/update_phases", 1.0) for h in history),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "curve": [h["rollout/success_rate"] for h in history],
+        "nll_per_token": nll,
+        "success_logprob_per_token": success_lp,
+    }
+
+
+def update_cost(variants: list[str], repeats: int) -> str:
+    """The update step alone, on one batch: phases, forward passes and time per iteration.
+
+    One quickstart batch (SFT warm start, 8 tasks × 8 episodes) is collected once; every variant then
+    updates a copy of the same weights on the same turns with its own estimator, plan and loss, while
+    a forward hook counts the model's forward passes and the rows they carried.
+    """
+    import copy
+
+    import numpy as np
+    import torch
+
+    from agentgym.training.loading import load_config
+    from agentgym.training.loop import Trainer, flatten, turn_index
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as out:
+        source = Trainer(load_config(ROOT / "configs" / "quickstart_maze_grpo.yaml"), out)
+        source.warm_start()
+        groups = source.collector.collect(list(range(8)), 8, source.sampling(0.6, 0))
+        weights = copy.deepcopy(source.model.state_dict())
+        source.close()
+    turns, index = flatten(groups), turn_index(groups)
+    lines = [f"{len(turns)} turns, longest trajectory {int(index.step.max()) + 1} turns, {repeats} repeats",
+             "", ("| variant | phases | forward passes: log-probs + training + reference | rows forwarded "
+                  "| update s (best) | × first |"), "|---|---:|---:|---:|---:|---:|"]
+    baseline = None
+    for variant in variants:
+        with tempfile.TemporaryDirectory() as out:
+            run = Trainer(load_config(ROOT / "configs" / f"quickstart_maze_{variant}.yaml", ["sft.enabled=false"]), out)
+            if run.recipe.needs_reference:
+                torch.save(weights, Path(out) / "reference.pt")
+                run.freeze_reference()
+            advantages = run.recipe.algorithm.estimator(groups, run.recipe.args)
+            counts = {"grad": 0, "no_grad": 0, "reference": 0, "rows": 0}
+
+            def counter(kind: str, counts: dict = counts):
+                def count(module, args, kwargs, output):
+                    counts[kind if kind == "reference" or torch.is_grad_enabled() else "no_grad"] += 1
+                    counts["rows"] += int(kwargs["input_ids"].shape[0])
+                return count
+
+            handles = [run.model.register_forward_hook(counter("grad"), with_kwargs=True)]
+            if run.update.ref_model is not None:
+                handles.append(run.update.ref_model.register_forward_hook(counter("reference"), with_kwargs=True))
+            times = []
+            for _ in range(repeats):
+                run.model.load_state_dict(weights)
+                counts.update(grad=0, no_grad=0, reference=0, rows=0)
+                started = time.perf_counter()
+                metrics = run.update(turns, np.asarray(advantages), index, 1)
+                times.append(time.perf_counter() - started)
+            for handle in handles:
+                handle.remove()
+            run.close()
+        best = min(times)
+        baseline = baseline or best
+        lines.append(f"| {variant} | {metrics.get('perf/update_phases', 1):.0f} | {counts['no_grad']} + {counts['grad']} + "
+                     f"{counts['reference']} "
+                     f"| {counts['rows']} | {best:.2f} | {best / baseline:.1f} |")
+    return "\n".join(lines)
+
+
+def key(run: dict) -> tuple:
+    return run["tag"], run["task"], run["variant"], run["seed"], run["iterations"]
+
+
+def save(path: Path, run: dict) -> None:
+    """Add ``run`` to the results file, re-reading it under a lock so concurrent invocations keep
+    each other's rows."""
+    import fcntl
+
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        text = fh.read()
+        stored = [r for r in (json.loads(text) if text.strip() else []) if "variant" in r and key(r) != key(run)]
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps([*stored, run], indent=1))
+
+
+def launch(spec: dict) -> dict:
+    """Run ``spec`` in a child process (fresh memory accounting, one thread)."""
+    done = subprocess.run([sys.executable, __file__, "--run-one", json.dumps(spec)], capture_output=True,
+                          text=True, cwd=ROOT, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"run {spec} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def mean_std(values: list[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.0%} ± {std:.0%}"
+
+
+def edge_mean(values: list[float], first: bool, width: int = 5) -> float:
+    part = values[:width] if first else values[-width:]
+    part = [v for v in part if not math.isnan(v)]
+    return statistics.mean(part) if part else float("nan")
+
+
+def table(runs: list[dict], task: str, variants: list[str]) -> str:
+    threshold = TASKS[task][1]
+    lines = [(f"| variant | seeds | held-out before RL | after RL (mean ± std) | iterations to {threshold:.0%} "
+              "(train) | s / iteration | peak MB | phases | −logp/token first → last 5 it |"),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant and r["task"] == task]
+        if not mine:
+            continue
+        reached = [r["iters_to_threshold"] for r in mine if r["iters_to_threshold"] is not None]
+        reach = (f"{statistics.mean(reached):.0f} ({len(reached)}/{len(mine)})" if reached
+                 else f"not reached (0/{len(mine)})")
+        nll_first = statistics.mean(edge_mean(r["nll_per_token"], True) for r in mine)
+        nll_last = statistics.mean(edge_mean(r["nll_per_token"], False) for r in mine)
+        lines.append(
+            f"| {variant} | {len(mine)} | {mean_std([r['before'] for r in mine])} | {mean_std([r['after'] for r in mine])} "
+            f"| {reach} | {statistics.mean(r['s_per_iteration'] for r in mine):.1f} "
+            f"| {max(r['peak_rss_mb'] for r in mine):.0f} | {statistics.mean(r['update_phases'] for r in mine):.1f} "
+            f"| {nll_first:.3f} → {nll_last:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], task: str, variants: list[str], tag: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for algorithm in args.algorithms:
-        curves = [r["curve"] for r in runs if r["algorithm"] == algorithm]
-        mean = [sum(c[i] for c in curves) / len(curves) for i in range(min(map(len, curves)))]
-        ax.plot(range(1, len(mean) + 1), mean, label=algorithm)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel(f"training success (mean of {len(args.seeds)} seeds)")
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4))
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant and r["task"] == task]
+        if not mine:
+            continue
+        for axis, field in ((ax, "curve"), (bx, "nll_per_token")):
+            curves = [r[field] for r in mine]
+            mean = [statistics.mean(c[i] for c in curves) for i in range(min(map(len, curves)))]
+            axis.plot(range(1, len(mean) + 1), mean, label=variant)
+    ax.set_ylabel("training success (mean over seeds)")
     ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("maze-v0 quickstart: GRPO vs RLOO vs GiGPO")
+    bx.set_ylabel("−log-prob per sampled token (entropy estimate)")
+    for axis in (ax, bx):
+        axis.set_xlabel("iteration")
+        axis.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{task} ({tag})")
     fig.tight_layout()
-    fig.savefig(RESULTS / "algorithms.png", dpi=110)
+    fig.savefig(RESULTS / f"algorithms_{tag}_{task}.png", dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    parser.add_argument("--tasks", nargs="+", default=["maze", "maze3"], choices=list(TASKS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--iterations", type=int, default=60)
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one torch thread each)")
+    parser.add_argument("--set", action="append", default=[], help="extra override for every run (key=value)")
+    parser.add_argument("--tag", default="default", help="names the experiment (required with --set)")
+    parser.add_argument("--results", default=str(RESULTS_FILE), help="JSON file the runs accumulate in")
+    parser.add_argument("--update-cost", action="store_true",
+                        help="only time the update step of each variant on one shared batch (grpo first)")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of each timed update (--update-cost)")
+    parser.add_argument("--run-one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_one:
+        print(json.dumps(run_one(json.loads(args.run_one))))
+        return
+    if args.update_cost:
+        print(update_cost(args.variants, args.repeats))
+        return
+    if args.set and args.tag == "default":
+        parser.error("--set changes the runs: name the experiment with --tag")
+    RESULTS.mkdir(exist_ok=True)
+    results = Path(args.results)
+    stored = json.loads(results.read_text()) if results.is_file() else []
+    stored = [r for r in stored if "variant" in r]  # rows of the older GRPO/RLOO/GiGPO-only script go
+    done = {key(r) for r in stored}
+    specs = [{"tag": args.tag, "task": task, "variant": variant, "seed": seed, "iterations": args.iterations,
+              "set": args.set}
+             for task in args.tasks for variant in args.variants for seed in args.seeds]
+    todo = [s for s in specs if key(s) not in done]
+    print(f"{len(specs) - len(todo)} of {len(specs)} runs already in {results.name}; running {len(todo)}",
+          flush=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(launch, spec) for spec in todo]
+        for future in as_completed(futures):
+            try:
+                run = future.result()
+            except RuntimeError as exc:  # one failed run is reported; the others still count
+                print(exc, file=sys.stderr, flush=True)
+                continue
+            stored.append(run)
+            save(results, run)
+            print(f"{run['task']} {run['variant']} seed {run['seed']}: {run['before']:.0%} -> {run['after']:.0%} "
+                  f"({run['wall_s']:.0f} s, {run['s_per_iteration']:.1f} s/it)", flush=True)
+    wanted = {key(s) for s in specs}
+    runs = [r for r in stored if key(r) in wanted]
+    for task in args.tasks:
+        print(f"\n### {task} ({args.tag}, {args.iterations} iterations)\n")
+        print(table(runs, task, args.variants))
+        plot(runs, task, args.variants, args.tag)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ typed hooks; the collector never learns which algorithm it serves. Every hook is
 - ``after_collect(groups, context)`` annotates or filters the finished groups (IGPO's scores,
   DAPO's filter); ``max_extra_rounds`` lets the training loop collect more tasks when groups were
   filtered out, up to that many extra collection rounds;
-- ``metrics()`` reports what the hook did in the last batch (``section/name`` keys).
+- ``metrics()`` reports what the hook did in the iteration's collection, all of its rounds
+  (``section/name`` keys); the training loop reads it once, after the last round.
 
 Several hooks compose with ``HookChain``: sampling adjustments apply in order, forks concatenate,
 filters apply in order, metrics merge.
@@ -110,7 +111,11 @@ class RolloutHooks:
         return groups
 
     def metrics(self) -> dict[str, float]:
-        """What the hook did in the last collection, as ``section/name`` metrics."""
+        """What the hook did in the current iteration's collection, as ``section/name`` metrics.
+
+        The training loop reads it once, after the iteration's last collection round, so a hook that
+        filters (and so may see several rounds) accumulates over the rounds of an iteration
+        (``CollectContext.iteration`` tells a new iteration apart)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

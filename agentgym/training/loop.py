@@ -232,19 +232,16 @@ class Trainer:
         sampling = self.recipe.sampling(self.sampling(cfg.rollout.temperature, cfg.seed * 100_003 + iteration))
         groups: list[EpisodeGroup] = []
         stats = CollectStats()
-        hook_metrics: dict[str, list[float]] = {}
         round_ = 0
         while True:
             prefix = f"it{iteration}-g" if round_ == 0 else f"it{iteration}r{round_}-g"
             groups += self.collector.collect(task_seeds(cfg, iteration, round_), cfg.rollout.group_size, sampling,
                                              group_prefix=prefix, hooks=hooks, iteration=iteration)
             _merge_stats(stats, self.collector.last_stats)
-            for key, value in hooks.metrics().items():
-                hook_metrics.setdefault(key, []).append(value)
             if len(groups) >= cfg.rollout.num_tasks or round_ >= hooks.max_extra_rounds:
                 break
             round_ += 1
-        metrics = {key: float(np.mean(values)) for key, values in hook_metrics.items()}
+        metrics = dict(hooks.metrics())  # read once: what the hooks did over all of the iteration's rounds
         metrics.update({"rollout/groups": float(min(len(groups), cfg.rollout.num_tasks)),
                         "rollout/extra_rounds": float(round_)})
         return groups[:cfg.rollout.num_tasks], stats, metrics

@@ -1,0 +1,22 @@
+"""Shared settings and check of the end-to-end learning tests of the algorithms and options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Overrides on a quickstart preset for a shorter CPU run that still learns (half the iterations).
+LEARN = ["iterations=30", "checkpoint_every=0"]
+
+#: The options (GSPO, DAPO, EPO, LLDS) are tested on top of GiGPO, the quickstart's algorithm: they are
+#: usable with any algorithm, and GiGPO learns the quickstart fastest (their presets use GRPO, which
+#: ``benchmarks/algorithms.py`` compares them with).
+ON_GIGPO = ["algorithm.name=gigpo", "algorithm.args={gamma: 0.95, mode: mean_norm, invalid_action_penalty: 0.1}"]
+
+
+def assert_learns(report: dict[str, Any], min_gain: float = 0.15) -> None:
+    """Held-out success (greedy, 64 episodes on seeds training never sees) rose by ``min_gain``."""
+    before, after = report["eval"]["before"]["success_rate"], report["eval"]["after"]["success_rate"]
+    assert after - before >= min_gain, f"held-out success {before:.0%} -> {after:.0%}"
