@@ -45,6 +45,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         Traceback (most recent call last):
         ...
         agentgym.errors.ConfigError: algorithm.args.mode must be one of 'mean_norm', 'mean_std_norm'; got 'bogus'
+        >>> coerce(["</search>", "</answer>"], tuple[str, ...], "rollout.stop_strings")
+        ('</search>', '</answer>')
     """
     origin = get_origin(tp)
     if dataclasses.is_dataclass(tp):
@@ -72,6 +74,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, choices))}; got {value!r}")
         return value
+    if origin is tuple and get_args(tp)[1:] == (Ellipsis,):  # tuple[T, ...]: any length
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(coerce(v, get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
             raise ConfigError(f"{where} must be a list of {len(get_args(tp))} values, got {value!r}")
