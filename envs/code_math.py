@@ -152,6 +152,7 @@ class CodeMathEnv(Env):
     writes to files or prints outside ``sys.stdout`` is not carried over or silenced. Code whose
     output depends on time or memory addresses is not deterministic, and no env can make it so.
 
+    ``info["tool_calls"]`` is the number of cells the step ran (0 on answering and invalid steps).
     ``info["answer"]`` holds the exact answer as text (privileged: never in an observation or the
     instructions); ``info["tools"]`` and ``info["instructions"]`` come with reset. The expert runs
     the problem's solution cell, reads its output and answers it.
@@ -249,7 +250,7 @@ class CodeMathEnv(Env):
             return (f"Your answer: {shown}. It is {'correct' if correct else 'not correct'}.",
                     1.0 if correct else 0.0, True, False, info)
         return "\n".join(self._run_cell(code) for code in cells), 0.0, False, False, self._info(
-            invalid=False, success=False)
+            invalid=False, success=False, tool_calls=len(cells))
 
     def expert_action(self) -> str | None:
         """Run the problem's solution cell; once its output is in, answer what it printed."""
@@ -297,7 +298,7 @@ class CodeMathEnv(Env):
         assert self._problem is not None
         return f"Problem: {self._problem.question}"
 
-    def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
+    def _info(self, *, invalid: bool, success: bool, tool_calls: int = 0) -> dict[str, Any]:
         assert self._problem is not None
         # The interpreter's state is what the successful cells built (their code, replayed in order):
         # trajectories that ran the same cells face the same interpreter, whatever failed in between.
@@ -308,4 +309,5 @@ class CodeMathEnv(Env):
             "invalid_action": invalid,
             "success": success,
             "answer": str(self._problem.answer),
+            "tool_calls": tool_calls,
         }

@@ -456,6 +456,7 @@ class CodeTestsEnv(Env):
     ``reward_on="final"`` scores the latest submission (a worse resubmission gives a negative
     reward), ``"best"`` the best one so far. The score is the fraction of hidden tests passed.
     Submission steps report ``info["tests_passed"]``/``info["tests_total"]``; ``success`` is all passed.
+    ``info["tool_calls"]`` is 1 on a step whose submission ran against the tests, else 0.
 
     ``info["answer"]`` holds the reference solution (privileged: never shown); ``info["tools"]``
     and ``info["instructions"]`` come with reset. The expert submits the reference solution.
@@ -559,7 +560,7 @@ class CodeTestsEnv(Env):
         self._score = verdict.passed if self.reward_on == "final" else max(self._score, verdict.passed)
         solved = verdict.passed == total
         self._over = solved or self._submissions >= self.max_submissions
-        info = self._info(invalid=False, success=solved)
+        info = self._info(invalid=False, success=solved, tool_calls=1)
         info.update(tests_passed=verdict.passed, tests_total=total)
         return self._feedback(verdict), (self._score - before) / total, self._over, False, info
 
@@ -632,7 +633,7 @@ class CodeTestsEnv(Env):
         return (f"Problem: {problem.title}\n{problem.prompt}\n\nWrite this function:\n    {problem.signature}\n\n"
                 f"Examples:\n{examples}")
 
-    def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
+    def _info(self, *, invalid: bool, success: bool, tool_calls: int = 0) -> dict[str, Any]:
         problem = self._problem
         assert problem is not None
         # The state is the problem, the score that counts so far and the submissions left: the rest
@@ -645,5 +646,6 @@ class CodeTestsEnv(Env):
             "invalid_action": invalid,
             "success": success,
             "answer": problem.reference,
+            "tool_calls": tool_calls,
         }
 

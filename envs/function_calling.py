@@ -475,7 +475,8 @@ class FunctionCallingEnv(Env):
     ``MAX_CALLS_PER_TURN`` calls, or an ``answer`` that is not its last call runs nothing:
     ``info["invalid_action"]``, reward ``-format_penalty``. A well-formed call that fails (division
     by zero, unknown key or unit) answers with an ``error`` in its ``tool_response``, the other
-    calls still run, and ``info["tool_errors"]`` counts such failures of the step.
+    calls still run, and ``info["tool_errors"]`` counts such failures of the step. ``info["tool_calls"]``
+    counts the calls the step ran, failed ones included and the ``answer`` not (0 on an invalid turn).
 
     ``info["tools"]`` (on reset, with ``instructions``) holds the tool specs; ``info["answer"]``
     the expected answer as text (``None`` when any answer will do; privileged). ``state_key`` is
@@ -578,7 +579,7 @@ class FunctionCallingEnv(Env):
         obs = "\n".join(f"<tool_response>\n{block}\n</tool_response>" for block in blocks)
         if not answers:
             info = self._info(invalid=False, success=False)
-            info["tool_errors"] = failures
+            info.update(tool_errors=failures, tool_calls=len(blocks))
             return obs, 0.0, False, False, info
         self._over = True
         checks = state_checks(self._db.values, task)
@@ -595,7 +596,8 @@ class FunctionCallingEnv(Env):
             verdict = f"The task is not solved: {' and '.join(wrong)}."
         obs = (obs + "\n" if obs else "") + f"Answer received. {verdict}"
         info = self._info(invalid=False, success=success)
-        info.update(tool_errors=failures, state_correct=all(checks), answer_correct=answer_ok)
+        info.update(tool_errors=failures, tool_calls=len(blocks), state_correct=all(checks),
+                    answer_correct=answer_ok)
         return obs, float(reward), True, False, info
 
     def expert_action(self) -> str | None:
@@ -676,4 +678,5 @@ class FunctionCallingEnv(Env):
             "invalid_action": invalid,
             "success": success,
             "answer": answer,
+            "tool_calls": 0,  # the step's count replaces it
         }

@@ -168,7 +168,8 @@ class SearchQAEnv(Env):
     step reports both as ``info["em"]``/``info["f1"]``, and ``success`` is the exact match. The
     ``<tool_call>{"name": "search"|"answer", "arguments": {...}}</tool_call>`` form is accepted too.
     Anything else is an invalid action (``info["invalid_action"]``, reward ``-format_penalty``) whose
-    observation says what was wrong.
+    observation says what was wrong. ``info["tool_calls"]`` is the number of searches the step ran
+    (0 on answering and invalid steps).
 
     ``info["answer"]`` holds the gold answers (privileged: never in an observation or the
     instructions) and ``info["tools"]`` the ``search``/``answer`` specs (on reset, with
@@ -188,6 +189,8 @@ class SearchQAEnv(Env):
         format_penalty: subtracted from the reward of an invalid action (``>= 0``).
         max_doc_chars: documents are cut to this many characters in observations.
         retriever_token: bearer token of the retrieval service (``None``: ``$AGENTGYM_RETRIEVAL_TOKEN`` if set).
+        max_hops: keep only the questions whose evidence chain takes at most this many searches
+            (``None``: all; questions without a chain are dropped when it is set).
 
     Raises:
         ConfigError: an argument is out of range or a file cannot be read.
@@ -208,7 +211,7 @@ class SearchQAEnv(Env):
     def __init__(self, dataset: str | None = None, corpus: str | None = None, retriever: str = "bm25",
                  top_k: int = 3, corpus_seed: int = 0, num_entities: int = 500,
                  reward: Literal["em", "f1"] = "em", format_penalty: float = 0.0, max_doc_chars: int = 1000,
-                 retriever_token: str | None = None) -> None:
+                 retriever_token: str | None = None, max_hops: int | None = None) -> None:
         check_int(top_k, "top_k", 1, 20)
         check_int(max_doc_chars, "max_doc_chars", 20, 100_000)
         if reward not in ("em", "f1"):
@@ -234,6 +237,13 @@ class SearchQAEnv(Env):
         else:
             raise ConfigError("a dataset needs corpus= (a corpus JSONL file or index directory) or "
                               "retriever=<retrieval service URL>")
+        if max_hops is not None:
+            check_int(max_hops, "max_hops", 1, 100)
+            self.items = tuple(item for item in self.items
+                               if 0 < len(item["search_queries"] or ()) <= max_hops)
+            if not self.items:
+                raise ConfigError(f"no question needs at most max_hops={max_hops} searches; max_hops needs "
+                                  "questions with an evidence chain (the synthetic set or write_jsonl files)")
         self.by_id = {item["id"]: n for n, item in enumerate(self.items)}
         self.top_k, self.reward_kind = int(top_k), reward
         self.format_penalty, self.max_doc_chars = float(format_penalty), int(max_doc_chars)
@@ -285,7 +295,8 @@ class SearchQAEnv(Env):
             self._retrieved.update(hit.id for hit in hits)
             lines = [f"Doc {rank}(Title: {hit.title}) {self._cut(hit.text)}" for rank, hit in enumerate(hits, 1)]
             blocks.append("<information>" + ("\n".join(lines) or "No documents found.") + "</information>")
-        return "\n".join(blocks), 0.0, False, False, self._info(invalid=False, success=False)
+        info = self._info(invalid=False, success=False, tool_calls=len(searches))
+        return "\n".join(blocks), 0.0, False, False, info
 
     def expert_action(self) -> str | None:
         """Search the next hop's entity whose document is not yet retrieved; then answer the gold answer.
@@ -333,7 +344,7 @@ class SearchQAEnv(Env):
     def _cut(self, text: str) -> str:
         return text if len(text) <= self.max_doc_chars else text[: self.max_doc_chars] + "..."
 
-    def _info(self, *, invalid: bool, success: bool) -> dict[str, Any]:
+    def _info(self, *, invalid: bool, success: bool, tool_calls: int = 0) -> dict[str, Any]:
         assert self._item is not None
         return {
             # The evidence retrieved so far is the agent's information state: two trajectories that
@@ -345,5 +356,6 @@ class SearchQAEnv(Env):
             "invalid_action": invalid,
             "success": success,
             "answer": list(self._item["golden_answers"]),
+            "tool_calls": tool_calls,
         }
 

@@ -458,3 +458,25 @@ def test_expert_success_and_baselines() -> None:
 def test_modules_expose_their_defaults() -> None:
     assert code_math.DEFAULT_LIMITS.wall_clock_s == 5.0 and code_tests.DEFAULT_LIMITS.wall_clock_s == 10.0
     assert agentgym.spec("code-math-v0").max_turns == 8 and agentgym.spec("code-tests-v0").max_turns == 5
+
+
+def test_tool_calls_counts_cells_run_and_submissions_graded() -> None:
+    math_env = agentgym.make("code-math-v0", max_turns=20)
+    _, info = math_env.reset(seed=4)
+    assert info["tool_calls"] == 0
+    assert math_env.step("The answer is 42.")[4]["tool_calls"] == 0  # invalid: nothing ran
+    assert math_env.step(cell("print(1)") * 4)[4]["tool_calls"] == 0  # too many cells: nothing ran
+    assert math_env.step(cell("print(1)"))[4]["tool_calls"] == 1
+    obs, _, _, _, info = math_env.step(cell("x = 1") + cell("undefined_name") + cell("print(x)"))
+    assert info["tool_calls"] == 3 and "NameError" in obs  # a failing cell ran too
+    _, _, terminated, _, info = math_env.step(f"<answer>{info['answer']}</answer>")
+    assert terminated and info["success"] and info["tool_calls"] == 0  # the answer is not a tool call
+
+    tests_env = agentgym.make("code-tests-v0")
+    _, info = tests_env.reset(options={"task_id": "fizzbuzz"})
+    assert info["tool_calls"] == 0
+    assert tests_env.step("I would loop from 1 to n.")[4]["tool_calls"] == 0
+    _, _, terminated, _, info = tests_env.step(fenced("def fizzbuzz(n):\n    return []"))
+    assert not terminated and info["tool_calls"] == 1 and info["tests_passed"] < info["tests_total"]
+    _, _, terminated, _, info = tests_env.step(fenced(info["answer"]))
+    assert terminated and info["success"] and info["tool_calls"] == 1

@@ -457,3 +457,17 @@ def test_tools_over_the_env_service(make_service: Callable[..., Any]) -> None:
         remote.reset(seed=5)
         obs, _, _, _, info = remote.step("<tool_call>{oops</tool_call>")
         assert info["invalid_action"] and "not valid JSON" in obs
+
+
+def test_tool_calls_counts_the_calls_each_step_ran() -> None:
+    env = agentgym.make("tools-v0")
+    _, info = env.reset(options={"task_id": REPORTED})
+    assert info["tool_calls"] == 0
+    _, _, _, _, info = env.step(call("lookup", key="accounts/ivan/balance") + call("calculate", expression="1 / 0"))
+    assert info["tool_calls"] == 2 and info["tool_errors"] == 1  # a failing call ran too
+    _, _, _, _, info = env.step(call("lookup", key="x") + call("answer", answer="1") + call("lookup", key="x"))
+    assert info["invalid_action"] and info["tool_calls"] == 0  # answer not last: nothing ran
+    _, _, _, _, info = env.step(call("lookup", key="x") * (MAX_CALLS_PER_TURN + 1))
+    assert info["invalid_action"] and info["tool_calls"] == 0
+    _, _, terminated, _, info = env.step(call("calculate", expression="2 + 2") + call("answer", answer="4"))
+    assert terminated and info["tool_calls"] == 1  # the answer is not a tool call

@@ -169,3 +169,33 @@ def test_search_qa_over_the_env_service(make_service: Callable[..., Any]) -> Non
     with RemoteEnv("search-qa-v0", client=client) as remote:
         expected = json.loads(json.dumps(play_expert(local, seed=5)))
         assert json.loads(json.dumps(play_expert(remote, seed=5))) == expected
+
+
+def test_tool_calls_counts_the_searches_each_step_ran() -> None:
+    env = agentgym.make("search-qa-v0", max_turns=20)
+    _, info = env.reset(seed=4)
+    assert info["tool_calls"] == 0
+    item = env.unwrapped.items[env.unwrapped.by_id[info["task_id"]]]
+    query = item["search_queries"][0]
+    assert env.step("no tag at all")[4]["tool_calls"] == 0  # invalid: nothing ran
+    assert env.step(f"<search>{query}</search><search>")[4]["tool_calls"] == 0  # unclosed tag: nothing ran
+    assert env.step(f"<search>{query}</search>")[4]["tool_calls"] == 1
+    _, _, _, _, info = env.step(f"<search>{query}</search> <search>x</search>\n<search>{query}</search>")
+    assert info["tool_calls"] == 3 and not info["invalid_action"]
+    _, _, terminated, _, info = env.step("<answer>anything</answer>")  # an answer is not a tool call
+    assert terminated and info["tool_calls"] == 0
+
+
+def test_max_hops_keeps_the_questions_with_short_evidence_chains() -> None:
+    full = SearchQAEnv(num_entities=200)
+    hops = {item["id"]: len(item["search_queries"]) for item in full.items}
+    assert set(hops.values()) == {1, 2, 3}
+    for limit in (1, 2):
+        env = SearchQAEnv(num_entities=200, max_hops=limit)
+        assert [item["id"] for item in env.items] == [i for i, h in hops.items() if h <= limit]
+        for seed in range(20):
+            trace = play_expert(env, seed=seed)
+            assert trace[-1][4]["success"] and len(trace) - 1 <= limit + 1
+    assert len(SearchQAEnv(num_entities=200, max_hops=3).items) == len(full.items)
+    with pytest.raises(ConfigError, match="max_hops"):
+        SearchQAEnv(num_entities=40, max_hops=0)

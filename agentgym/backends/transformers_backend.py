@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentgym.backends.constrained import ConstraintMask, token_pieces
 from agentgym.errors import ConfigError
+from agentgym.rollout.constraints import make_constraint
 from agentgym.rollout.policy import Generation, SamplingParams
 
 if TYPE_CHECKING:
@@ -164,6 +166,10 @@ class TransformersPolicy:
     ``params.stop_strings`` (ids are never cut, so the stop string is inside the last token's text);
     otherwise it stops with ``"length"`` after ``max_new_tokens`` ids.
 
+    **Constraints.** With ``params.constraint`` the tokens the named ``DecodingConstraint`` forbids
+    are removed (log-prob ``-inf``) before everything above, so all the numbers are those of the
+    constrained distribution (``agentgym.backends.constrained``).
+
     **Randomness.** ``params.seed`` seeds a fresh generator for that batch: the same prompts, params
     and weights give the same generations. With ``seed=None`` the policy's own generator
     (seeded by ``seed`` at construction) continues. Sampling is per batch, so a prompt's sample
@@ -222,6 +228,7 @@ class TransformersPolicy:
         self._logits_to_keep = _logits_to_keep_name(model)
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
+        self._pieces: dict[int, str] | None = None  # token texts, for constrained decoding
 
     @classmethod
     def from_pretrained(
@@ -430,6 +437,7 @@ class TransformersPolicy:
     ) -> list[Generation]:
         greedy = params.temperature == 0
         num_top = min(params.num_top_logprobs, self.vocab_size)
+        mask = self._constraint_mask(params, prompts)
         # A stop string of n bytes spans at most n tokens (every token is at least one byte); the
         # margin covers decoders that drop a leading space of the first token decoded.
         window = max((len(s.encode("utf-8")) for s in params.stop_strings), default=0) + 2
@@ -456,6 +464,8 @@ class TransformersPolicy:
             )
             cache = out.past_key_values
             logits = logits[:, -1, :]
+            if mask is not None:
+                logits = logits + mask.step([i if a else None for i, a in zip(rows, active)]).to(self.device)
             if greedy:
                 dist = torch.log_softmax(logits, dim=-1)
                 chosen = logits.argmax(dim=-1)
@@ -478,6 +488,8 @@ class TransformersPolicy:
                     continue
                 token = chosen_list[j]
                 token_ids[i].append(token)
+                if mask is not None:
+                    mask.advance(i, token)
                 logprobs[i].append(chosen_lps[j])
                 if num_top:
                     top_logprobs[i].append(
@@ -522,6 +534,15 @@ class TransformersPolicy:
             for i in range(len(prompts))
         ]
 
+    def _constraint_mask(self, params: SamplingParams,
+                         prompts: Sequence[Sequence[int]]) -> ConstraintMask | None:
+        if params.constraint is None:
+            return None
+        if self._pieces is None:
+            self._pieces = token_pieces(self.tokenizer, self.vocab_size)
+        return ConstraintMask(make_constraint(params.constraint), self.tokenizer, prompts, self._pieces,
+                              self.stop_token_ids, self.vocab_size)
+
     def _hits_stop_string(self, ids: list[int], params: SamplingParams, window: int) -> bool:
         # Any occurrence that ended before the last token would already have stopped the row, so
         # one inside the window's text ends in the last token.
@@ -558,6 +579,8 @@ def _check_params(params: SamplingParams) -> None:
         raise ConfigError(f"SamplingParams.top_k must be >= 0 (0 disables it), got {params.top_k}")
     if params.num_top_logprobs < 0:
         raise ConfigError(f"SamplingParams.num_top_logprobs must be >= 0, got {params.num_top_logprobs}")
+    if params.constraint is not None:
+        make_constraint(params.constraint)  # an unknown name raises, with the registered ones
     if any(not isinstance(s, str) or not s for s in params.stop_strings):
         raise ConfigError(
             f"SamplingParams.stop_strings must be non-empty strings, got {params.stop_strings!r}"

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from agentgym.rollout.actions import ACTION_FORMATS, ActionFormat, ParsedAction, parse_action
 from agentgym.rollout.collector import Collector, CollectStats
+from agentgym.rollout.constraints import (
+    DecodingConstraint,
+    TagSpans,
+    list_constraints,
+    make_constraint,
+    register_constraint,
+)
 from agentgym.rollout.demos import collect_demos, format_action
 from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, HookChain, RolloutHooks
 from agentgym.rollout.policy import ChatTokenizer, Generation, Policy, SamplingParams, Scorer
@@ -18,8 +25,9 @@ from agentgym.rollout.prompt import Conversation, PromptMode, PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 __all__ = [
-    "ACTION_FORMATS", "ActionFormat", "ChatTokenizer", "CollectContext", "CollectStats", "Collector", "Conversation",
-    "EpisodeGroup", "EpisodeView", "Fork", "Generation", "HookChain", "ParsedAction", "Policy", "PromptMode",
-    "PromptRenderer", "RolloutHooks", "SamplingParams", "Scorer", "Trajectory", "Turn", "collect_demos",
-    "format_action", "parse_action",
+    "ACTION_FORMATS", "ActionFormat", "ChatTokenizer", "CollectContext", "CollectStats", "Collector",
+    "Conversation", "DecodingConstraint", "EpisodeGroup", "EpisodeView", "Fork", "Generation", "HookChain",
+    "ParsedAction", "Policy", "PromptMode", "PromptRenderer", "RolloutHooks", "SamplingParams", "Scorer",
+    "TagSpans", "Trajectory", "Turn", "collect_demos", "format_action", "list_constraints", "make_constraint",
+    "parse_action", "register_constraint",
 ]

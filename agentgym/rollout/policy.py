@@ -34,6 +34,9 @@ class SamplingParams:
     """Also return the entropy at every position (see ``Generation.entropies``)."""
     seed: int | None = None
     """Seed for this batch's sampling; None continues the backend's generator."""
+    constraint: str | None = None
+    """Name of a registered ``agentgym.rollout.constraints.DecodingConstraint`` that every response
+    must satisfy (e.g. ``"tag_spans"``); None generates freely."""
 
 
 @dataclass(frozen=True)

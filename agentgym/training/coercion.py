@@ -47,6 +47,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         Traceback (most recent call last):
         ...
         agentgym.errors.ConfigError: algorithm.args.mode must be one of 'mean_norm', 'mean_std_norm'; got 'bogus'
+        >>> coerce(["</search>", "</answer>"], tuple[str, ...], "rollout.stop_strings")
+        ('</search>', '</answer>')
     """
     origin = get_origin(tp)
     if dataclasses.is_dataclass(tp):

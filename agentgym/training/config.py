@@ -79,6 +79,10 @@ class RolloutConfig:
     """Top-k sampling (0 disables)."""
     stop_strings: tuple[str, ...] = ()
     """End a turn when the response ends with one of these (e.g. ``</search>``); kept in the response."""
+    constraint: str | None = None
+    """Constrained decoding, in training rollouts and evaluations alike: a registered
+    ``agentgym.rollout.constraints`` name, e.g. ``tag_spans`` (one ``<search>``/``<answer>`` call whose
+    text is copied from the prompt); None generates freely."""
     require_tool_calls: bool = True
     """On an env with tools, stop the run with an error when an iteration's rollouts make no tool call
     at all (a format or prompt problem that would otherwise train on nothing)."""

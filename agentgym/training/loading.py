@@ -19,6 +19,7 @@ import yaml
 
 from agentgym.backends.builder import list_backends, make_policy
 from agentgym.errors import ConfigError, RegistryError
+from agentgym.rollout.constraints import make_constraint
 from agentgym.training.algorithm import get_algorithm
 from agentgym.training.coercion import build
 from agentgym.training.config import AlgorithmConfig, EnvConfig, TrainConfig, apply_overrides
@@ -30,6 +31,11 @@ ENV_SETTINGS = ("env.kwargs", "env.max_turns", "rollout.action_format")
 
 def check_config(cfg: TrainConfig) -> TrainConfig:
     """The registry-level checks; raises ``RegistryError`` (with suggestions) or ``ConfigError`` naming the field."""
+    if cfg.rollout.constraint is not None:
+        try:
+            make_constraint(cfg.rollout.constraint)
+        except ConfigError as exc:
+            raise ConfigError(f"rollout.constraint: {exc}") from None
     if cfg.model.backend not in list_backends():
         make_policy(cfg.model)  # raises the registry's error, with suggestions
     Recipe.from_config(cfg)

@@ -214,7 +214,7 @@ class Trainer:
     def sampling(self, temperature: float, seed: int) -> SamplingParams:
         r = self.cfg.rollout
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p,
-                              top_k=r.top_k, stop_strings=r.stop_strings, seed=seed)
+                              top_k=r.top_k, stop_strings=r.stop_strings, seed=seed, constraint=r.constraint)
 
     def evaluate(self, tag: str) -> dict[str, Any]:
         """Held-out episodes (seeds from ``eval.seed_offset``), one per task, at ``eval.temperature``, played and

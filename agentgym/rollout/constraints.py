@@ -1,0 +1,182 @@
+"""Constrained decoding: the ``DecodingConstraint`` protocol, its registry and ``TagSpans`` (``tag_spans``).
+
+A constraint is a rule on whole responses that a backend enforces while it generates: at every
+position only tokens that keep the response valid may be drawn. ``SamplingParams.constraint`` (and
+``rollout.constraint`` in a training config) names a registered constraint; ``None`` generates
+freely. This module is torch-free; ``agentgym.backends`` applies the rules.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from agentgym.errors import ConfigError
+
+
+@runtime_checkable
+class DecodingConstraint(Protocol):
+    """Contract of a constraint: which characters may come next, and whether the response may end.
+
+    ``next_chars(prompt, response)`` gets the prompt's text (special tokens left out) and the
+    response text generated so far, and returns the characters that may follow, or ``None`` when
+    any may. ``may_end(prompt, response)`` says whether the response may stop here: the backend
+    allows its end-of-turn token only then, and ends a response that may neither continue nor end.
+    Both are pure functions of their arguments (a backend may call them in any order, many times).
+    A backend allows a multi-character token only when each of its characters is allowed in turn.
+    """
+
+    def next_chars(self, prompt: str, response: str) -> frozenset[str] | None: ...
+
+    def may_end(self, prompt: str, response: str) -> bool: ...
+
+
+def _is_word(char: str) -> bool:
+    return char.isalnum()
+
+
+@functools.lru_cache(maxsize=512)
+def _word_initials(prompt: str) -> frozenset[str]:
+    return frozenset(c for i, c in enumerate(prompt)
+                     if _is_word(c) and (i == 0 or not _is_word(prompt[i - 1])))
+
+
+@functools.lru_cache(maxsize=512)
+def _last_word_char(prompt: str) -> int:
+    return max((i for i, c in enumerate(prompt) if _is_word(c)), default=-1)
+
+
+def _span_starts(prompt: str, text: str) -> list[int]:
+    """Where ``text`` occurs in ``prompt`` starting at the beginning of a word."""
+    found, start = [], prompt.find(text)
+    while start >= 0:
+        if _is_word(prompt[start]) and (start == 0 or not _is_word(prompt[start - 1])):
+            found.append(start)
+        start = prompt.find(text, start + 1)
+    return found
+
+
+def is_word_span(prompt: str, text: str) -> bool:
+    """``text`` is a run of whole words of ``prompt``: it occurs there starting at the beginning of a
+    word and ending at the end of one.
+
+    Example:
+        >>> [is_word_span("Kampyn is a city in Birsel.", text)
+        ...  for text in ("city in Birsel", "Kamp", "Birsel.", "")]
+        [True, False, False, False]
+    """
+    if not text or not _is_word(text[-1]):
+        return False
+    end = len(text)
+    return any(s + end == len(prompt) or not _is_word(prompt[s + end]) for s in _span_starts(prompt, text))
+
+
+@dataclass(frozen=True)
+class TagSpans:
+    """``tag_spans``: a response is exactly one ``<tag>text</tag>`` call whose text is copied from the prompt.
+
+    The tag is one of ``tags``; the text is a run of whole words of the prompt (``is_word_span``):
+    a search query taken from the question, an answer taken from a retrieved document. This turns
+    writing an argument character by character into choosing where to start copying and where to
+    stop, which a tiny model learns from a few hundred demonstration turns; a model that cannot yet
+    copy reliably still produces only well-formed calls. It suits tag-protocol envs whose arguments
+    are extractive (``search-qa-v0``); code, JSON or computed values cannot be written under it.
+
+    Example:
+        >>> rule, prompt = TagSpans(), "Question: Who founded Zorvex Labs?"
+        >>> sorted(rule.next_chars(prompt, "<"))
+        ['a', 's']
+        >>> sorted(rule.next_chars(prompt, "<search>Zorvex"))
+        [' ', '<']
+        >>> done = "<search>Zorvex Labs</search>"
+        >>> rule.next_chars(prompt, done), rule.may_end(prompt, done)
+        (frozenset(), True)
+        >>> rule.may_end(prompt, "<search>Zorv</search>")  # not a whole word: never generated
+        False
+    """
+
+    tags: tuple[str, ...] = ("search", "answer")
+    """Tag names a response may use."""
+
+    def next_chars(self, prompt: str, response: str) -> frozenset[str] | None:
+        allowed: set[str] = set()
+        for tag in self.tags:
+            opening, closing = f"<{tag}>", f"</{tag}>"
+            if len(response) < len(opening):
+                if opening.startswith(response):
+                    allowed.add(opening[len(response)])
+                continue
+            if not response.startswith(opening):
+                continue
+            rest = response[len(opening):]
+            if rest.endswith(closing) and is_word_span(prompt, rest[: -len(closing)]):
+                return frozenset()  # the call is complete
+            if not rest:
+                allowed |= _word_initials(prompt)
+                continue
+            for start in _span_starts(prompt, rest):  # copy on, never past the prompt's last word
+                if start + len(rest) <= _last_word_char(prompt):
+                    allowed.add(prompt[start + len(rest)])
+            for k in range(len(closing)):  # close the tag after a whole-word span
+                if rest.endswith(closing[:k]) and is_word_span(prompt, rest[: len(rest) - k]):
+                    allowed.add(closing[k])
+        return frozenset(allowed)
+
+    def may_end(self, prompt: str, response: str) -> bool:
+        for tag in self.tags:
+            opening, closing = f"<{tag}>", f"</{tag}>"
+            if response.startswith(opening) and response.endswith(closing) and \
+                    len(response) > len(opening) + len(closing) and \
+                    is_word_span(prompt, response[len(opening): -len(closing)]):
+                return True
+        return False
+
+
+_CONSTRAINTS: dict[str, Callable[[], DecodingConstraint]] = {"tag_spans": TagSpans}
+
+
+def register_constraint(name: str, factory: Callable[[], DecodingConstraint], *,
+                        override: bool = False) -> None:
+    """Make ``factory()`` the constraint that ``SamplingParams.constraint=name`` applies.
+
+    Raises:
+        ConfigError: ``name`` is taken and ``override`` is false.
+
+    Example:
+        >>> register_constraint("tag_spans", TagSpans)
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: a decoding constraint named 'tag_spans' is already registered; pass override=True
+    """
+    if name in _CONSTRAINTS and not override:
+        raise ConfigError(f"a decoding constraint named {name!r} is already registered; pass override=True")
+    _CONSTRAINTS[name] = factory
+
+
+def list_constraints() -> list[str]:
+    """Registered constraint names, sorted."""
+    return sorted(_CONSTRAINTS)
+
+
+def make_constraint(name: str) -> DecodingConstraint:
+    """The registered constraint ``name``.
+
+    Raises:
+        ConfigError: no constraint has that name (the message suggests the nearest and lists all).
+
+    Example:
+        >>> make_constraint("tag_span")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: no decoding constraint named 'tag_span'. Did you mean 'tag_spans'? Registered: tag_spans
+    """
+    factory = _CONSTRAINTS.get(name)
+    if factory is None:
+        close = difflib.get_close_matches(str(name), list(_CONSTRAINTS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"no decoding constraint named {name!r}.{hint} "
+                          f"Registered: {', '.join(list_constraints())}")
+    return factory()

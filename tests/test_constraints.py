@@ -1,0 +1,134 @@
+"""Constrained decoding: the ``tag_spans`` rule on hand examples, its token mask for single- and
+multi-character tokens, and a real tiny model that, whatever it samples, writes only well-formed
+copied calls."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+import agentgym
+from agentgym.backends.constrained import ConstraintMask
+from agentgym.backends.tiny import TinyModelConfig
+from agentgym.backends.transformers_backend import TransformersPolicy
+from agentgym.envs.tools_registration import register_tool_envs
+from agentgym.errors import ConfigError
+from agentgym.rollout.constraints import TagSpans, is_word_span, list_constraints, make_constraint
+from agentgym.rollout.policy import SamplingParams
+from agentgym.rollout.prompt import PromptRenderer
+from agentgym.training.config import load_config
+
+PROMPT = "Question: Who founded Zorvex Labs? Doc 1(Title: Zorvex Labs) founded in 1921 by Ada Kim."
+CALL = re.compile(r"<(search|answer)>(.+)</\1>", re.DOTALL)
+
+
+def test_word_spans_on_hand_examples() -> None:
+    assert is_word_span(PROMPT, "Zorvex Labs") and is_word_span(PROMPT, "1921 by Ada Kim")
+    assert is_word_span(PROMPT, "Labs) founded")  # punctuation inside a span is copied too
+    for text in ("Zorv", "orvex", "Kim.", " Ada", "", "Zorvex  Labs", "Bob"):
+        assert not is_word_span(PROMPT, text), text
+
+
+def test_tag_spans_next_chars_and_ends() -> None:
+    rule = TagSpans()
+    assert rule.next_chars(PROMPT, "") == {"<"}
+    assert rule.next_chars(PROMPT, "<") == {"s", "a"}
+    assert rule.next_chars(PROMPT, "<answer") == {">"}
+    # The first character of a copy: the initial of any word of the prompt.
+    assert rule.next_chars(PROMPT, "<answer>") == set("QWfZLD1TibAK")
+    # "Ada" continues only as in the prompt, and may close only at a word's end.
+    assert rule.next_chars(PROMPT, "<answer>A") == {"d"}
+    assert rule.next_chars(PROMPT, "<answer>Ada") == {" ", "<"}
+    assert rule.next_chars(PROMPT, "<answer>Ada Kim</ans") == {"w"}
+    assert not rule.may_end(PROMPT, "<answer>Ada Kim</answe")
+    assert rule.may_end(PROMPT, "<answer>Ada Kim</answer>")
+    assert rule.next_chars(PROMPT, "<answer>Ada Kim</answer>") == frozenset()  # nothing after the call
+    assert rule.next_chars(PROMPT, "I think") == frozenset() and not rule.may_end(PROMPT, "I think")
+    assert TagSpans(tags=("answer",)).next_chars(PROMPT, "<") == {"a"}
+    assert "tag_spans" in list_constraints()
+    with pytest.raises(ConfigError, match="Did you mean 'tag_spans'"):
+        make_constraint("tag_span")
+
+
+class PieceTokenizer:
+    """A tokenizer with multi-character tokens (as BPE vocabularies have): id -> text."""
+
+    PIECES = ("<", "search", ">", "Zorvex", " ", "Labs", "</search>", "Zor", "vex Labs</search>", "answer",
+              "Ada")
+    all_special_ids = (11,)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.PIECES[i] if i < len(self.PIECES) else ("" if skip_special_tokens else "<eos>")
+                       for i in ids)
+
+
+def test_mask_checks_every_character_of_multi_character_tokens() -> None:
+    tok = PieceTokenizer()
+    pieces = {i: text for i, text in enumerate(PieceTokenizer.PIECES)}
+    prompt = [3, 4, 5]  # "Zorvex Labs"
+    mask = ConstraintMask(TagSpans(), tok, [prompt], pieces, {11}, 12)
+
+    def allowed() -> list[int]:
+        return [i for i, value in enumerate(mask.step([0])[0].tolist()) if value == 0.0]
+
+    assert allowed() == [0]  # only "<"
+    for token in (0, 1, 2):  # "<search>"
+        mask.advance(0, token)
+    assert allowed() == [3, 5, 7]  # "Zorvex", "Labs" and "Zor" start a copy; "Ada" is not in the prompt
+    mask.advance(0, 7)
+    assert allowed() == [8]  # "vex Labs</search>" finishes the copy and the call in one token
+    mask.advance(0, 8)
+    assert allowed() == [11]  # the call is complete: only the end-of-turn token
+    assert mask.step([None])[0].eq(0).all()  # a finished row kept in the batch is left alone
+
+
+@pytest.fixture(scope="module")
+def policy() -> TransformersPolicy:
+    torch.manual_seed(0)
+    return TransformersPolicy.from_pretrained(TinyModelConfig(hidden_size=32, intermediate_size=64,
+                                                              max_position_embeddings=512))
+
+
+def test_an_untrained_model_only_writes_copied_calls(policy: TransformersPolicy) -> None:
+    register_tool_envs()
+    env = agentgym.make("search-qa-v0", num_entities=60, top_k=1)
+    renderer = PromptRenderer(policy.tokenizer, mode="window", action_format="raw",
+                              include_instructions=False)
+    prompts = []
+    for seed in range(4):
+        question, info = env.reset(seed=seed)
+        prompts.append(renderer.prompt_ids(renderer.start(question, info)))
+        action = env.expert_action()  # and a prompt with a retrieved document in it
+        obs, _, _, _, after = env.step(action)
+        conv = renderer.start(question, info)
+        renderer.record(conv, [], action, obs, after)
+        prompts.append(renderer.prompt_ids(conv))
+    rule = TagSpans()
+    for temperature, copies in ((1.5, 3), (0.0, 1)):
+        params = SamplingParams(max_new_tokens=64, temperature=temperature, seed=3, constraint="tag_spans")
+        for prompt, gen in zip(prompts * copies, policy.generate(prompts * copies, params)):
+            text = policy.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            prompt_text = policy.tokenizer.decode(prompt, skip_special_tokens=True)
+            assert all(math.isfinite(lp) for lp in gen.logprobs)
+            if gen.finish_reason == "stop":
+                match = CALL.fullmatch(text)
+                assert match and rule.may_end(prompt_text, text), text
+                assert is_word_span(prompt_text, match.group(2))
+            else:  # cut by max_new_tokens: every character was allowed where it was written
+                assert len(text) == 64 and text.startswith(("<search>", "<answer>")), text
+                assert all(text[k] in rule.next_chars(prompt_text, text[:k]) for k in range(len(text)))
+    # Renormalising over the allowed tokens can only raise a sampled token's log-prob.
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=5, constraint="tag_spans")
+    constrained = policy.generate(prompts, params)
+    free = policy.score(prompts, [g.token_ids for g in constrained])
+    assert all(c >= f - 1e-5 for g, fs in zip(constrained, free) for c, f in zip(g.logprobs, fs))
+    assert any(c > f + 1e-3 for g, fs in zip(constrained, free) for c, f in zip(g.logprobs, fs))
+
+
+def test_unknown_constraint_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="rollout.constraint: no decoding constraint named 'spans'"):
+        load_config(None, ["rollout.constraint=spans"])
+    assert load_config(None, ["rollout.constraint=tag_spans"]).rollout.constraint == "tag_spans"
