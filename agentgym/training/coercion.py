@@ -72,6 +72,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{where} must be one of {', '.join(map(repr, choices))}; got {value!r}")
         return value
+    if origin is tuple and len(get_args(tp)) == 2 and get_args(tp)[1] is Ellipsis:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return tuple(coerce(v, get_args(tp)[0], f"{where}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
             raise ConfigError(f"{where} must be a list of {len(get_args(tp))} values, got {value!r}")
