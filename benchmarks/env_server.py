@@ -535,7 +535,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "env_server.json", help="JSON results; the PNG goes beside it")
     parser.add_argument("--note", default="", help="free text stored with the results (e.g. 'measured under load')")
+    parser.add_argument("--scale", nargs="+", default=None, metavar="SECTION",
+                        help="run the scale sections instead (benchmarks/env_scale.py): collector, workers, fleet, "
+                             "ws, clients; results go to results/env_scale.json")
+    parser.add_argument("--episodes", type=int, nargs="+", default=[16, 64, 256],
+                        help="--scale collector: episodes per collection")
     args = parser.parse_args(argv)
+    if args.scale:
+        from env_scale import run_scale
+
+        return run_scale(args.scale, episodes=args.episodes, duration_s=args.duration_s,
+                         out=RESULTS / "env_scale.json")
 
     import agentgym
 
