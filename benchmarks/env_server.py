@@ -442,7 +442,7 @@ def server_command(port: int, max_sessions: int, workers: int | None, custom: st
     command = [sys.executable, "-m", "agentgym", "serve", ENV_ID, "--host", HOST, "--port", str(port),
                "--max-sessions", str(max_sessions), "--log-level", "warning"]
     if workers is not None:
-        command += ["--workers", str(workers)]
+        command += ["--threads", str(workers)]
     return command
 
 
@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="client processes for the raw client in single mode: a number, or auto (1; the cell "
                              f"is repeated with 2 when the client used over {CLIENT_SATURATED_PCT:g}%% of a core)")
     parser.add_argument("--server-workers", type=int, default=None,
-                        help="--workers of the served app (threads running env code); default: the server's")
+                        help="--threads of the served app (threads running env code); default: the server's")
     parser.add_argument("--server-cmd", default=None,
                         help="serve with this command instead (A/B runs of a modified server); {port} and "
                              "{python} are filled in, e.g. '{python} my_server.py --port {port}'")

@@ -50,7 +50,9 @@ def serve(
     max_sessions: int = typer.Option(1024, help="Capacity; more sessions get 503."),
     ttl_s: float = typer.Option(600.0, "--ttl-s", help="Close sessions idle longer than this (seconds)."),
     step_timeout_s: float = typer.Option(60.0, "--step-timeout-s", help="Deadline of one env call (seconds)."),
-    workers: int = typer.Option(8, help="Threads that run env code."),
+    threads: int = typer.Option(8, help="Threads that run env code (per worker process)."),
+    workers: int = typer.Option(1, help="Env-worker processes behind this one address (sessions stay in the "
+                                "process that made them; a dead one is replaced). Use up to the number of cores."),
     token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Require this bearer token."),
     max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Larger request bodies get 413."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
@@ -65,12 +67,21 @@ def serve(
     try:
         service = create_app(
             env_ids or None, max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
-            num_workers=workers, token=token, max_body_bytes=max_body_bytes,
+            num_workers=threads, token=token, max_body_bytes=max_body_bytes,
         )
+        if workers != 1:
+            from agentgym.http.router import WorkerRouter
+            from agentgym.http.workers import WorkerSet
+
+            service = WorkerRouter(WorkerSet(workers, {
+                "env_ids": env_ids or None, "max_sessions": max_sessions, "ttl_s": ttl_s,
+                "step_timeout_s": step_timeout_s, "num_workers": threads, "token": token,
+                "max_body_bytes": max_body_bytes}), max_body_bytes=max_body_bytes)
     except AgentGymError as exc:
         fail(exc)
     served = ", ".join(env_ids) if env_ids else "all registered envs"
-    err_console.print(f"serving {served} on http://{host}:{port} (docs: /docs)")
+    processes = f" in {workers} env-worker processes" if workers != 1 else ""
+    err_console.print(f"serving {served} on http://{host}:{port}{processes} (docs: /docs)")
     uvicorn.run(service, host=host, port=port, log_level=log_level, access_log=False)
 
 
