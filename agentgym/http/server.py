@@ -17,6 +17,7 @@ Routes (all bodies JSON; every error is ``{"error": {"type", "message"}}``):
     POST   /batch/fork                fork many sessions in one request (a new session each)
     GET    /metrics                   Prometheus text
     GET    /docs, /openapi.json       from FastAPI
+    *      /openenv/{env_id}/...      OpenEnv's protocol (WebSocket /ws sessions; agentgym.http.openenv)
 
 Status codes: 401 bad token, 404 unknown env/session, 409 step before reset / after the end,
 413 body too large, 422 malformed request, 500 the env crashed (that session only), 503 at
@@ -41,6 +42,7 @@ from agentgym.errors import AgentGymError, EnvCrashed, RemoteTimeout, RequestRej
 from agentgym.http import wire
 from agentgym.http.fastpath import GuardMiddleware, HotRoute, HotRoutes
 from agentgym.http.metrics import ServiceMetrics
+from agentgym.http.openenv import install_openenv
 from agentgym.http.responses import TELEMETRY_OFF, ErrorResponses, error_payload, json_response
 from agentgym.http.sessions import Session, SessionStore
 from agentgym.registry import list_envs, load_env_creator
@@ -259,6 +261,7 @@ def create_app(
         metrics.sessions_created.inc(sum(1 for r in results if "error" not in r))
         return json_response({"results": results})
 
+    install_openenv(app, store, token=token, max_message_bytes=max_body_bytes)  # OpenEnv's protocol too
     return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes, hot_routes=hot)
 
 
