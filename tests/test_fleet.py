@@ -231,3 +231,29 @@ def test_a_busy_answer_with_retry_after_is_retried_not_failed_over() -> None:
         assert fleet.recovered == 0 and fleet.describe()[0]["alive"]
     finally:
         server.stop()
+
+
+def test_training_on_a_fleet_equals_training_in_process(live_server, tmp_path: Path) -> None:
+    from agentgym.training import load_config
+    from agentgym.training.loop import env_factory, train
+
+    servers = [live_server(["maze-v0"]), live_server(["maze-v0"])]
+    small = ["iterations=2", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=2",
+             "eval.num_episodes=2", "sft.enabled=false", "env.max_turns=3"]
+    urls = "env.urls=[" + ", ".join(f'"{s.url}"' for s in servers) + "]"
+    fleet_cfg = load_config(None, [*small, urls])
+    made = env_factory(fleet_cfg)
+    assert isinstance(made, EnvFleet) and [r["url"] for r in made.describe()] == [s.url for s in servers]
+    made.close()
+    local = train(load_config(None, small), tmp_path / "local")
+    remote = train(fleet_cfg, tmp_path / "fleet")
+    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+    assert strip(remote["history"]) == strip(local["history"])
+    assert all(s.thread.is_alive() for s in servers)
+    assert httpx_active(servers) == 0  # the run deleted its sessions
+
+
+def httpx_active(servers: list[LiveServer]) -> int:
+    import httpx
+
+    return sum(httpx.get(f"{s.url}/health").json()["active_sessions"] for s in servers)
