@@ -119,3 +119,27 @@ def test_openenv_websocket_needs_the_token(live_server) -> None:
             await env.connect()
 
     asyncio.run(refused())
+
+
+def test_our_socket_client_plays_as_a_local_env_and_raises_its_errors(live_server) -> None:
+    from agentgym.errors import EpisodeFinished, RemoteEnvError, ResetNeeded
+    from agentgym.http.socket_client import AsyncSocketEnv
+
+    server = live_server(["test/http-counter-v0"], token="tok")
+    local = agentgym.make("test/http-counter-v0")
+
+    async def play() -> None:
+        env = await AsyncSocketEnv.connect(server.url, "test/http-counter-v0", token="tok")
+        with pytest.raises(ResetNeeded, match="before reset"):
+            await env.step("inc")
+        assert await env.reset(seed=2, options={"target": 9}) == local.reset(seed=2, options={"target": 9})
+        while not env.episode_over:
+            assert await env.step("inc") == local.step("inc")
+        with pytest.raises(EpisodeFinished):
+            await env.step("inc")
+        assert (await env.state())["step_count"] == env.turn > 0
+        await env.close()
+        with pytest.raises(RemoteEnvError, match="could not open"):
+            await AsyncSocketEnv.connect(server.url, "test/http-counter-v0", token="wrong")
+
+    asyncio.run(play())
