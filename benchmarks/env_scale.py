@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from typing import Any
 import agentgym
 from agentgym.http.launcher import free_port, start_service, stop_service
 from agentgym.rollout.collector import Collector
+from agentgym.rollout.hooks import RolloutHooks
 from agentgym.rollout.policy import Generation, SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
 
@@ -164,12 +166,133 @@ def collector_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# --- 2. env-worker processes for a heavy env ----------------------------------------------------
+
+
+def _drive_batches(url: str, env_id: str, sessions: int, duration_s: float, seeds: int = 4) -> dict[str, float]:
+    """Step ``sessions`` sessions through ``/batch/step`` (random admissible actions) for ``duration_s``."""
+    import random
+
+    from agentgym.http.client import EnvClient
+
+    rng = random.Random(0)
+    with EnvClient(url, timeout_s=600, retries=0) as client:
+        ids = [client.request("POST", "/sessions", {"env_id": env_id})["session_id"] for _ in range(sessions)]
+        resets = client.batch_reset([(sid, i % seeds, None) for i, sid in enumerate(ids)])
+        actions = [r["info"].get("admissible_actions") or ["look"] for r in resets]
+        steps = resets_done = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < duration_s:
+            results = client.batch_step([(sid, rng.choice(acts)) for sid, acts in zip(ids, actions)])
+            steps += len(results)
+            done = [i for i, r in enumerate(results) if r["terminated"] or r["truncated"]]
+            for i, r in enumerate(results):
+                actions[i] = r["info"].get("admissible_actions") or ["look"]
+            if done:
+                for i, r in zip(done, client.batch_reset([(ids[i], rng.randrange(seeds), None) for i in done])):
+                    actions[i] = r["info"].get("admissible_actions") or ["look"]
+                resets_done += len(done)
+        elapsed = time.perf_counter() - started
+        for sid in ids:
+            client.request("DELETE", f"/sessions/{sid}")
+    return {"steps_per_s": steps / elapsed, "steps": steps, "resets": resets_done}
+
+
+def workers_curve(env_ids: Sequence[str], worker_counts: Sequence[int], sessions: int,
+                  duration_s: float) -> list[dict[str, Any]]:
+    """Steps/s of heavy envs served by 1, 2, ... env-worker processes."""
+    rows = []
+    for env_id in env_ids:
+        base = None
+        for workers in worker_counts:
+            process, url = serve([env_id], "--workers", str(workers))
+            try:
+                _drive_batches(url, env_id, sessions, min(duration_s, 3.0))  # generates and caches the games
+                row = {"env_id": env_id, "workers": workers, "sessions": sessions, "load": load(),
+                       **_drive_batches(url, env_id, sessions, duration_s)}
+            finally:
+                stop_service(process)
+            base = base or row["steps_per_s"]
+            row["speedup"] = row["steps_per_s"] / base
+            rows.append(row)
+            print(f"  {env_id} workers={workers}: {row['steps_per_s']:,.1f} steps/s (x{row['speedup']:.2f})", flush=True)
+    return rows
+
+
+def workers_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| env | worker processes | sessions | steps/s | vs 1 worker | load avg |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['env_id']} | {r['workers']} | {r['sessions']} | {r['steps_per_s']:,.1f} | {r['speedup']:.2f}× | "
+              f"{r['load']} |" for r in rows]
+    return "\n".join(lines)
+
+
+# --- 3. a fleet of 2 services, one killed mid-run -----------------------------------------------
+
+
+class _KillAt(RolloutHooks):
+    def __init__(self, turn: int, pid: int | None) -> None:
+        self.turn, self.pid, self.seen, self.killed_at = turn, pid, 0, None
+
+    def after_turn(self, episodes: Any, context: Any) -> list[Any]:
+        self.seen += 1
+        if self.seen == self.turn and self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.killed_at = time.perf_counter()
+        return []
+
+
+def fleet_kill(episodes: int, kill_turn: int = 5) -> list[dict[str, Any]]:
+    """Collect ``episodes`` maze episodes on a fleet of 2 services, with and without killing one mid-run."""
+    from agentgym.http.fleet import EnvFleet
+
+    groups = episodes // 8
+    seeds = list(range(groups))
+    sampling = SamplingParams(max_new_tokens=8, seed=1)
+    local = _collector(lambda: agentgym.make("maze-v0"))
+    expected = [g.to_json() for g in local.collect(seeds, 8, sampling)]
+    local.close()
+    rows = []
+    for kill in (False, True):
+        services = [serve(["maze-v0"]), serve(["maze-v0"])]
+        try:
+            fleet = EnvFleet([url for _, url in services], "maze-v0", timeout_s=10, health_interval_s=600)
+            hook = _KillAt(kill_turn, services[1][0].pid if kill else None)
+            collector = _collector(fleet)
+            started = time.perf_counter()
+            got = [g.to_json() for g in collector.collect(seeds, 8, sampling, hooks=hook)]
+            wall = time.perf_counter() - started
+            recovered, replayed = fleet.recovered, fleet.replayed_steps
+            collector.close()
+        finally:
+            for process, _ in services:
+                stop_service(process)
+        trajectories = sum(len(g["trajectories"]) for g in got)
+        rows.append({"killed": kill, "episodes": episodes, "episodes_back": trajectories,
+                     "lost": episodes - trajectories, "identical_to_local": got == expected,
+                     "wall_s": wall, "moved": recovered, "replayed_steps": replayed, "load": load()})
+        print(f"  fleet kill={kill}: {trajectories}/{episodes} episodes back, identical={got == expected}, "
+              f"{wall:.2f} s, moved {recovered}", flush=True)
+    return rows
+
+
+def fleet_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| run | episodes back | lost | identical to in-process | time to finish | episodes moved | steps replayed "
+             "| load avg |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        run = "one service SIGKILLed after turn 5" if r["killed"] else "both services up"
+        lines.append(f"| {run} | {r['episodes_back']}/{r['episodes']} | {r['lost']} | {r['identical_to_local']} | "
+                     f"{r['wall_s']:.2f} s | {r['moved']} | {r['replayed_steps']} | {r['load']} |")
+    return "\n".join(lines)
+
+
 # --- entry point --------------------------------------------------------------------------------
 
-SECTIONS = ("collector",)
+SECTIONS = ("collector", "workers", "fleet", "ws", "clients")
 
 
-def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: float, out: Path) -> int:
+def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: float, out: Path,
+              heavy_envs: Sequence[str] = ("alfworld-v0", "textworld-v0"), worker_counts: Sequence[int] = (1, 2),
+              heavy_sessions: int = 8) -> int:
     """Run the named sections, print their tables, write ``out`` (JSON)."""
     import json
 
@@ -180,6 +303,29 @@ def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: f
         results["collector"] = rows
         tables.append(("The trainer's collector path, maze-v0, instant policy (env steps/s = turns ÷ time in env "
                        "calls)", collector_table(rows)))
+    if "workers" in sections:
+        rows = workers_curve(heavy_envs, worker_counts, heavy_sessions, duration_s)
+        results["workers"] = rows
+        tables.append((f"Heavy envs over --workers N ({heavy_sessions} sessions, one /batch/step each round)",
+                       workers_table(rows)))
+    if "fleet" in sections:
+        rows = fleet_kill(64)
+        results["fleet"] = rows
+        tables.append(("A fleet of 2 maze-v0 services, the collector's path, one service killed mid-run",
+                       fleet_table(rows)))
+    if "ws" in sections or "clients" in sections:
+        from env_scale_sockets import clients_table, compare_clients, compare_ws, ws_table
+
+        if "ws" in sections:
+            rows = compare_ws((16, 64), duration_s)
+            results["ws"] = rows
+            tables.append(("WebSocket, one step per message (server pinned to core 0, lean client on core 1)",
+                           ws_table(rows)))
+        if "clients" in sections:
+            rows = compare_clients(64, duration_s)
+            results["clients"] = rows
+            tables.append(("Clients at 64 sessions, one step per request or message, against one agentgym "
+                           "service", clients_table(rows)))
     results["load_average_end"] = load()
     for title, table in tables:
         print(f"\n{title}; {os.cpu_count()} cores shared by clients and services\n\n{table}")

@@ -36,8 +36,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import agentgym
-from agentgym.errors import AgentGymError, EnvContractError, SessionCapacityError
-from agentgym.http.responses import dumps, json_response
+from agentgym.errors import AgentGymError, EnvContractError, RemoteTimeout, SessionCapacityError
+from agentgym.http.responses import json_response
 from agentgym.http.sessions import Session, SessionStore
 from agentgym.http.wire import MAX_ACTION_CHARS, JsonObject
 from agentgym.registry import spec as lookup_spec
@@ -89,9 +89,72 @@ def _error(code: str, exc: BaseException | str) -> str:
     return json.dumps({"type": "error", "data": {"message": str(exc), "code": code, "type": kind}})
 
 
+class Coalescer:
+    """Runs the env calls of many WebSocket sessions that arrive in the same event-loop turn in one
+    trip to the store's thread pool, as ``/batch/step`` does for one request.
+
+    One thread hop per message would cost more than a cheap env's step; gathering the calls that
+    are ready together keeps env code off the event loop at the batch route's cost per step. The
+    store's step timeout covers the trip: past it, the call running then poisons its session and
+    the calls not yet started fail with ``RemoteTimeout`` without running.
+    """
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.pending: list[tuple[Session, Any, asyncio.Future[Any]]] = []
+
+    async def run(self, session: Session, fn: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self.pending:
+            loop.call_soon(self._flush)  # after every handler made ready in this turn has added its call
+        self.pending.append((session, fn, future))
+        return await future
+
+    def _flush(self) -> None:
+        items, self.pending = self.pending, []
+        asyncio.get_running_loop().create_task(self._run(items))
+
+    async def _run(self, items: list[tuple[Session, Any, asyncio.Future[Any]]]) -> None:
+        outcomes: list[tuple[bool, Any] | None] = [None] * len(items)
+        started: list[int] = []
+
+        def run_all() -> None:
+            for index, (_, fn, _) in enumerate(items):
+                if timed_out:
+                    return
+                started.append(index)
+                try:
+                    outcomes[index] = (True, fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to that session's handler
+                    outcomes[index] = (False, exc)
+
+        def unfinished() -> list[Session]:
+            nonlocal timed_out
+            timed_out = True
+            return [items[i][0] for i in started if outcomes[i] is None]
+
+        timed_out = False
+        try:
+            await self.store.run(None, run_all, unfinished=unfinished)
+        except RemoteTimeout as exc:
+            for index, outcome in enumerate(list(outcomes)):
+                if outcome is None:
+                    outcomes[index] = (False, RemoteTimeout(f"{exc}; this call was not run" if index not in started
+                                                            else str(exc)))
+        except BaseException as exc:  # noqa: BLE001 - the pool is gone (shutdown): every caller hears it
+            outcomes = [(False, exc) for _ in items]
+        for (_, _, future), outcome in zip(items, outcomes):
+            if future.done():
+                continue
+            ok, value = outcome  # type: ignore[misc]
+            future.set_result(value) if ok else future.set_exception(value)
+
+
 def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max_message_bytes: int) -> None:
     """Add the ``/openenv/{env_id}/...`` routes to an env service app (see the module docstring)."""
     expected = b"Bearer " + token.encode() if token else None
+    coalescer = Coalescer(store)
 
     def served(env_id: str) -> None:
         store.check_served(env_id)
@@ -163,7 +226,7 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
             await websocket.close()
             return
         try:
-            await _serve_messages(websocket, store, session, max_message_bytes)
+            await _serve_messages(websocket, store, coalescer, session, max_message_bytes)
         except WebSocketDisconnect:
             pass
         finally:
@@ -171,7 +234,8 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
                 await store.delete(session.session_id)
 
 
-async def _serve_messages(websocket: WebSocket, store: SessionStore, session: Session, max_bytes: int) -> None:
+async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: Coalescer, session: Session,
+                          max_bytes: int) -> None:
     episode_id: str | None = None
     while True:
         raw = await websocket.receive_text()
@@ -191,9 +255,12 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, session: Se
             store.get(session.session_id)  # reaped or poisoned meanwhile: the error says so
             data = message.get("data") or {}
             if kind == "step":
-                action = OpenEnvAction.model_validate(data).action
+                action = data.get("action") if isinstance(data, dict) and len(data) == 1 else None
+                if not isinstance(action, str) or len(action) > MAX_ACTION_CHARS:
+                    action = OpenEnvAction.model_validate(data).action  # the exact validation error
                 async with session.lock:
-                    obs, reward, terminated, truncated, info = await store.run(session, lambda: session.env.step(action))
+                    obs, reward, terminated, truncated, info = await coalescer.run(
+                        session, lambda: session.env.step(action))
                 answer = {"type": "observation",
                           "data": _observation(obs, info, reward, terminated, truncated, session.env.turn)}
             elif kind == "reset":
@@ -219,4 +286,4 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, session: Se
         except AgentGymError as exc:
             await websocket.send_text(_error("EXECUTION_ERROR", exc))
             continue
-        await websocket.send_text(dumps(answer).decode())
+        await websocket.send_text(json.dumps(answer, separators=(",", ":")))  # ASCII: any text encodes
