@@ -293,10 +293,11 @@ SECTIONS = ("collector", "workers", "fleet", "ws", "clients")
 def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: float, out: Path,
               heavy_envs: Sequence[str] = ("alfworld-v0", "textworld-v0"), worker_counts: Sequence[int] = (1, 2),
               heavy_sessions: int = 8) -> int:
-    """Run the named sections, print their tables, write ``out`` (JSON)."""
+    """Run the named sections, print their tables, update ``out`` (JSON) with their results."""
     import json
 
-    results: dict[str, Any] = {"cpu_cores": os.cpu_count(), "load_average_start": load()}
+    results: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}  # other sections' results stay
+    results.update({"cpu_cores": os.cpu_count(), "load_average_start": load()})
     tables = []
     if "collector" in sections:
         rows = collector_path(episodes, duration_s)
