@@ -122,7 +122,7 @@ def collector_path(episode_counts: Sequence[int], duration_s: float) -> list[dic
             client = EnvClient(url, retries=0)
             paths = {
                 "in-process": lambda: agentgym.make("maze-v0"),
-                "per-session RemoteEnv (before)": lambda: RemoteEnv("maze-v0", client=client),
+                "per-session RemoteEnv (before)": lambda client=client: RemoteEnv("maze-v0", client=client),
                 "EnvFleet batched (now)": EnvFleet([url], "maze-v0"),
             }
             row: dict[str, Any] = {"episodes": n, "load": load(), "batch_route_steps_per_s": capacity}
@@ -154,8 +154,8 @@ def batch_capacity(url: str, pid: int, sessions: int, duration_s: float) -> floa
 
 
 def collector_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| episodes | in-process env steps/s | per-session RemoteEnv (before) | EnvFleet batched (now) | now ÷ before "
-             "| now ÷ batch route | batch route steps/s (64 sessions, raw client) | load avg |",
+    lines = [("| episodes | in-process env steps/s | per-session RemoteEnv (before) | EnvFleet batched (now) | now ÷ before "
+             "| now ÷ batch route | batch route steps/s (64 sessions, raw client) | load avg |"),
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
@@ -198,6 +198,22 @@ def _drive_batches(url: str, env_id: str, sessions: int, duration_s: float, seed
     return {"steps_per_s": steps / elapsed, "steps": steps, "resets": resets_done}
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its children, from /proc (Linux)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def workers_curve(env_ids: Sequence[str], worker_counts: Sequence[int], sessions: int,
                   duration_s: float) -> list[dict[str, Any]]:
     """Steps/s of heavy envs served by 1, 2, ... env-worker processes."""
@@ -207,9 +223,11 @@ def workers_curve(env_ids: Sequence[str], worker_counts: Sequence[int], sessions
         for workers in worker_counts:
             process, url = serve([env_id], "--workers", str(workers))
             try:
-                _drive_batches(url, env_id, sessions, min(duration_s, 3.0))  # generates and caches the games
+                _drive_batches(url, env_id, sessions, min(duration_s, 5.0))  # generates and loads the games
+                cpu_before = tree_cpu_s(process.pid)
                 row = {"env_id": env_id, "workers": workers, "sessions": sessions, "load": load(),
                        **_drive_batches(url, env_id, sessions, duration_s)}
+                row["service_cpu_ms_per_step"] = 1e3 * (tree_cpu_s(process.pid) - cpu_before) / row["steps"]
             finally:
                 stop_service(process)
             base = base or row["steps_per_s"]
@@ -220,9 +238,10 @@ def workers_curve(env_ids: Sequence[str], worker_counts: Sequence[int], sessions
 
 
 def workers_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| env | worker processes | sessions | steps/s | vs 1 worker | load avg |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| env | worker processes | sessions | steps/s | vs 1 worker | service CPU ms/step | load avg |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['env_id']} | {r['workers']} | {r['sessions']} | {r['steps_per_s']:,.1f} | {r['speedup']:.2f}× | "
-              f"{r['load']} |" for r in rows]
+              f"{r['service_cpu_ms_per_step']:.1f} | {r['load']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -276,8 +295,8 @@ def fleet_kill(episodes: int, kill_turn: int = 5) -> list[dict[str, Any]]:
 
 
 def fleet_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | episodes back | lost | identical to in-process | time to finish | episodes moved | steps replayed "
-             "| load avg |", "|---|---:|---:|---|---:|---:|---:|---:|"]
+    lines = [("| run | episodes back | lost | identical to in-process | time to finish | episodes moved | steps replayed "
+             "| load avg |"), "|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         run = "one service SIGKILLed after turn 5" if r["killed"] else "both services up"
         lines.append(f"| {run} | {r['episodes_back']}/{r['episodes']} | {r['lost']} | {r['identical_to_local']} | "
@@ -302,8 +321,8 @@ def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: f
     if "collector" in sections:
         rows = collector_path(episodes, duration_s)
         results["collector"] = rows
-        tables.append(("The trainer's collector path, maze-v0, instant policy (env steps/s = turns ÷ time in env "
-                       "calls)", collector_table(rows)))
+        tables.append((("The trainer's collector path, maze-v0, instant policy (env steps/s = turns ÷ time in env "
+                       "calls)"), collector_table(rows)))
     if "workers" in sections:
         rows = workers_curve(heavy_envs, worker_counts, heavy_sessions, duration_s)
         results["workers"] = rows
@@ -325,8 +344,8 @@ def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: f
         if "clients" in sections:
             rows = compare_clients(64, duration_s)
             results["clients"] = rows
-            tables.append(("Clients at 64 sessions, one step per request or message, against one agentgym "
-                           "service", clients_table(rows)))
+            tables.append((("Clients at 64 sessions, one step per request or message, against one agentgym "
+                           "service"), clients_table(rows)))
     results["load_average_end"] = load()
     for title, table in tables:
         print(f"\n{title}; {os.cpu_count()} cores shared by clients and services\n\n{table}")

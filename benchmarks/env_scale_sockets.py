@@ -53,7 +53,7 @@ class RawWebSocket:
         n = len(payload)
         length = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big")
         self.writer.write(b"\x81" + length + b"\0\0\0\0" + payload)
-        first, second = await self.reader.readexactly(2)
+        _, second = await self.reader.readexactly(2)
         size = second & 0x7F
         if size == 126:
             size = int.from_bytes(await self.reader.readexactly(2), "big")
@@ -187,6 +187,7 @@ def serve_openenv(port: int) -> None:
     import uvicorn
     from openenv.core.env_server import Environment, create_fastapi_app
     from openenv.core.env_server.types import Action, Observation, State
+    from pydantic import Field
 
     import agentgym
 
@@ -195,7 +196,7 @@ def serve_openenv(port: int) -> None:
 
     class MazeObservation(Observation):
         text: str = ""
-        info: dict[str, Any] = {}
+        info: dict[str, Any] = Field(default_factory=dict)
 
     class MazeEnvironment(Environment):
         SUPPORTS_CONCURRENT_SESSIONS = True

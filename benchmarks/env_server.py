@@ -540,12 +540,14 @@ def main(argv: list[str] | None = None) -> int:
                              "ws, clients; results go to results/env_scale.json")
     parser.add_argument("--episodes", type=int, nargs="+", default=[16, 64, 256],
                         help="--scale collector: episodes per collection")
+    parser.add_argument("--heavy-envs", nargs="+", default=["alfworld-v0", "textworld-v0"],
+                        help="--scale workers: the envs served with --workers 1 and 2")
     args = parser.parse_args(argv)
     if args.scale:
         from env_scale import run_scale
 
         return run_scale(args.scale, episodes=args.episodes, duration_s=args.duration_s,
-                         out=RESULTS / "env_scale.json")
+                         out=RESULTS / "env_scale.json", heavy_envs=args.heavy_envs)
 
     import agentgym
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LiveServer
+from scripted_policy import ScriptedPolicy
 
 import agentgym
 from agentgym.errors import ConfigError, EpisodeFinished, RemoteEnvError
@@ -21,8 +23,6 @@ from agentgym.rollout.collector import Collector
 from agentgym.rollout.hooks import Fork, RolloutHooks
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
-from conftest import LiveServer
-from scripted_policy import ScriptedPolicy
 
 pytestmark = pytest.mark.timeout(300)
 

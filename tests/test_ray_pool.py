@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from test_fleet import MAX_TURNS, MAZE, ForkAndTopUp, collect
 
 import agentgym
 from agentgym.errors import ConfigError, EpisodeFinished
 from agentgym.rollout.pool import PoolEnv
 from agentgym.rollout.ray_pool import RayEnvPool
-from test_fleet import MAZE, MAX_TURNS, ForkAndTopUp, collect
 
 pytestmark = pytest.mark.timeout(240)
 

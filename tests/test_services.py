@@ -230,7 +230,7 @@ def test_kubernetes_workloads_match_the_images_and_compose() -> None:
         if doc["kind"] == "Deployment":  # the fleet's pods serve envs only, without tool services
             missing = set(compose_service.get("environment", {})) - env_names
             assert not missing, f"{where}: compose sets {missing}, the pod does not"
-        if "command" in compose_service and compose_service["command"]:
+        if compose_service.get("command"):
             assert container["args"] == compose_service["command"], where
         for opt in compose_service.get("security_opt", []):
             field, value = SECURITY_OPTS[opt]

@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
+from test_fleet import MAX_TURNS, MAZE, AtTurn, ForkAndTopUp, collect
 
 import agentgym
 from agentgym.errors import SessionLost
 from agentgym.http.client import EnvClient, RemoteEnv
 from agentgym.http.fleet import EnvFleet
 from agentgym.http.launcher import free_port, start_service, stop_service
-from test_fleet import MAZE, MAX_TURNS, AtTurn, ForkAndTopUp, collect
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -363,6 +363,8 @@ class EnvFleet:
     def reset(self, slots: Sequence[FleetSlot], seeds: Sequence[int | None],
               options: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
         bodies = [_reset_body(seed, options) for seed in seeds]
+        for slot in slots:  # a reset discards the episode: a session lost meanwhile needs no replay
+            slot.started, slot.actions = False, []
         answers = self._run(slots, "reset", "resets",
                             lambda i, slot: {"session_id": slot.session_id, **bodies[i]})
         for slot, answer, body in zip(slots, answers, bodies):

@@ -260,14 +260,14 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: 
                     action = OpenEnvAction.model_validate(data).action  # the exact validation error
                 async with session.lock:
                     obs, reward, terminated, truncated, info = await coalescer.run(
-                        session, lambda: session.env.step(action))
+                        session, lambda action=action: session.env.step(action))
                 answer = {"type": "observation",
                           "data": _observation(obs, info, reward, terminated, truncated, session.env.turn)}
             elif kind == "reset":
                 request = OpenEnvReset.model_validate(data)
                 async with session.lock:
                     obs, info = await store.run(
-                        session, lambda: session.env.reset(seed=request.seed, options=request.options))
+                        session, lambda request=request: session.env.reset(seed=request.seed, options=request.options))
                 episode_id = request.episode_id
                 answer = {"type": "observation", "data": _observation(obs, info, None, False, False, 0)}
             elif kind == "state":

@@ -10,6 +10,7 @@ Needs the ``websockets`` package (installed with the ``server`` extra).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -100,8 +101,6 @@ class AsyncSocketEnv:
 
     async def close(self) -> None:
         """Close the connection; the service deletes the session."""
-        try:
+        with contextlib.suppress(Exception):  # already closed: nothing left to close
             await self._ws.send(json.dumps({"type": "close"}))
-        except Exception:  # noqa: BLE001 - already closed: nothing left to close
-            pass
         await self._ws.close()

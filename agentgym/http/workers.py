@@ -105,7 +105,8 @@ class WorkerSet:
         worker = Worker(index, generation, os.path.join(self.directory, f"w{index}g{generation}.sock"))
         spec = json.dumps({"socket": worker.socket_path, "app": self.app_kwargs})
         worker.process = subprocess.Popen([sys.executable, "-m", "agentgym.http.workers", spec],
-                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                          # prctl only, no locks taken: safe between fork and exec
+                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
         self.by_prefix[worker.prefix] = worker
         return worker
 
