@@ -143,3 +143,23 @@ def test_our_socket_client_plays_as_a_local_env_and_raises_its_errors(live_serve
             await AsyncSocketEnv.connect(server.url, "test/http-counter-v0", token="wrong")
 
     asyncio.run(play())
+
+
+def test_a_websocket_client_that_vanishes_leaves_no_session(live_server) -> None:
+    from websockets.asyncio.client import connect
+
+    server = live_server(["maze-v0"])
+
+    async def vanish() -> None:
+        ws = await connect(f"ws{server.url[4:]}/openenv/maze-v0/ws")
+        await ws.send('{"type": "reset", "data": {"seed": 1}}')
+        await ws.recv()
+        assert httpx.get(f"{server.url}/health").json()["active_sessions"] == 1
+        ws.transport.abort()  # no close frame: the connection just drops
+
+    asyncio.run(vanish())
+    for _ in range(100):
+        if httpx.get(f"{server.url}/health").json()["active_sessions"] == 0:
+            break
+        asyncio.run(asyncio.sleep(0.05))
+    assert httpx.get(f"{server.url}/health").json()["active_sessions"] == 0

@@ -113,3 +113,33 @@ def test_a_fleet_replays_the_episodes_of_a_killed_worker(service) -> None:
     kill = AtTurn(2, lambda: os.kill(workers(url)[0]["pid"], signal.SIGKILL))
     assert collect(fleet, kill) == expected
     assert fleet.recovered > 0
+
+
+def test_a_frozen_worker_times_out_its_own_sessions_only() -> None:
+    from agentgym.errors import RemoteTimeout
+    from agentgym.http.router import WorkerRouter
+    from agentgym.http.workers import WorkerSet
+    from conftest import LiveServer
+
+    server = LiveServer(WorkerRouter(WorkerSet(2, {"env_ids": ["maze-v0"], "max_sessions": 8}), timeout_s=2.0),
+                        startup_timeout_s=120)
+    frozen = None
+    try:
+        with EnvClient(server.url, retries=0) as client:
+            envs = [RemoteEnv("maze-v0", client=client) for _ in range(2)]
+            for env in envs:
+                env.reset(seed=0)
+            frozen = workers(server.url)[1]["pid"]
+            os.kill(frozen, signal.SIGSTOP)
+            stuck = next(e for e in envs if e.session_id.startswith("w1"))
+            alive = next(e for e in envs if e.session_id.startswith("w0"))
+            started = time.monotonic()
+            with pytest.raises(RemoteTimeout, match=rf"env-worker process 1 \(pid {frozen}\) did not answer"):
+                stuck.step("up")
+            assert time.monotonic() - started < 10
+            answers = client.batch_step([(alive.session_id, "up"), (stuck.session_id, "up")])
+            assert isinstance(answers[1], RemoteTimeout) and not isinstance(answers[0], Exception)
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        server.stop()

@@ -76,7 +76,8 @@ def serve(
             service = WorkerRouter(WorkerSet(workers, {
                 "env_ids": env_ids or None, "max_sessions": max_sessions, "ttl_s": ttl_s,
                 "step_timeout_s": step_timeout_s, "num_workers": threads, "token": token,
-                "max_body_bytes": max_body_bytes}), max_body_bytes=max_body_bytes)
+                "max_body_bytes": max_body_bytes}), max_body_bytes=max_body_bytes,
+                timeout_s=(step_timeout_s if step_timeout_s > 0 else 600.0) + 60.0)
     except AgentGymError as exc:
         fail(exc)
     served = ", ".join(env_ids) if env_ids else "all registered envs"

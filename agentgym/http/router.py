@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 import agentgym
-from agentgym.errors import AgentGymError, RemoteEnvError, SessionCapacityError, SessionLost
+from agentgym.errors import AgentGymError, RemoteEnvError, RemoteTimeout, SessionCapacityError, SessionLost
 from agentgym.http.responses import dumps, error_payload
 from agentgym.http.workers import Worker, WorkerSet
 
@@ -71,11 +71,15 @@ class WorkerRouter:
     Args:
         workers: the worker processes (not started yet).
         max_body_bytes: larger request bodies get 413 here, before any worker sees them.
+        timeout_s: longest wait for a worker's answer (a frozen process answers nothing; the
+            workers' own step timeout answers a slow env long before). Past it: 504.
     """
 
-    def __init__(self, workers: WorkerSet, *, max_body_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(self, workers: WorkerSet, *, max_body_bytes: int = 8 * 1024 * 1024,
+                 timeout_s: float = 300.0) -> None:
         self.workers = workers
         self.max_body_bytes = max_body_bytes
+        self.timeout_s = timeout_s
 
     # --- talking to one worker ----------------------------------------------------------------
 
@@ -91,7 +95,12 @@ class WorkerRouter:
         request += [name + b": " + value + b"\r\n" for name, value in headers if name in _FORWARDED]
         writer.write(b"".join(request) + b"\r\n" + body)
         try:
-            answer, keep = await _read_response(reader)
+            answer, keep = await asyncio.wait_for(_read_response(reader), self.timeout_s)
+        except asyncio.TimeoutError:
+            writer.close()
+            assert worker.process is not None
+            raise RemoteTimeout(f"env-worker process {worker.index} (pid {worker.process.pid}) did not answer "
+                                f"{method} {target.split('?')[0]} within {self.timeout_s:g} s") from None
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             writer.close()
             raise WorkerGone(f"{type(exc).__name__}: {exc}") from exc
@@ -243,6 +252,10 @@ class WorkerRouter:
                 self._check_alive(worker)
                 for i in indices:
                     results[i] = _lost(worker, ids[i], path)
+                return
+            except RemoteTimeout as exc:  # a frozen worker fails its own items only
+                for i in indices:
+                    results[i] = error_payload("RemoteTimeout", f"session {ids[i]!r}: {exc}")
                 return
             if status != 200:
                 raise _Rejected((status, [(b"content-type", b"application/json")], payload))
