@@ -4,6 +4,7 @@ when a service dies, answers 503, hangs, or answers garbage mid-collection."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -166,7 +167,7 @@ class Faulty:
     """An env service app that, once ``fault`` is set, answers every ``/batch/...`` request badly."""
 
     def __init__(self, app: Any) -> None:
-        self.app, self.fault, self.faulted = app, None, 0
+        self.app, self.fault, self.faulted, self.fault_body = app, None, 0, b"{}"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.fault and scope["path"].startswith(("/batch/", "/sessions")):
@@ -176,12 +177,17 @@ class Faulty:
                 self.fault = None
             if fault == "hang":
                 await asyncio.sleep(3.0)
+            if fault == "items" and scope["path"].startswith("/batch/"):  # the right count of empty items
+                request = await receive()
+                count = len(next(iter(json.loads(request["body"]).values())))
+                self.fault_body = json.dumps({"results": [{}] * count}).encode()
             status, body, headers = {
                 "503": (503, b'{"error": {"type": "SessionCapacityError", "message": "busy"}}',
                         [(b"retry-after", b"0")]),
                 "busy-once": (503, b'{"error": {"type": "SessionCapacityError", "message": "busy"}}',
                               [(b"retry-after", b"0.2")]),
                 "garbage": (200, b'{"results": "not a list"}', []),
+                "items": (200, self.fault_body, []),
                 "hang": (200, b"{}", []),
             }[fault]
             await send({"type": "http.response.start", "status": status,
@@ -191,7 +197,7 @@ class Faulty:
         await self.app(scope, receive, send)
 
 
-@pytest.mark.parametrize("fault", ["503", "hang", "garbage", "refused"])
+@pytest.mark.parametrize("fault", ["503", "hang", "garbage", "items", "refused"])
 def test_a_misbehaving_service_fails_over_without_losing_episodes(fault: str) -> None:
     from agentgym.http.server import create_app
 

@@ -42,6 +42,10 @@ StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 #: Item errors that mean "the session is gone, not the env's fault": the episode is replayed.
 _SESSION_GONE = (SessionLost, UnknownSession)
+#: The keys of a well-formed answer item, per batch route.
+_ANSWER_KEYS = {"reset": ("observation", "info", "episode_seed"),
+                "step": ("observation", "reward", "terminated", "truncated", "info"),
+                "fork": ("session_id",)}
 #: Request errors that say nothing about the service's health: they are raised as they are.
 _CALLER_ERRORS = (RequestRejected, AuthenticationError, ConfigError)
 
@@ -233,10 +237,19 @@ class EnvFleet:
         except SessionCapacityError as exc:  # still busy after the Retry-After waits: overloaded
             raise _ReplicaDown(replica, exc) from exc
         results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or len(results) != len(items):
-            raise _ReplicaDown(replica, RemoteEnvError(
-                f"POST {replica.url}/batch/{route} answered a malformed body (expected {len(items)} results)"))
-        return [_item_or_error(r) for r in results]
+        if isinstance(results, list) and len(results) == len(items):
+            results = [_item_or_error(r) for r in results]
+            if all(isinstance(r, AgentGymError) or all(k in r for k in _ANSWER_KEYS[route]) for r in results):
+                return results
+        raise _ReplicaDown(replica, RemoteEnvError(
+            f"POST {replica.url}/batch/{route} answered a malformed body (expected {len(items)} results with "
+            f"{', '.join(_ANSWER_KEYS[route])})"))
+
+    @staticmethod
+    def _answer(replica: Replica, route: str, answer: Any) -> dict[str, Any]:
+        if not isinstance(answer, dict) or not all(k in answer for k in _ANSWER_KEYS[route]):
+            raise _ReplicaDown(replica, RemoteEnvError(f"{replica.url} answered a {route} with a malformed body"))
+        return answer
 
     def _create(self, replica: Replica) -> str:
         session = self._call(replica, "POST", "/sessions", self._create_body)
@@ -284,9 +297,10 @@ class EnvFleet:
         replica = slot.replica
         assert replica is not None and slot.session_id is not None
         path = f"/sessions/{slot.session_id}"
-        info = self._call(replica, "POST", f"{path}/reset", _reset_body(slot.seed, slot.options))["info"]
+        info = self._answer(replica, "reset", self._call(replica, "POST", f"{path}/reset",
+                                                          _reset_body(slot.seed, slot.options)))["info"]
         for turn, action in enumerate(slot.actions):
-            result = self._call(replica, "POST", f"{path}/step", _step_body(action))
+            result = self._answer(replica, "step", self._call(replica, "POST", f"{path}/step", _step_body(action)))
             info = result["info"]
             self.replayed_steps += 1
             if (result["terminated"] or result["truncated"]) and turn < len(slot.actions) - 1:

@@ -1,4 +1,4 @@
-"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, hooks, demos.
+"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, env pools, hooks, demos.
 
 Example:
     >>> from agentgym.rollout import Turn, Trajectory, EpisodeGroup
@@ -14,12 +14,14 @@ from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos, format_action
 from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, HookChain, RolloutHooks
 from agentgym.rollout.policy import ChatTokenizer, Generation, Policy, SamplingParams, Scorer
+from agentgym.rollout.pool import EnvPool, LocalEnvPool, PoolEnv
 from agentgym.rollout.prompt import Conversation, PromptMode, PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 __all__ = [
     "ACTION_FORMATS", "ActionFormat", "ChatTokenizer", "CollectContext", "CollectStats", "Collector", "Conversation",
-    "EpisodeGroup", "EpisodeView", "Fork", "Generation", "HookChain", "ParsedAction", "Policy", "PromptMode",
+    "EnvPool", "EpisodeGroup", "EpisodeView", "Fork", "Generation", "HookChain", "LocalEnvPool", "ParsedAction",
+    "Policy", "PoolEnv", "PromptMode",
     "PromptRenderer", "RolloutHooks", "SamplingParams", "Scorer", "Trajectory", "Turn", "collect_demos",
     "format_action", "parse_action",
 ]
