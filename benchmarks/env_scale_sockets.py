@@ -166,11 +166,12 @@ def _ws_child(*args: Any) -> dict[str, Any]:
 # --- servers ------------------------------------------------------------------------------------
 
 
-def _start(command: list[str], port: int) -> Any:
-    pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) > 1 else []
+def _start(command: list[str], port: int, quiet: bool = False) -> Any:
     import subprocess
 
-    return start_service(pin + command, f"http://{HOST}:{port}", timeout_s=120, stdout=subprocess.DEVNULL)
+    pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) > 1 else []
+    streams = {"stdout": subprocess.DEVNULL, **({"stderr": subprocess.DEVNULL} if quiet else {})}
+    return start_service(pin + command, f"http://{HOST}:{port}", timeout_s=120, **streams)
 
 
 def agentgym_server(port: int) -> Any:
@@ -179,7 +180,8 @@ def agentgym_server(port: int) -> Any:
 
 
 def openenv_server(port: int) -> Any:
-    return _start([sys.executable, str(Path(__file__).resolve()), "--openenv-server", str(port)], port)
+    # quiet: OpenEnv's server logs a traceback for every client that closes its connection
+    return _start([sys.executable, str(Path(__file__).resolve()), "--openenv-server", str(port)], port, quiet=True)
 
 
 def serve_openenv(port: int) -> None:
