@@ -12,6 +12,7 @@
     ├── EnvCrashed                env code raised inside ``reset``/``step``; the episode is lost
     ├── SessionError              HTTP service session problems
     │   ├── UnknownSession        no such session id (never created, closed or reaped)
+    │   ├── SessionLost           its env died with the worker process that held it (HTTP 410)
     │   └── SessionCapacityError  the service is at ``max_sessions`` (HTTP 503, retry later)
     │       └── SandboxBusy       the sandbox service runs ``max_concurrency`` programs (HTTP 503)
     ├── RemoteEnvError            talking to a service failed (HTTP 502 on a service); raised for:
@@ -108,6 +109,14 @@ class UnknownSession(SessionError):
     """No live session has that id: it was never created, was deleted, or was reaped when idle."""
 
 
+class SessionLost(SessionError):
+    """The session's env is gone with the env-worker process that held it (``agentgym serve
+    --workers N``: that process died and was replaced). The episode cannot continue; create a new
+    session (``agentgym.http.fleet.EnvFleet`` replays the episode on a new one by itself)."""
+
+    http_status = 410
+
+
 class SessionCapacityError(SessionError):
     """The service already holds ``max_sessions`` sessions; retry after some are closed."""
 
@@ -167,6 +176,7 @@ ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
         EnvCrashed,
         SessionError,
         UnknownSession,
+        SessionLost,
         SessionCapacityError,
         SandboxBusy,
         RemoteEnvError,

@@ -442,7 +442,7 @@ def server_command(port: int, max_sessions: int, workers: int | None, custom: st
     command = [sys.executable, "-m", "agentgym", "serve", ENV_ID, "--host", HOST, "--port", str(port),
                "--max-sessions", str(max_sessions), "--log-level", "warning"]
     if workers is not None:
-        command += ["--workers", str(workers)]
+        command += ["--threads", str(workers)]
     return command
 
 
@@ -528,14 +528,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="client processes for the raw client in single mode: a number, or auto (1; the cell "
                              f"is repeated with 2 when the client used over {CLIENT_SATURATED_PCT:g}%% of a core)")
     parser.add_argument("--server-workers", type=int, default=None,
-                        help="--workers of the served app (threads running env code); default: the server's")
+                        help="--threads of the served app (threads running env code); default: the server's")
     parser.add_argument("--server-cmd", default=None,
                         help="serve with this command instead (A/B runs of a modified server); {port} and "
                              "{python} are filled in, e.g. '{python} my_server.py --port {port}'")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "env_server.json", help="JSON results; the PNG goes beside it")
     parser.add_argument("--note", default="", help="free text stored with the results (e.g. 'measured under load')")
+    parser.add_argument("--scale", nargs="+", default=None, metavar="SECTION",
+                        help="run the scale sections instead (benchmarks/env_scale.py): collector, workers, fleet, "
+                             "ws, clients; results go to results/env_scale.json")
+    parser.add_argument("--episodes", type=int, nargs="+", default=[16, 64, 256],
+                        help="--scale collector: episodes per collection")
+    parser.add_argument("--heavy-envs", nargs="+", default=["alfworld-v0", "textworld-v0"],
+                        help="--scale workers: the envs served with --workers 1 and 2")
     args = parser.parse_args(argv)
+    if args.scale:
+        from env_scale import run_scale
+
+        return run_scale(args.scale, episodes=args.episodes, duration_s=args.duration_s,
+                         out=RESULTS / "env_scale.json", heavy_envs=args.heavy_envs)
 
     import agentgym
 

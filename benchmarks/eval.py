@@ -92,7 +92,7 @@ def bench_harness(env_ids: list[str], episodes: int, concurrencies: list[int]) -
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     rows = []
-    with serving(["serve", *env_ids, "--port", str(port), "--max-sessions", "512", "--workers", "16"],
+    with serving(["serve", *env_ids, "--port", str(port), "--max-sessions", "512", "--threads", "16"],
                  f"{url}/health") as server:
         for env_id in env_ids:
             for where, concurrency in [("in-process", 1), *(("HTTP", c) for c in concurrencies)]:

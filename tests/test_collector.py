@@ -118,3 +118,12 @@ def test_collector_over_http_matches_in_process(policy: TransformersPolicy, make
     local = _collect(policy, lambda: agentgym.make("sokoban-v0", max_turns=3), "window")
     remote = _collect(policy, lambda: RemoteEnv("sokoban-v0", client=client, max_turns=3), "window")
     assert [g.to_json() for g in remote] == [g.to_json() for g in local]
+
+
+def test_collector_over_a_fleet_matches_in_process(policy: TransformersPolicy, make_service) -> None:
+    from agentgym.http.fleet import EnvFleet
+
+    service = make_service(["sokoban-v0"])
+    fleet = EnvFleet(["http://testserver"], "sokoban-v0", max_turns=3, clients=[EnvClient(client=service)])
+    local = _collect(policy, lambda: agentgym.make("sokoban-v0", max_turns=3), "window")
+    assert [g.to_json() for g in _collect(policy, fleet, "window")] == [g.to_json() for g in local]

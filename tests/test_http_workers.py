@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from agentgym.errors import ConfigError
-from agentgym.http.workers import WorkerPool
+from agentgym.http.threadpool import WorkerPool
 
 pytestmark = pytest.mark.timeout(60)
 

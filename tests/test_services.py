@@ -165,3 +165,98 @@ def test_synthetic_cli_writes_the_corpus_and_questions(tmp_path: Path) -> None:
     bad = subprocess.run([str(BIN / "agentgym"), "retrieval", "synthetic", str(tmp_path), "--entities", "3"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "num_entities must be an integer in [20" in bad.stdout + bad.stderr
+
+
+# --- Kubernetes manifests ---------------------------------------------------------------------------
+
+K8S = SERVICES / "k8s"
+#: compose's security_opt entries and the pod securityContext fields that say the same.
+SECURITY_OPTS = {"seccomp=unconfined": ("seccompProfile", {"type": "Unconfined"}),
+                 "apparmor=unconfined": ("appArmorProfile", {"type": "Unconfined"}),
+                 "systempaths=unconfined": ("procMount", "Unmasked")}
+
+
+def manifests() -> dict[str, list[dict]]:
+    return {path.name: [d for d in yaml.safe_load_all(path.read_text()) if d] for path in sorted(K8S.glob("*.yaml"))}
+
+
+def workloads() -> list[tuple[str, dict, dict]]:
+    """(file, workload, its Service) for every Deployment and StatefulSet."""
+    found = []
+    for name, docs in manifests().items():
+        services = [d for d in docs if d["kind"] == "Service"]
+        for doc in docs:
+            if doc["kind"] in ("Deployment", "StatefulSet"):
+                labels = doc["spec"]["template"]["metadata"]["labels"]
+                [service] = [s for s in services if s["spec"]["selector"].items() <= labels.items()]
+                found.append((name, doc, service))
+    return found
+
+
+def compose_service_for(image: str) -> tuple[str, dict]:
+    [(name, service)] = [(n, s) for n, s in compose()["services"].items() if s["image"] == image]
+    return name, service
+
+
+def test_every_image_has_a_kubernetes_workload_behind_a_service() -> None:
+    images = {doc["spec"]["template"]["spec"]["containers"][0]["image"] for _, doc, _ in workloads()}
+    assert images == {s["image"] for s in compose()["services"].values()}
+
+
+def test_kubernetes_workloads_match_the_images_and_compose() -> None:
+    stages = dockerfile_stages()
+    uid = int(re.search(r"useradd .*--uid (\d+)", " ".join(stages["base"]["lines"])).group(1))  # type: ignore[arg-type]
+    for name, doc, service in workloads():
+        pod = doc["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        compose_name, compose_service = compose_service_for(container["image"])
+        stage = stages[compose_service["build"]["target"]]
+        where = f"{name}: {doc['kind']} {doc['metadata']['name']}"
+        ports = [p["containerPort"] for p in container["ports"]]
+        assert ports == stage["expose"], f"{where}: container ports {ports}, image exposes {stage['expose']}"
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/health", "port": ports[0]}, where
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"]), where
+        assert "memory" in container["resources"]["limits"], where
+        security = {**pod.get("securityContext", {}), **container["securityContext"]}
+        assert security["runAsNonRoot"] is True and security["runAsUser"] == uid, where
+        assert security["allowPrivilegeEscalation"] is False and security["capabilities"] == {"drop": ["ALL"]}, where
+        assert security["readOnlyRootFilesystem"] is True, where
+        mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        assert "/tmp" in mounts, f"{where}: a read-only root needs a writable /tmp"
+        for volume in compose_service.get("volumes", []):
+            assert volume.split(":")[1] in mounts, f"{where}: compose mounts {volume}, the pod does not"
+        env_names = {e["name"] for e in container.get("env", [])}
+        if doc["kind"] == "Deployment":  # the fleet's pods serve envs only, without tool services
+            missing = set(compose_service.get("environment", {})) - env_names
+            assert not missing, f"{where}: compose sets {missing}, the pod does not"
+        if compose_service.get("command"):
+            assert container["args"] == compose_service["command"], where
+        for opt in compose_service.get("security_opt", []):
+            field, value = SECURITY_OPTS[opt]
+            assert security.get(field) == value, f"{where}: compose has {opt}, the pod lacks {field}: {value}"
+        if compose_service.get("read_only"):
+            assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"]), where
+        if not compose_service.get("security_opt"):
+            assert security.get("seccompProfile") == {"type": "RuntimeDefault"}, where
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == ports, where
+        if doc["kind"] == "StatefulSet":  # one address per pod: a headless Service, named by serviceName
+            assert doc["spec"]["serviceName"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
+        else:
+            assert compose_name in doc["metadata"]["name"]
+
+
+def test_the_env_manifest_runs_as_written_and_its_probe_answers() -> None:
+    [(_, doc, _)] = [(n, d, s) for n, d, s in workloads() if d["metadata"]["name"] == "agentgym-env"]
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    args = list(container["args"])
+    port = free_port()
+    proc = run_entrypoint("env", args, port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        healthy(proc, url)
+        probe = container["readinessProbe"]["httpGet"]
+        health = httpx.get(f"{url}{probe['path']}").json()
+        assert len(health["workers"]) == int(args[args.index("--workers") + 1])
+    finally:
+        stop_service(proc, timeout_s=20)

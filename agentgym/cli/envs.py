@@ -52,7 +52,9 @@ def serve(
     ttl_s: float = typer.Option(600.0, "--ttl-s", help="Close sessions idle longer than this (seconds, > 0)."),
     step_timeout_s: float = typer.Option(60.0, "--step-timeout-s",
                                          help="Deadline of one env call from its start (seconds, > 0)."),
-    workers: int = typer.Option(8, help="Threads that run env code (>= 1)."),
+    threads: int = typer.Option(8, help="Threads that run env code, per worker process (>= 1)."),
+    workers: int = typer.Option(1, help="Env-worker processes behind this one address (sessions stay in the "
+                                "process that made them; a dead one is replaced). Use up to the number of cores."),
     token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Require this bearer token."),
     allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
                                         help="Serve on a non-loopback --host without a token (anyone who can "
@@ -67,21 +69,32 @@ def serve(
         fail(ImportError(f"{exc}; install the server extra: pip install 'agentgym-rl[server]'"))
     try:
         check_range("--port", port, MIN_PORT, MAX_PORT)
+        check_range("--threads", threads, 1)
         check_range("--workers", workers, 1)
         check_range("--max-sessions", max_sessions, 1)
         check_range("--ttl-s", ttl_s, 0, low_open=True)
         check_range("--step-timeout-s", step_timeout_s, 0, low_open=True)
         check_range("--max-body-bytes", max_body_bytes, 1)
         check_exposure(host, token, allow_no_token, "create sessions and run env code")
+        sock = bind(host, port)  # before any worker process starts: an occupied port costs nothing
         service = create_app(
             env_ids or None, max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
-            num_workers=workers, token=token, max_body_bytes=max_body_bytes,
+            num_workers=threads, token=token, max_body_bytes=max_body_bytes,
         )
-        sock = bind(host, port)
+        if workers != 1:
+            from agentgym.http.router import WorkerRouter
+            from agentgym.http.workers import WorkerSet
+
+            service = WorkerRouter(WorkerSet(workers, {
+                "env_ids": env_ids or None, "max_sessions": max_sessions, "ttl_s": ttl_s,
+                "step_timeout_s": step_timeout_s, "num_workers": threads, "token": token,
+                "max_body_bytes": max_body_bytes}), max_body_bytes=max_body_bytes,
+                timeout_s=(step_timeout_s if step_timeout_s > 0 else 600.0) + 60.0)
     except AgentGymError as exc:
         fail(exc)
     served = ", ".join(env_ids) if env_ids else "all registered envs"
-    err_console.print(f"serving {served} on http://{host}:{port} (docs: /docs)")
+    processes = f" in {workers} env-worker processes" if workers != 1 else ""
+    err_console.print(f"serving {served} on http://{host}:{port}{processes} (docs: /docs)")
     run_uvicorn(service, sock, log_level=log_level)
 
 

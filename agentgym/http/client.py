@@ -124,6 +124,13 @@ class EnvClient(ServiceClient):
         results = self.request("POST", "/batch/reset", body)["results"]
         return [_item_or_error(r) for r in results]
 
+    def batch_fork(self, forks: Sequence[tuple[str, str]]) -> list[dict[str, Any] | AgentGymError]:
+        """Fork many sessions in one request (``(session_id, mode)`` each); each item is the new
+        session's info or the error its fork raised."""
+        body = {"forks": [{"session_id": sid, "mode": _fork_body(mode)["mode"]} for sid, mode in forks]}
+        results = self.request("POST", "/batch/fork", body)["results"]
+        return [_item_or_error(r) for r in results]
+
 
 class RemoteEnv(Env):
     """An env living in a session on an env service; use it exactly like a local env.

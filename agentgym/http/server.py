@@ -14,8 +14,10 @@ Routes (all bodies JSON; every error is ``{"error": {"type", "message"}}``):
     POST   /sessions/{id}/expert      the expert's action in the current state
     POST   /batch/step                many sessions' steps in one request (per-item results)
     POST   /batch/reset               many sessions' resets in one request
+    POST   /batch/fork                fork many sessions in one request (a new session each)
     GET    /metrics                   Prometheus text
     GET    /docs, /openapi.json       from FastAPI
+    *      /openenv/{env_id}/...      OpenEnv's protocol (WebSocket /ws sessions; agentgym.http.openenv)
 
 Status codes: 401 bad token, 404 unknown env/session, 409 step before reset / after the end,
 413 body too large, 422 malformed request, 500 the env crashed (that session only), 503 at
@@ -27,6 +29,7 @@ step outlived the step timeout (counted from when it started; the session is the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -45,10 +48,12 @@ from agentgym.errors import (
     RemoteTimeout,
     RequestRejected,
     ResetNeeded,
+    SessionCapacityError,
 )
 from agentgym.http import wire
 from agentgym.http.fastpath import GuardMiddleware, HotRoute, HotRoutes
 from agentgym.http.metrics import ServiceMetrics
+from agentgym.http.openenv import install_openenv
 from agentgym.http.responses import (
     TELEMETRY_OFF,
     ErrorResponses,
@@ -281,6 +286,13 @@ def create_app(
     async def batch_reset(body: wire.BatchResetRequest) -> Response:
         return await run_batch_reset(body)  # served by HotRoutes; declared for /docs and direct use
 
+    @app.post("/batch/fork", response_model=wire.BatchForkResponse, responses=error_responses(401, 413, 422, 503))
+    async def batch_fork(body: wire.BatchForkRequest) -> Response:
+        results = await _run_batch_fork(store, [(item.session_id, item.mode) for item in body.forks])
+        metrics.sessions_created.inc(sum(1 for r in results if "error" not in r))
+        return json_response({"results": results})
+
+    install_openenv(app, store, token=token, max_message_bytes=max_body_bytes)  # OpenEnv's protocol too
     return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes, hot_routes=hot)
 
 
@@ -374,6 +386,37 @@ async def _run_batch(store: SessionStore, items: list[tuple[str, Any]], fn: Any)
         for lock in locks[:acquired]:
             lock.release()
     return results  # type: ignore[return-value]
+
+
+async def _run_batch_fork(store: SessionStore, items: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Fork every item's session (one trip to the pool); each result is the new session or an error.
+
+    Capacity is reserved for all forks before any runs; items past the capacity answer
+    ``SessionCapacityError`` and are not forked.
+    """
+    with contextlib.ExitStack() as held:
+        reserved = 0
+        try:
+            for _ in items:
+                held.enter_context(store.reserve())
+                reserved += 1
+        except SessionCapacityError:
+            pass
+
+        def fork(session: Session, mode: str) -> dict[str, Any]:
+            return {"env": _env_call(session, "fork", lambda: session.env.fork(mode)), "env_id": session.env_id}
+
+        results = await _run_batch(store, items[:reserved], fork) if reserved else []
+        answers = []
+        for result in results:
+            if "error" in result:
+                answers.append(result)
+            else:
+                answers.append(store.add(result["env_id"], result["env"]).describe())
+    over = [error_payload("SessionCapacityError",
+                          f"the service holds its maximum of {store.max_sessions} sessions; this fork was not made")
+            for _ in items[reserved:]]
+    return answers + over
 
 
 async def _run_ready(store: SessionStore, ready: list[tuple[int, Session, Any]], fn: Any,

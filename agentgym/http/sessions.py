@@ -33,7 +33,7 @@ from agentgym.errors import (
     VersionNotFound,
 )
 from agentgym.guard import EpisodeGuard
-from agentgym.http.workers import Call, WorkerPool
+from agentgym.http.threadpool import Call, WorkerPool
 from agentgym.registry import make
 from agentgym.spec import parse_env_id
 

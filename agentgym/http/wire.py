@@ -170,6 +170,21 @@ class BatchResetRequest(_Request):
                                          description="One reset per session; session ids must be distinct.")
 
 
+class BatchForkItem(_Request):
+    session_id: str
+    mode: Literal["auto", "snapshot", "replay"] = "auto"
+
+
+class BatchForkRequest(_Request):
+    forks: list[BatchForkItem] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+
+
+class BatchForkResponse(_Response):
+    """One entry per request item, in order: the new session (``SessionInfo``) or an ``ErrorBody``."""
+
+    results: list[SessionInfo | ErrorBody]
+
+
 class BatchStepResponse(_Response):
     """One entry per request item, in order: a ``StepResponse`` or an ``ErrorBody``."""
 

@@ -1,4 +1,4 @@
-"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, hooks, demos.
+"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, env pools, hooks, demos.
 
 Example:
     >>> from agentgym.rollout import Turn, Trajectory, EpisodeGroup
@@ -21,13 +21,14 @@ from agentgym.rollout.constraints import (
 from agentgym.rollout.demos import collect_demos, format_action
 from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, HookChain, RolloutHooks
 from agentgym.rollout.policy import ChatTokenizer, Generation, Policy, SamplingParams, Scorer
+from agentgym.rollout.pool import EnvPool, LocalEnvPool, PoolEnv
 from agentgym.rollout.prompt import Conversation, PromptMode, PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 __all__ = [
     "ACTION_FORMATS", "ActionFormat", "ChatTokenizer", "CollectContext", "CollectStats", "Collector",
-    "Conversation", "DecodingConstraint", "EpisodeGroup", "EpisodeView", "Fork", "Generation", "HookChain",
-    "ParsedAction", "Policy", "PromptMode", "PromptRenderer", "RolloutHooks", "SamplingParams", "Scorer",
-    "TagSpans", "Trajectory", "Turn", "collect_demos", "format_action", "list_constraints", "make_constraint",
-    "parse_action", "register_constraint",
+    "Conversation", "DecodingConstraint", "EnvPool", "EpisodeGroup", "EpisodeView", "Fork", "Generation",
+    "HookChain", "LocalEnvPool", "ParsedAction", "Policy", "PoolEnv", "PromptMode", "PromptRenderer",
+    "RolloutHooks", "SamplingParams", "Scorer", "TagSpans", "Trajectory", "Turn", "collect_demos",
+    "format_action", "list_constraints", "make_constraint", "parse_action", "register_constraint",
 ]

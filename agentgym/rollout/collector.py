@@ -1,8 +1,9 @@
 """``Collector``: runs B tasks × G group members through envs with one policy and records turns.
 
 Every turn it renders the prompts of all live episodes, makes one batched ``generate`` call,
-parses the actions and steps the envs concurrently (local envs or ``RemoteEnv`` sessions alike).
-Rollout hooks (``agentgym.rollout.hooks``) may adjust sampling, ask for forks after a turn — the
+parses the actions and steps all live envs in one call on its ``EnvPool``
+(``agentgym.rollout.pool``): in-process envs, per-session ``RemoteEnv``s, a fleet of env services
+stepped through their batched routes, or Ray actors alike. Rollout hooks (``agentgym.rollout.hooks``) may adjust sampling, ask for forks after a turn — the
 collector performs them — and annotate or filter the finished groups.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,13 +20,15 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.actions import ActionFormat, parse_action
 from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, RolloutHooks
 from agentgym.rollout.policy import Policy, SamplingParams, Scorer
+from agentgym.rollout.pool import EnvPool, as_pool
 from agentgym.rollout.prompt import Conversation, PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 
 @dataclass
 class _Episode:
-    env: Env
+    slot: Any
+    """The episode's env: a slot of the collector's ``EnvPool``."""
     group: int
     trajectory_id: str
     conv: Conversation
@@ -42,8 +44,8 @@ class _Episode:
     truncated: bool = False
     parent_id: str | None = None
     fork_turn: int | None = None
-    owns_env: bool = False
-    """Forks and top-ups get an env of their own, closed when the collection ends."""
+    owns_slot: bool = False
+    """Forks and top-ups get a slot of their own, released when the collection ends."""
 
     def view(self) -> EpisodeView:
         return EpisodeView(self.trajectory_id, self.group, tuple(self.turns), self.info, self.over,
@@ -72,46 +74,36 @@ class Collector:
     """Collects groups of trajectories.
 
     Args:
-        make_env: zero-argument factory of envs (``lambda: agentgym.make("maze-v0")`` or
-            ``lambda: RemoteEnv("maze-v0", client=shared_client)``); envs are created once and reused.
+        make_env: where the envs come from: a zero-argument env factory
+            (``lambda: agentgym.make("maze-v0")``, ``lambda: RemoteEnv("maze-v0", client=shared_client)``)
+            or an ``EnvPool`` (``agentgym.http.fleet.EnvFleet`` for env services, ``RayEnvPool``).
+            Envs are opened once and reused by later collections; the collector owns the pool and
+            closes it in ``close``.
         policy: the generation backend.
         renderer: prompt rendering (mode, window, action format).
         action_format: how responses are parsed into actions.
-        env_workers: threads stepping envs concurrently; 0 steps them in the calling thread
-            (best for cheap in-process envs), ``None`` picks 0 for local envs and 16 otherwise.
+        env_workers: for a factory only: threads stepping its envs concurrently; 0 steps them in the
+            calling thread (best for cheap in-process envs), ``None`` picks 0 for local envs and 16 otherwise.
         max_prompt_tokens: an episode whose next prompt would be longer is truncated there.
     """
 
-    def __init__(self, make_env: Callable[[], Env], policy: Policy, renderer: PromptRenderer, *,
+    def __init__(self, make_env: Callable[[], Env] | EnvPool, policy: Policy, renderer: PromptRenderer, *,
                  action_format: ActionFormat = "plain", env_workers: int | None = None,
                  max_prompt_tokens: int = 4096) -> None:
+        self.pool = as_pool(make_env, workers=env_workers)
         self.make_env = make_env
         self.policy = policy
         self.renderer = renderer
         self.action_format = action_format
         self.env_workers = env_workers
         self.max_prompt_tokens = max_prompt_tokens
-        self._envs: list[Env] = []
-        self._pool: ThreadPoolExecutor | None = None
+        self._slots: list[Any] = []
         self.last_stats = CollectStats()
 
-    def _ensure_envs(self, count: int) -> list[Env]:
-        while len(self._envs) < count:
-            self._envs.append(self.make_env())
-        if self._pool is None:
-            workers = self.env_workers
-            if workers is None:
-                from agentgym.guard import EpisodeGuard
-
-                workers = 0 if all(isinstance(e, EpisodeGuard) for e in self._envs) else 16
-            if workers > 0:
-                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentgym-collect")
-        return self._envs[:count]
-
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        if self._pool is None:
-            return [fn(item) for item in items]
-        return list(self._pool.map(fn, items))
+    def _ensure_slots(self, count: int) -> list[Any]:
+        if len(self._slots) < count:
+            self._slots += self.pool.open(count - len(self._slots))
+        return self._slots[:count]
 
     def context(self, iteration: int = 0) -> CollectContext:
         """The ``CollectContext`` hooks get: the policy's tokenizer, and the policy as scorer if it is one."""
@@ -140,15 +132,15 @@ class Collector:
         sampling = hooks.sampling(sampling)
         stats = CollectStats()
         started = time.perf_counter()
-        envs = self._ensure_envs(len(task_seeds) * group_size)
+        slots = self._ensure_slots(len(task_seeds) * group_size)
         seeds = [seed for seed in task_seeds for _ in range(group_size)]
 
         t0 = time.perf_counter()
-        resets = self._map(lambda pair: pair[0].reset(seed=pair[1], options=options), list(zip(envs, seeds)))
+        resets = self.pool.reset(slots, seeds, options)
         stats.env_s += time.perf_counter() - t0
-        episodes = [self._start(env, i // group_size, f"{group_prefix}{i // group_size}-t{i % group_size}",
+        episodes = [self._start(slot, i // group_size, f"{group_prefix}{i // group_size}-t{i % group_size}",
                                 seed, obs, info)
-                    for i, (env, seed, (obs, info)) in enumerate(zip(envs, seeds, resets))]
+                    for i, (slot, seed, (obs, info)) in enumerate(zip(slots, seeds, resets))]
         members = [group_size] * len(task_seeds)  # trajectory ids handed out per group so far
 
         turn = 0
@@ -165,9 +157,9 @@ class Collector:
                     episodes += self._fork(forks, episodes, members, task_seeds, group_prefix, options, stats)
                 stats.hooks_s += time.perf_counter() - t0
         finally:
-            for episode in episodes:
-                if episode.owns_env:
-                    episode.env.close()
+            owned = [episode.slot for episode in episodes if episode.owns_slot]
+            if owned:
+                self.pool.release(owned)
 
         groups = []
         for b, seed in enumerate(task_seeds):
@@ -186,10 +178,10 @@ class Collector:
         self.last_stats = stats
         return groups
 
-    def _start(self, env: Env, group: int, trajectory_id: str, seed: int, obs: str, info: dict[str, Any],
-               *, owns_env: bool = False) -> _Episode:
-        return _Episode(env, group, trajectory_id, self.renderer.start(obs, info), info["state_key"],
-                        str(info.get("task_id", f"seed:{seed}")), info, info.get("answer"), owns_env=owns_env)
+    def _start(self, slot: Any, group: int, trajectory_id: str, seed: int, obs: str, info: dict[str, Any],
+               *, owns_slot: bool = False) -> _Episode:
+        return _Episode(slot, group, trajectory_id, self.renderer.start(obs, info), info["state_key"],
+                        str(info.get("task_id", f"seed:{seed}")), info, info.get("answer"), owns_slot=owns_slot)
 
     def _turn(self, live: list[_Episode], sampling: SamplingParams, turn: int, stats: CollectStats) -> None:
         """One batched generate over the live episodes, then one step of each env."""
@@ -209,8 +201,7 @@ class Collector:
         texts = [self.policy.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
         parsed = [parse_action(text, self.action_format) for text in texts]
         t0 = time.perf_counter()
-        results = self._map(lambda item: item[0].env.step(item[1].action),
-                            [(e, a) for (e, _), a in zip(pairs, parsed)])
+        results = self.pool.step([e.slot for e, _ in pairs], [a.action for a in parsed])
         stats.env_s += time.perf_counter() - t0
         for (episode, prompt), generation, action, result in zip(pairs, generations, parsed, results):
             obs, reward, terminated, truncated, info = result
@@ -244,41 +235,48 @@ class Collector:
     def _fork(self, forks: Sequence[Fork], episodes: list[_Episode], members: list[int],
               task_seeds: Sequence[int], group_prefix: str, options: dict[str, Any] | None,
               stats: CollectStats) -> list[_Episode]:
-        """Perform the hooks' fork requests; returns the new episodes."""
+        """Perform the hooks' fork requests (all forks in one pool call, all top-ups in another);
+        returns the new episodes in the order asked."""
         by_id = {e.trajectory_id: e for e in episodes}
-        made: list[_Episode] = []
+        planned: list[tuple[Fork, str, _Episode | None]] = []
         for fork in forks:
             if not 0 <= fork.group_index < len(task_seeds):
                 raise ConfigError(f"a rollout hook asked for a fork in group {fork.group_index}, but this "
                                   f"collection has groups 0..{len(task_seeds) - 1}")
-            trajectory_id = f"{group_prefix}{fork.group_index}-t{members[fork.group_index]}"
+            source = None
+            if fork.source_id is not None:
+                source = by_id.get(fork.source_id)
+                if source is None or source.over or source.group != fork.group_index:
+                    state = "unknown" if source is None else ("over" if source.over else "in another group")
+                    raise ConfigError(f"a rollout hook asked to fork trajectory {fork.source_id!r}, which is "
+                                      f"{state}; only live episodes of the fork's group can be forked")
+            planned.append((fork, f"{group_prefix}{fork.group_index}-t{members[fork.group_index]}", source))
             members[fork.group_index] += 1
-            if fork.source_id is None:
-                env = self.make_env()
-                seed = task_seeds[fork.group_index]
-                obs, info = env.reset(seed=seed, options=options)
-                made.append(self._start(env, fork.group_index, trajectory_id, seed, obs, info, owns_env=True))
-                continue
-            source = by_id.get(fork.source_id)
-            if source is None or source.over or source.group != fork.group_index:
-                state = "unknown" if source is None else ("over" if source.over else "in another group")
-                raise ConfigError(f"a rollout hook asked to fork trajectory {fork.source_id!r}, which is "
-                                  f"{state}; only live episodes of the fork's group can be forked")
-            fork_env = getattr(source.env, "fork", None)
-            if fork_env is None:
-                raise ConfigError(f"{type(source.env).__name__} cannot fork; make envs with agentgym.make() or "
-                                  "use RemoteEnv, which fork by snapshot/restore or deterministic replay")
-            made.append(replace(source, env=fork_env(), trajectory_id=trajectory_id, conv=copy.deepcopy(source.conv),
-                                turns=list(source.turns), parent_id=source.trajectory_id,
-                                fork_turn=len(source.turns), owns_env=True))
+        t0 = time.perf_counter()
+        branches = [p for p in planned if p[2] is not None]
+        tops = [p for p in planned if p[2] is None]
+        branch_slots = self.pool.fork([source.slot for _, _, source in branches]) if branches else []
+        top_slots = self.pool.open(len(tops)) if tops else []
+        made: dict[str, _Episode] = {}
+        try:
+            top_seeds = [task_seeds[fork.group_index] for fork, _, _ in tops]
+            resets = self.pool.reset(top_slots, top_seeds, options) if tops else []
+        except BaseException:
+            self.pool.release(branch_slots + top_slots)
+            raise
+        stats.env_s += time.perf_counter() - t0
+        for (_, trajectory_id, source), slot in zip(branches, branch_slots):
+            assert source is not None
+            made[trajectory_id] = replace(source, slot=slot, trajectory_id=trajectory_id,
+                                          conv=copy.deepcopy(source.conv), turns=list(source.turns),
+                                          parent_id=source.trajectory_id, fork_turn=len(source.turns),
+                                          owns_slot=True)
+        for (fork, trajectory_id, _), slot, seed, (obs, info) in zip(tops, top_slots, top_seeds, resets):
+            made[trajectory_id] = self._start(slot, fork.group_index, trajectory_id, seed, obs, info, owns_slot=True)
         stats.forks += len(made)
-        return made
+        return [made[trajectory_id] for _, trajectory_id, _ in planned]
 
     def close(self) -> None:
-        """Close the envs and the stepping threads."""
-        for env in self._envs:
-            env.close()
-        self._envs = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        """Close the envs and the pool."""
+        self._slots = []
+        self.pool.close()

@@ -38,7 +38,39 @@ class EnvConfig:
     url: str | None = None
     """Use sessions on an env service at this URL instead of in-process envs."""
     token: str | None = None
-    """Bearer token for ``url``."""
+    """Bearer token for ``url`` / ``urls``."""
+    urls: tuple[str, ...] = ()
+    """Several env services (a fleet): sessions go to the least-loaded one, and the episodes of a
+    service that dies are replayed on another. Use either ``url`` or ``urls``."""
+    timeout_s: float = 60.0
+    """Per-request deadline for ``url``/``urls``: a service slower than this counts as dead (its
+    episodes move to another service of the fleet)."""
+    backend: Literal["local", "ray"] = "local"
+    """Where in-process envs run when no ``url``/``urls`` is set: ``local`` in the trainer's process,
+    ``ray`` in Ray actors (``pip install 'agentgym-rl[ray]'``)."""
+    ray_address: str | None = None
+    """For ``backend: ray``: the cluster to join (``ray.init(address=...)``); None starts or joins a
+    local instance (``RAY_ADDRESS`` is honoured)."""
+    ray_workers: int | None = None
+    """For ``backend: ray``: env actors (each holds many envs); None: one per CPU of the cluster, at most 16."""
+
+    def __post_init__(self) -> None:
+        if self.url and self.urls:
+            raise ConfigError("env.url and env.urls are both set; list every service in env.urls and drop env.url")
+        for url in ([self.url] if self.url else []) + list(self.urls):
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"env.urls / env.url must be http:// or https:// URLs, got {url!r}")
+        if len(set(self.urls)) != len(self.urls):
+            raise ConfigError(f"env.urls lists a service twice: {list(self.urls)}")
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < math.inf):
+            raise ConfigError(f"env.timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
+        if self.backend not in ("local", "ray"):
+            raise ConfigError(f"env.backend must be 'local' or 'ray', got {self.backend!r}")
+        if self.backend == "ray" and (self.url or self.urls):
+            raise ConfigError("env.backend: ray runs envs in Ray actors; it cannot be combined with env.url/env.urls "
+                              "(services are already remote): drop one of them")
+        if self.ray_workers is not None and (isinstance(self.ray_workers, bool) or self.ray_workers < 1):
+            raise ConfigError(f"env.ray_workers must be a positive integer or null, got {self.ray_workers!r}")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.policy import SamplingParams
+from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.prompt import PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.checkpoint import (
@@ -65,24 +66,42 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
-    """In-process envs, or sessions on an env service when ``env.url`` is set (one shared client)."""
-    if cfg.env.url:
-        from agentgym.http.client import EnvClient, RemoteEnv
+def env_urls(cfg: TrainConfig) -> list[str]:
+    """The env services of the run: ``env.urls``, or ``[env.url]``, or none (in-process envs)."""
+    return list(cfg.env.urls) or ([cfg.env.url] if cfg.env.url else [])
 
-        client = EnvClient(cfg.env.url, token=cfg.env.token)
-        return lambda: RemoteEnv(cfg.env.id, client=client, max_turns=cfg.env.max_turns, **cfg.env.kwargs)
-    return lambda: agentgym.make(cfg.env.id, max_turns=cfg.env.max_turns, **cfg.env.kwargs)
+
+def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
+    """Where the run's envs come from; every answer is also a zero-argument env factory.
+
+    - ``env.url`` / ``env.urls``: an ``EnvFleet`` over those services (one batched request per
+      service per turn; least-loaded placement; a dead service's episodes replayed on another);
+    - ``env.backend: ray``: a ``RayEnvPool`` (envs inside Ray actors);
+    - else in-process envs (``agentgym.make``).
+    """
+    e = cfg.env
+    urls = env_urls(cfg)
+    if urls:
+        from agentgym.http.fleet import EnvFleet
+
+        return EnvFleet(urls, e.id, kwargs=e.kwargs, max_turns=e.max_turns, token=e.token, timeout_s=e.timeout_s)
+    if e.backend == "ray":
+        from agentgym.rollout.ray_pool import RayEnvPool
+
+        return RayEnvPool(e.id, kwargs=e.kwargs, max_turns=e.max_turns, num_workers=e.ray_workers,
+                          address=e.ray_address)
+    return lambda: agentgym.make(e.id, max_turns=e.max_turns, **e.kwargs)
 
 
 def action_format(cfg: TrainConfig) -> str:
     """``rollout.action_format``, or the format the env's spec asks for, or ``plain``."""
     if cfg.rollout.action_format is not None:
         return cfg.rollout.action_format
-    if cfg.env.url:
+    urls = env_urls(cfg)
+    if urls:
         from agentgym.http.client import EnvClient
 
-        with EnvClient(cfg.env.url, token=cfg.env.token) as client:
+        with EnvClient(urls[0], token=cfg.env.token, timeout_s=cfg.env.timeout_s) as client:
             wanted = client.env_detail(cfg.env.id).get("action_format")
     else:
         wanted = getattr(agentgym.spec(cfg.env.id), "action_format", None)

@@ -1,0 +1,289 @@
+"""OpenEnv's protocol on the env service: every served env at ``/openenv/{env_id}`` (``install_openenv``).
+
+OpenEnv (``pip install openenv-core``) is the environment interface that TRL, SkyRL, torchforge and
+others speak. Its clients take a base URL and open one WebSocket per episode stream at
+``{base_url}/ws``; so ``GenericEnvClient(base_url="http://host:8000/openenv/maze-v0")`` plays
+``maze-v0`` on an agentgym service unchanged. Routes under ``/openenv/{env_id}``:
+
+    WS   /ws         one session per connection: {"type": "reset"|"step"|"state"|"close", "data": ...}
+    POST /reset      a fresh env's first observation (stateless, as OpenEnv's HTTP reset)
+    POST /step       refused with 409: an episode needs a session, i.e. the WebSocket
+    GET  /state      the state of a fresh env (stateless)
+    GET  /schema     JSON schemas of the action, observation and state
+    GET  /metadata   name, description, version
+    GET  /health     {"status": "healthy"}
+
+Messages (OpenEnv's shapes): reset ``data`` may hold ``seed``, ``episode_id`` and agentgym's
+``options``; step ``data`` is the action, ``{"action": "<text>"}``. Answers are
+``{"type": "observation", "data": {"observation": {...}, "reward": r, "done": bool}}``, where the
+observation holds ``text``, ``info`` (privileged keys such as ``answer`` included, as on agentgym's
+own routes: keep them out of prompts), ``terminated``, ``truncated`` and ``turn``;
+``{"type": "state", "data": {...}}``; or ``{"type": "error", "data": {"message", "code", "type"}}``
+with OpenEnv's error codes. A WebSocket session is an ordinary service session: capacity, idle
+reaping and the step timeout apply; it is deleted when the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+from typing import Any
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+import agentgym
+from agentgym.errors import AgentGymError, EnvContractError, RemoteTimeout, SessionCapacityError
+from agentgym.http.responses import json_response
+from agentgym.http.sessions import Session, SessionStore
+from agentgym.http.wire import MAX_ACTION_CHARS, JsonObject
+from agentgym.registry import spec as lookup_spec
+
+
+class OpenEnvAction(BaseModel):
+    """The action of every agentgym env on OpenEnv's protocol."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    action: str = Field(max_length=MAX_ACTION_CHARS, description="The action text, e.g. 'up' or a tool call.")
+
+
+class OpenEnvReset(BaseModel):
+    """``data`` of a reset message (OpenEnv's ``ResetRequest`` plus agentgym's ``options``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    episode_id: str | None = Field(default=None, max_length=256)
+    options: JsonObject | None = None
+
+
+class OpenEnvObservation(BaseModel):
+    """The observation of every agentgym env on OpenEnv's protocol (``reward``/``done`` travel beside it)."""
+
+    text: str = Field(description="The observation text.")
+    info: dict[str, Any] = Field(description="The env's info dict (state_key, admissible_actions, ...).")
+    terminated: bool
+    truncated: bool
+    turn: int
+
+
+class OpenEnvState(BaseModel):
+    episode_id: str | None = None
+    step_count: int = 0
+    env_id: str
+    episode_seed: int | None = None
+    episode_over: bool = True
+
+
+def _observation(text: str, info: dict[str, Any], reward: float | None, terminated: bool, truncated: bool,
+                 turn: int) -> dict[str, Any]:
+    return {"observation": {"text": text, "info": info, "terminated": terminated, "truncated": truncated,
+                            "turn": turn},
+            "reward": reward, "done": terminated or truncated}
+
+
+def _error(code: str, exc: BaseException | str) -> str:
+    kind = type(exc).__name__ if isinstance(exc, BaseException) else "RequestRejected"
+    return json.dumps({"type": "error", "data": {"message": str(exc), "code": code, "type": kind}})
+
+
+class Coalescer:
+    """Runs the env calls of many WebSocket sessions that arrive in the same event-loop turn in one
+    trip to the store's thread pool, as ``/batch/step`` does for one request.
+
+    One thread hop per message would cost more than a cheap env's step; gathering the calls that
+    are ready together keeps env code off the event loop at the batch route's cost per step. The
+    store's step timeout covers the trip: past it, the call running then poisons its session and
+    the calls not yet started fail with ``RemoteTimeout`` without running.
+    """
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.pending: list[tuple[Session, Any, asyncio.Future[Any]]] = []
+
+    async def run(self, session: Session, fn: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self.pending:
+            loop.call_soon(self._flush)  # after every handler made ready in this turn has added its call
+        self.pending.append((session, fn, future))
+        return await future
+
+    def _flush(self) -> None:
+        items, self.pending = self.pending, []
+        asyncio.get_running_loop().create_task(self._run(items))
+
+    async def _run(self, items: list[tuple[Session, Any, asyncio.Future[Any]]]) -> None:
+        outcomes: list[tuple[bool, Any] | None] = [None] * len(items)
+        started: list[int] = []
+
+        def run_all() -> None:
+            for index, (_, fn, _) in enumerate(items):
+                if timed_out:
+                    return
+                started.append(index)
+                try:
+                    outcomes[index] = (True, fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to that session's handler
+                    outcomes[index] = (False, exc)
+
+        def unfinished() -> list[Session]:
+            nonlocal timed_out
+            timed_out = True
+            return [items[i][0] for i in started if outcomes[i] is None]
+
+        timed_out = False
+        try:
+            await self.store.run(None, run_all, unfinished=unfinished)
+        except RemoteTimeout as exc:
+            for index, outcome in enumerate(list(outcomes)):
+                if outcome is None:
+                    outcomes[index] = (False, RemoteTimeout(f"{exc}; this call was not run" if index not in started
+                                                            else str(exc)))
+        except BaseException as exc:  # noqa: BLE001 - the pool is gone (shutdown): every caller hears it
+            outcomes = [(False, exc) for _ in items]
+        for (_, _, future), outcome in zip(items, outcomes):
+            if future.done():
+                continue
+            ok, value = outcome  # type: ignore[misc]
+            future.set_result(value) if ok else future.set_exception(value)
+
+
+def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max_message_bytes: int) -> None:
+    """Add the ``/openenv/{env_id}/...`` routes to an env service app (see the module docstring)."""
+    expected = b"Bearer " + token.encode() if token else None
+    coalescer = Coalescer(store)
+
+    def served(env_id: str) -> None:
+        store.check_served(env_id)
+        lookup_spec(env_id)
+
+    @app.get("/openenv", tags=["openenv"])
+    async def openenv_envs() -> Response:
+        ids = store.allowed_env_ids or [s.id for s in agentgym.list_envs()]
+        return json_response([{"env_id": i, "base_path": f"/openenv/{i}"} for i in ids])
+
+    @app.get("/openenv/{env_id:path}/health", tags=["openenv"])
+    async def openenv_health(env_id: str) -> Response:
+        served(env_id)
+        return json_response({"status": "healthy"})
+
+    @app.get("/openenv/{env_id:path}/metadata", tags=["openenv"])
+    async def openenv_metadata(env_id: str) -> Response:
+        served(env_id)
+        spec = lookup_spec(env_id)
+        return json_response({"name": spec.id, "description": spec.description, "version": agentgym.__version__,
+                              "readme_content": None, "author": None, "documentation_url": None})
+
+    @app.get("/openenv/{env_id:path}/schema", tags=["openenv"])
+    async def openenv_schema(env_id: str) -> Response:
+        served(env_id)
+        return json_response({"action": OpenEnvAction.model_json_schema(),
+                              "observation": OpenEnvObservation.model_json_schema(),
+                              "state": OpenEnvState.model_json_schema()})
+
+    @app.get("/openenv/{env_id:path}/state", tags=["openenv"])
+    async def openenv_state(env_id: str) -> Response:
+        served(env_id)
+        return json_response(OpenEnvState(env_id=env_id).model_dump())
+
+    @app.post("/openenv/{env_id:path}/reset", tags=["openenv"])
+    async def openenv_reset(env_id: str, body: OpenEnvReset | None = None) -> Response:
+        body = body or OpenEnvReset()
+        session = await store.create(env_id, {}, None)
+        try:
+            async with session.lock:
+                obs, info = await store.run(session, lambda: session.env.reset(seed=body.seed, options=body.options))
+        finally:
+            await store.delete(session.session_id)
+        return json_response(_observation(obs, info, None, False, False, 0))
+
+    @app.post("/openenv/{env_id:path}/step", tags=["openenv"])
+    async def openenv_step(env_id: str) -> Response:
+        served(env_id)
+        raise EnvContractError("an episode needs a session: OpenEnv's HTTP /step acts on a fresh env that was never "
+                               f"reset; open the WebSocket /openenv/{env_id}/ws (one session per connection), or "
+                               "use agentgym's /sessions routes")
+
+    @app.websocket("/openenv/{env_id:path}/ws")
+    async def openenv_ws(websocket: WebSocket, env_id: str) -> None:
+        if expected is not None:
+            given = dict(websocket.scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                await websocket.close(code=1008, reason="missing or wrong bearer token")
+                return
+        await websocket.accept()
+        try:
+            session = await store.create(env_id, {}, None)
+        except AgentGymError as exc:
+            # Answered to the client's first message (its reply is what a client reads), then closed.
+            code = "CAPACITY_REACHED" if isinstance(exc, SessionCapacityError) else "FACTORY_ERROR"
+            with contextlib.suppress(WebSocketDisconnect, asyncio.TimeoutError):
+                await asyncio.wait_for(websocket.receive_text(), timeout=10.0)
+                await websocket.send_text(_error(code, exc))
+            await websocket.close()
+            return
+        try:
+            await _serve_messages(websocket, store, coalescer, session, max_message_bytes)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if store.sessions.get(session.session_id) is session:
+                await store.delete(session.session_id)
+
+
+async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: Coalescer, session: Session,
+                          max_bytes: int) -> None:
+    episode_id: str | None = None
+    while True:
+        raw = await websocket.receive_text()
+        if len(raw) > max_bytes:
+            await websocket.send_text(_error("VALIDATION_ERROR", f"message of {len(raw)} characters exceeds the "
+                                                                 f"limit of {max_bytes}"))
+            continue
+        try:
+            message = json.loads(raw)
+            kind = message.get("type") if isinstance(message, dict) else None
+        except ValueError as exc:
+            await websocket.send_text(_error("INVALID_JSON", f"invalid JSON: {exc}"))
+            continue
+        if kind == "close":
+            return
+        try:
+            store.get(session.session_id)  # reaped or poisoned meanwhile: the error says so
+            data = message.get("data") or {}
+            if kind == "step":
+                action = data.get("action") if isinstance(data, dict) and len(data) == 1 else None
+                if not isinstance(action, str) or len(action) > MAX_ACTION_CHARS:
+                    action = OpenEnvAction.model_validate(data).action  # the exact validation error
+                async with session.lock:
+                    obs, reward, terminated, truncated, info = await coalescer.run(
+                        session, lambda action=action: session.env.step(action))
+                answer = {"type": "observation",
+                          "data": _observation(obs, info, reward, terminated, truncated, session.env.turn)}
+            elif kind == "reset":
+                request = OpenEnvReset.model_validate(data)
+                async with session.lock:
+                    obs, info = await store.run(
+                        session, lambda request=request: session.env.reset(seed=request.seed, options=request.options))
+                episode_id = request.episode_id
+                answer = {"type": "observation", "data": _observation(obs, info, None, False, False, 0)}
+            elif kind == "state":
+                env = session.env
+                answer = {"type": "state", "data": {"episode_id": episode_id, "step_count": env.turn,
+                                                    "env_id": session.env_id, "episode_seed": env.episode_seed,
+                                                    "episode_over": env.episode_over}}
+            else:
+                await websocket.send_text(_error("UNKNOWN_TYPE", f"unknown message type {kind!r}; send reset, "
+                                                                 "step, state or close"))
+                continue
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}" for e in exc.errors()[:5])
+            await websocket.send_text(_error("VALIDATION_ERROR", f"malformed {kind} data: {problems}"))
+            continue
+        except AgentGymError as exc:
+            await websocket.send_text(_error("EXECUTION_ERROR", exc))
+            continue
+        await websocket.send_text(json.dumps(answer, separators=(",", ":")))  # ASCII: any text encodes

@@ -1,0 +1,165 @@
+"""OpenEnv's protocol on the env service, driven by OpenEnv's own client package (``openenv-core``)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from openenv.core.client_types import StepResult
+from openenv.core.env_client import EnvClient as OpenEnvClient
+from openenv.core.generic_client import GenericEnvClient
+
+import agentgym
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class MazeObservation:
+    text: str
+    admissible: list[str]
+    turn: int
+
+
+class MazeClient(OpenEnvClient[dict, MazeObservation, dict]):
+    """A typed client, written the way OpenEnv's docs ask env authors to write one."""
+
+    def _step_payload(self, action: str) -> dict[str, Any]:
+        return {"action": action}
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[MazeObservation]:
+        obs = payload["observation"]
+        return StepResult(MazeObservation(obs["text"], obs["info"].get("admissible_actions", []), obs["turn"]),
+                          reward=payload.get("reward"), done=payload["done"])
+
+    def _parse_state(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+
+def test_openenv_generic_client_plays_an_env_as_locally(live_server) -> None:
+    server = live_server(["maze-v0", "test/http-counter-v0"])
+    local = agentgym.make("maze-v0")
+    expected_obs, _ = local.reset(seed=3)
+    with GenericEnvClient(base_url=f"{server.url}/openenv/maze-v0").sync() as env:
+        result = env.reset(seed=3)
+        assert result.observation["text"] == expected_obs and result.done is False and result.reward is None
+        for action in ["up", "left", "down", "jump"]:
+            obs, reward, terminated, truncated, info = local.step(action)
+            result = env.step({"action": action})
+            assert (result.observation["text"], result.reward, result.done) == (obs, reward, terminated or truncated)
+            assert result.observation["info"] == info
+        state = env.state()
+        assert state["step_count"] == 4 and state["episode_seed"] == 3 and state["env_id"] == "maze-v0"
+        assert httpx.get(f"{server.url}/health").json()["active_sessions"] == 1
+    for _ in range(50):  # the session goes with the connection
+        if httpx.get(f"{server.url}/health").json()["active_sessions"] == 0:
+            break
+        asyncio.run(asyncio.sleep(0.05))
+    assert httpx.get(f"{server.url}/health").json()["active_sessions"] == 0
+
+
+def test_openenv_typed_client_and_errors(live_server) -> None:
+    server = live_server(["test/http-counter-v0"])
+
+    async def play() -> None:
+        async with MazeClient(base_url=f"{server.url}/openenv/test/http-counter-v0") as env:
+            with pytest.raises(RuntimeError, match=r"step\(\) called before reset.*EXECUTION_ERROR"):
+                await env.step("inc")
+            first = await env.reset(seed=1, episode_id="ep-1")
+            assert first.observation.admissible == ["inc", "dec"] and first.observation.turn == 0
+            done = first.done
+            turns = 0
+            while not done:
+                result = await env.step("inc")
+                done, turns = result.done, turns + 1
+            assert result.reward == 1.0 and turns == 4
+            assert (await env.state())["episode_id"] == "ep-1"
+            with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+                await env._send_and_receive({"type": "step", "data": {"action": 3}})
+            with pytest.raises(RuntimeError, match="UNKNOWN_TYPE"):
+                await env._send_and_receive({"type": "dance"})
+
+    asyncio.run(play())
+
+
+def test_openenv_http_routes(live_server) -> None:
+    server = live_server(["maze-v0"], max_sessions=1)
+    base = f"{server.url}/openenv/maze-v0"
+    assert httpx.get(f"{base}/health").json() == {"status": "healthy"}
+    schema = httpx.get(f"{base}/schema").json()
+    assert schema["action"]["properties"]["action"]["type"] == "string"
+    assert httpx.get(f"{base}/metadata").json()["name"] == "maze-v0"
+    reset = httpx.post(f"{base}/reset", json={"seed": 3}).json()
+    assert reset["observation"]["text"] == agentgym.make("maze-v0").reset(seed=3)[0] and reset["done"] is False
+    step = httpx.post(f"{base}/step", json={"action": {"action": "up"}})
+    assert step.status_code == 409 and "/openenv/maze-v0/ws" in step.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/openenv/nope-v0/health").status_code == 404
+    assert httpx.get(f"{server.url}/openenv").json() == [{"env_id": "maze-v0", "base_path": "/openenv/maze-v0"}]
+
+    async def over_capacity() -> None:
+        async with GenericEnvClient(base_url=base) as first:
+            await first.reset(seed=1)
+            second = GenericEnvClient(base_url=base)
+            with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
+                await second.reset(seed=1)
+            await second.close()
+
+    asyncio.run(over_capacity())
+
+
+def test_openenv_websocket_needs_the_token(live_server) -> None:
+    server = live_server(["maze-v0"], token="s3cret")
+
+    async def refused() -> None:
+        env = GenericEnvClient(base_url=f"{server.url}/openenv/maze-v0")
+        with pytest.raises(ConnectionError):
+            await env.connect()
+
+    asyncio.run(refused())
+
+
+def test_our_socket_client_plays_as_a_local_env_and_raises_its_errors(live_server) -> None:
+    from agentgym.errors import EpisodeFinished, RemoteEnvError, ResetNeeded
+    from agentgym.http.socket_client import AsyncSocketEnv
+
+    server = live_server(["test/http-counter-v0"], token="tok")
+    local = agentgym.make("test/http-counter-v0")
+
+    async def play() -> None:
+        env = await AsyncSocketEnv.connect(server.url, "test/http-counter-v0", token="tok")
+        with pytest.raises(ResetNeeded, match="before reset"):
+            await env.step("inc")
+        assert await env.reset(seed=2, options={"target": 9}) == local.reset(seed=2, options={"target": 9})
+        while not env.episode_over:
+            assert await env.step("inc") == local.step("inc")
+        with pytest.raises(EpisodeFinished):
+            await env.step("inc")
+        assert (await env.state())["step_count"] == env.turn > 0
+        await env.close()
+        with pytest.raises(RemoteEnvError, match="could not open"):
+            await AsyncSocketEnv.connect(server.url, "test/http-counter-v0", token="wrong")
+
+    asyncio.run(play())
+
+
+def test_a_websocket_client_that_vanishes_leaves_no_session(live_server) -> None:
+    from websockets.asyncio.client import connect
+
+    server = live_server(["maze-v0"])
+
+    async def vanish() -> None:
+        ws = await connect(f"ws{server.url[4:]}/openenv/maze-v0/ws")
+        await ws.send('{"type": "reset", "data": {"seed": 1}}')
+        await ws.recv()
+        assert httpx.get(f"{server.url}/health").json()["active_sessions"] == 1
+        ws.transport.abort()  # no close frame: the connection just drops
+
+    asyncio.run(vanish())
+    for _ in range(100):
+        if httpx.get(f"{server.url}/health").json()["active_sessions"] == 0:
+            break
+        asyncio.run(asyncio.sleep(0.05))
+    assert httpx.get(f"{server.url}/health").json()["active_sessions"] == 0
