@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 from agentgym.core import Env
 from agentgym.envs.arguments import check_int, check_non_negative
 from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
-from agentgym.errors import ConfigError, EpisodeFinished, ResetNeeded
+from agentgym.errors import ConfigError
 from agentgym.retrieval.index import Index, Retriever, read_corpus
 from agentgym.retrieval.synthetic import generate_corpus
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
@@ -269,9 +269,7 @@ class SearchQAEnv(Env):
         return self._question(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        item = self._require("step")
-        if self._over:
-            raise EpisodeFinished("the question was answered; call reset() to start a new one")
+        item = self._current()
         parsed = parse_tool_calls(action, TOOLS)
         searches, guess, problem = work_or_answer(parsed, "search", "query", MAX_SEARCHES_PER_TURN,
                                                   work_verb="searches", work_noun="searches")
@@ -303,7 +301,7 @@ class SearchQAEnv(Env):
 
         ``None`` for questions without an evidence chain (plain Search-R1 files) and after the answer.
         """
-        item = self._require("expert_action")
+        item = self._current()
         if self._over or not item.get("search_queries"):
             return None
         for doc_id, query in zip(item["supporting_docs"] or [], item["search_queries"]):
@@ -313,7 +311,7 @@ class SearchQAEnv(Env):
 
     def snapshot(self) -> bytes:
         """Question id, retrieved doc ids and ``np_random`` as pickled bytes."""
-        item = self._require("snapshot")
+        item = self._current()
         return pack_snapshot(self, {"task_id": item["id"], "retrieved": sorted(self._retrieved), "over": self._over})
 
     def restore(self, data: bytes) -> None:
@@ -332,9 +330,9 @@ class SearchQAEnv(Env):
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def _require(self, what: str) -> dict[str, Any]:
-        if self._item is None:
-            raise ResetNeeded(f"SearchQAEnv.{what}() called before reset(); call reset() first")
+    def _current(self) -> dict[str, Any]:
+        # The guard (agentgym.make) refuses step/expert/snapshot before reset and steps after the end.
+        assert self._item is not None, "reset() first"
         return self._item
 
     def _question(self) -> str:
