@@ -1,3 +1,10 @@
 """Built-in algorithms, loss terms and rollout-hook options, registered by name on import (``agentgym.trainers``)."""
 
-from agentgym.trainers import dapo, epo, gigpo, grpo, hgpo, llds, rloo, seeupo  # noqa: F401  (registration side effects)
+from importlib.util import find_spec
+
+from agentgym.trainers import dapo, gigpo, grpo, hgpo, rloo, seeupo  # noqa: F401  (registration side effects)
+
+# The loss terms are torch code: they register where the `train` extra is installed, so an env-only
+# install can still import the estimators and hook options (and list them) without torch.
+if find_spec("torch") is not None:
+    from agentgym.trainers import epo, llds  # noqa: F401
