@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
-# Generated game files (TextWorld) go to a per-run cache, never the user's ~/.cache.
-os.environ.setdefault("AGENTGYM_CACHE", tempfile.mkdtemp(prefix="agentgym-test-cache-"))
+# Generated game files (TextWorld) go to a per-run cache, never the user's ~/.cache, removed at exit.
+if "AGENTGYM_CACHE" not in os.environ:
+    os.environ["AGENTGYM_CACHE"] = tempfile.mkdtemp(prefix="agentgym-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["AGENTGYM_CACHE"], ignore_errors=True)
 
 import contextlib
 import pickle
