@@ -38,15 +38,26 @@ def _is_word(char: str) -> bool:
     return char.isalnum()
 
 
+#: A span never crosses these: it stays on one line of the prompt's text and out of markup (the chat
+#: template's role lines, ``</information>``), so a copied argument is never "Labs?\nassistant".
+_SPAN_BREAKS = frozenset("\n<>")
+
+
 @functools.lru_cache(maxsize=512)
 def _word_initials(prompt: str) -> frozenset[str]:
     return frozenset(c for i, c in enumerate(prompt)
                      if _is_word(c) and (i == 0 or not _is_word(prompt[i - 1])))
 
 
-@functools.lru_cache(maxsize=512)
-def _last_word_char(prompt: str) -> int:
-    return max((i for i, c in enumerate(prompt) if _is_word(c)), default=-1)
+def _leads_to_a_word(prompt: str, pos: int) -> bool:
+    """Copying ``prompt[pos]`` can still end on a whole word: a word character comes at or after
+    ``pos`` before any span break (so no copy ever runs into a dead end it cannot close)."""
+    for char in prompt[pos:]:
+        if char in _SPAN_BREAKS:
+            return False
+        if _is_word(char):
+            return True
+    return False
 
 
 def _span_starts(prompt: str, text: str) -> list[int]:
@@ -64,11 +75,11 @@ def is_word_span(prompt: str, text: str) -> bool:
     word and ending at the end of one.
 
     Example:
-        >>> [is_word_span("Kampyn is a city in Birsel.", text)
-        ...  for text in ("city in Birsel", "Kamp", "Birsel.", "")]
-        [True, False, False, False]
+        >>> [is_word_span("Kampyn is a city in Birsel.\\nuser", text)
+        ...  for text in ("city in Birsel", "Kamp", "Birsel.", "", "Birsel.\\nuser")]
+        [True, False, False, False, False]
     """
-    if not text or not _is_word(text[-1]):
+    if not text or not _is_word(text[-1]) or not _SPAN_BREAKS.isdisjoint(text):
         return False
     end = len(text)
     return any(s + end == len(prompt) or not _is_word(prompt[s + end]) for s in _span_starts(prompt, text))
@@ -78,7 +89,8 @@ def is_word_span(prompt: str, text: str) -> bool:
 class TagSpans:
     """``tag_spans``: a response is exactly one ``<tag>text</tag>`` call whose text is copied from the prompt.
 
-    The tag is one of ``tags``; the text is a run of whole words of the prompt (``is_word_span``):
+    The tag is one of ``tags``; the text is a run of whole words of one line of the prompt, outside
+    markup (``is_word_span``):
     a search query taken from the question, an answer taken from a retrieved document. This turns
     writing an argument character by character into choosing where to start copying and where to
     stop, which a tiny model learns from a few hundred demonstration turns; a model that cannot yet
@@ -118,7 +130,7 @@ class TagSpans:
                 allowed |= _word_initials(prompt)
                 continue
             for start in _span_starts(prompt, rest):  # copy on, never past the prompt's last word
-                if start + len(rest) <= _last_word_char(prompt):
+                if _leads_to_a_word(prompt, start + len(rest)):
                     allowed.add(prompt[start + len(rest)])
             for k in range(len(closing)):  # close the tag after a whole-word span
                 if rest.endswith(closing[:k]) and is_word_span(prompt, rest[: len(rest) - k]):
