@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from learning import LEARN, ON_GIGPO, ROOT, assert_learns
+from learning import LEARN, LEARN_FULL, ON_GIGPO, ROOT, assert_learns
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext
@@ -337,11 +337,15 @@ def test_llds_bad_lambda_names_the_field() -> None:
 
 @pytest.mark.timeout(900)
 def test_llds_learns_the_quickstart_maze(tmp_path: Path) -> None:
-    report = train(load_config(preset("llds"), [*LEARN, *ON_GIGPO]), tmp_path)
+    report = train(load_config(preset("llds"), [*LEARN_FULL, *ON_GIGPO]), tmp_path)
     assert_learns(report)
     assert any(h["llds/gated_frac"] > 0 for h in report["history"])  # the gate opened across minibatches
 
 
 @pytest.mark.timeout(900)
 def test_gspo_learns_the_quickstart_maze(tmp_path: Path) -> None:
-    assert_learns(train(load_config(preset("gspo"), [*LEARN, *ON_GIGPO]), tmp_path))
+    """The GSPO loss trains; at a clip range for this scale. The paper's 3e-4/4e-4 assumes the small
+    steps of a large model at lr ~1e-6: at lr 3e-4 on the tiny model every minibatch after the first
+    moves each sequence ratio past it, so nearly every token is clipped (27% -> 28% in 60 iterations)."""
+    clip = ["loss.clip_ratio_low=0.05", "loss.clip_ratio_high=0.05"]
+    assert_learns(train(load_config(preset("gspo"), [*LEARN, *ON_GIGPO, *clip]), tmp_path))

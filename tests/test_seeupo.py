@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from learning import LEARN, ROOT, assert_learns
+from learning import LEARN_FULL, ROOT, assert_learns
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
@@ -211,4 +211,6 @@ def test_resume_is_exact(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(900)
 def test_seeupo_learns_the_quickstart_maze(tmp_path: Path) -> None:
-    assert_learns(train(load_config(PRESET, LEARN), tmp_path))
+    """SeeUPO's advantage is GRPO's (no step groups), and learns the maze about as slowly as GRPO does
+    (benchmarks/results/algorithms.json: GRPO 27% -> 39% on seed 0 in 60 iterations)."""
+    assert_learns(train(load_config(PRESET, LEARN_FULL), tmp_path), min_gain=0.06)
