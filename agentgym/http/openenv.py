@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import agentgym
 from agentgym.errors import AgentGymError, EnvContractError, RemoteTimeout, SessionCapacityError
-from agentgym.http.responses import json_response
+from agentgym.http.responses import error_responses, json_response
 from agentgym.http.sessions import Session, SessionStore
 from agentgym.http.wire import MAX_ACTION_CHARS, JsonObject
 from agentgym.registry import spec as lookup_spec
@@ -160,36 +160,37 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
         store.check_served(env_id)
         lookup_spec(env_id)
 
-    @app.get("/openenv", tags=["openenv"])
+    @app.get("/openenv", tags=["openenv"], responses=error_responses(401))
     async def openenv_envs() -> Response:
         ids = store.allowed_env_ids or [s.id for s in agentgym.list_envs()]
         return json_response([{"env_id": i, "base_path": f"/openenv/{i}"} for i in ids])
 
-    @app.get("/openenv/{env_id:path}/health", tags=["openenv"])
+    @app.get("/openenv/{env_id:path}/health", tags=["openenv"], responses=error_responses(401, 404))
     async def openenv_health(env_id: str) -> Response:
         served(env_id)
         return json_response({"status": "healthy"})
 
-    @app.get("/openenv/{env_id:path}/metadata", tags=["openenv"])
+    @app.get("/openenv/{env_id:path}/metadata", tags=["openenv"], responses=error_responses(401, 404))
     async def openenv_metadata(env_id: str) -> Response:
         served(env_id)
         spec = lookup_spec(env_id)
         return json_response({"name": spec.id, "description": spec.description, "version": agentgym.__version__,
                               "readme_content": None, "author": None, "documentation_url": None})
 
-    @app.get("/openenv/{env_id:path}/schema", tags=["openenv"])
+    @app.get("/openenv/{env_id:path}/schema", tags=["openenv"], responses=error_responses(401, 404))
     async def openenv_schema(env_id: str) -> Response:
         served(env_id)
         return json_response({"action": OpenEnvAction.model_json_schema(),
                               "observation": OpenEnvObservation.model_json_schema(),
                               "state": OpenEnvState.model_json_schema()})
 
-    @app.get("/openenv/{env_id:path}/state", tags=["openenv"])
+    @app.get("/openenv/{env_id:path}/state", tags=["openenv"], responses=error_responses(401, 404))
     async def openenv_state(env_id: str) -> Response:
         served(env_id)
         return json_response(OpenEnvState(env_id=env_id).model_dump())
 
-    @app.post("/openenv/{env_id:path}/reset", tags=["openenv"])
+    @app.post("/openenv/{env_id:path}/reset", tags=["openenv"],
+              responses=error_responses(401, 404, 413, 422, 500, 503, 504))
     async def openenv_reset(env_id: str, body: OpenEnvReset | None = None) -> Response:
         body = body or OpenEnvReset()
         session = await store.create(env_id, {}, None)
@@ -200,7 +201,7 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
             await store.delete(session.session_id)
         return json_response(_observation(obs, info, None, False, False, 0))
 
-    @app.post("/openenv/{env_id:path}/step", tags=["openenv"])
+    @app.post("/openenv/{env_id:path}/step", tags=["openenv"], responses=error_responses(401, 404, 409))
     async def openenv_step(env_id: str) -> Response:
         served(env_id)
         raise EnvContractError("an episode needs a session: OpenEnv's HTTP /step acts on a fresh env that was never "
