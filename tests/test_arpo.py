@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+
 import numpy as np
 import pytest
 from learning import ROOT
@@ -317,3 +318,16 @@ def test_arpo_learns_search_qa(tmp_path: Path) -> None:
     assert all(h["arpo/rollouts_per_task"] == 8.0 for h in history)
     mean = np.mean([h["arpo/tool_calls_per_task"] for h in history])
     assert mean < np.mean([h["rollout/tool_calls_per_episode"] for h in history]) * 8
+
+
+def test_hard_attribution_trains_shared_turns_once_in_a_real_run(tmp_path: Path) -> None:
+    """Same seed, same rollouts: the hard run's update leaves the forks' copied turns out, the soft run's not."""
+    register_tool_envs()
+    short = ["iterations=1", "rollout.num_tasks=3", "rollout.group_size=2", "algorithm.args.budget=4",
+             "algorithm.args.branch_probability=1.0", "eval.num_episodes=2", "sft.num_episodes=8", "sft.num_epochs=2"]
+    reports = {mode: train(load_config(PRESET, [*short, f"algorithm.args.attribution={mode}"]), tmp_path / mode)
+               for mode in ("soft", "hard")}
+    soft, hard = (reports[m]["history"][0] for m in ("soft", "hard"))
+    assert soft["arpo/branches"] == hard["arpo/branches"] > 0
+    assert soft["arpo/shared_turn_frac"] == hard["arpo/shared_turn_frac"] > 0
+    assert hard["perf/train_tokens"] < soft["perf/train_tokens"]

@@ -283,7 +283,7 @@ class SecretAnswer(Env):
 
 
 def test_the_answer_reaches_the_scorer_but_never_a_prompt(policy: TransformersPolicy) -> None:
-    groups, hook = collect(policy, SecretAnswer, seeds=(3, 4, 5))
+    groups, _ = collect(policy, SecretAnswer, seeds=(3, 4, 5))
     secret = policy.tokenizer.encode(SecretAnswer.SECRET, add_special_tokens=False)
     for g in groups:
         for t in g.trajectories:
