@@ -286,12 +286,13 @@ def test_a_branched_collection_fills_every_task_and_branches_replay_exactly(poli
 
 
 def test_branching_over_http_uses_the_fork_route_and_matches_in_process(policy: TransformersPolicy,
-                                                                        make_service) -> None:
+                                                                        live_server) -> None:
     from agentgym.http.client import EnvClient, RemoteEnv
 
     register_tool_envs()
     args = ARPOArgs(budget=4, branch_probability=0.8)
-    client = EnvClient(client=make_service(["search-qa-v0"]))
+    server = live_server(["search-qa-v0"])  # uvicorn on 127.0.0.1, a random port
+    client = EnvClient(server.url)
     try:
         remote, metrics = branched(policy, lambda: RemoteEnv("search-qa-v0", client=client, max_turns=4, **ENV_KWARGS),
                                    args)
@@ -300,6 +301,18 @@ def test_branching_over_http_uses_the_fork_route_and_matches_in_process(policy: 
     local, _ = branched(policy, search_env, args)
     assert metrics["arpo/branches"] > 0
     assert [g.to_json() for g in remote] == [g.to_json() for g in local]
+
+
+def test_a_training_run_on_an_env_service_branches_as_in_process(tmp_path: Path, live_server) -> None:
+    register_tool_envs()
+    server = live_server(["search-qa-v0"])
+    short = ["iterations=1", "rollout.num_tasks=3", "rollout.group_size=2", "algorithm.args.budget=4",
+             "algorithm.args.branch_probability=1.0", "eval.num_episodes=2", "sft.enabled=false"]
+    train(load_config(PRESET, short), tmp_path / "local")
+    report = train(load_config(PRESET, [*short, f"env.url={server.url}"]), tmp_path / "remote")
+    assert report["history"][0]["arpo/branches"] > 0
+    batch = "trajectories/iter_00001.jsonl"
+    assert (tmp_path / "remote" / batch).read_text() == (tmp_path / "local" / batch).read_text()
 
 
 # --- learning ------------------------------------------------------------------------------------------

@@ -302,11 +302,11 @@ def test_the_answer_reaches_the_scorer_but_never_a_prompt(policy: TransformersPo
         [u.extras[VALUE_KEY] for g in groups for t in g.trajectories for u in t.turns]
 
 
-def test_scoring_over_http_matches_in_process(policy: TransformersPolicy, make_service) -> None:
+def test_scoring_over_http_matches_in_process(policy: TransformersPolicy, live_server) -> None:
     from agentgym.http.client import EnvClient, RemoteEnv
 
     register_tool_envs()
-    client = EnvClient(client=make_service(["search-qa-v0"]))
+    client = EnvClient(live_server(["search-qa-v0"]).url)  # uvicorn on 127.0.0.1, a random port
     try:
         remote, _ = collect(policy, lambda: RemoteEnv("search-qa-v0", client=client, max_turns=3, num_entities=100,
                                                       max_hops=1, top_k=1))
