@@ -128,6 +128,17 @@ class EntropyBranching(RolloutHooks):
 
     State lives within one collection (``before_collect`` resets it); the draws come from a generator
     seeded with (``seed``, iteration, collection round), so a run is reproducible.
+
+    Example (one task, two rollouts after a search, budget 3, τ = 1: the first rollout branches once,
+    which spends the budget):
+        >>> class Vocabulary:
+        ...     def __len__(self): return 256
+        >>> hook = EntropyBranching(ARPOArgs(budget=3, branch_probability=1.0))
+        >>> hook.before_collect(1)
+        >>> searched = Turn([0], [1], [0.0], 0.0, "s", tool_calls=1, extras={"top_logprobs": [[[1, 0.0]]]})
+        >>> views = [EpisodeView(f"g0-t{i}", 0, (searched,), {}, False) for i in range(2)]
+        >>> hook.after_turn(views, CollectContext(Vocabulary()))
+        [Fork(group_index=0, source_id='g0-t0')]
     """
 
     def __init__(self, args: ARPOArgs) -> None:

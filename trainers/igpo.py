@@ -184,6 +184,20 @@ class IGPOScoring(RolloutHooks):
     Writes ``Turn.extras["igpo_value"]`` (mean log-prob of the answer tokens after ``answer_prefix``).
     Identical (prompt, answer) pairs — e.g. the first prompt of a group's members — are scored once.
     Metrics accumulate over the collection rounds of one iteration.
+
+    Example (a tiny policy scores the answer after each of a trajectory's prompts):
+        >>> from agentgym.backends import TinyModelConfig
+        >>> from agentgym.backends.tiny import build_tiny_model
+        >>> from agentgym.backends.transformers_backend import TransformersPolicy
+        >>> from agentgym.rollout.records import Turn
+        >>> policy = TransformersPolicy(*build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1,
+        ...                                                               intermediate_size=64)))
+        >>> turns = [Turn(policy.tokenizer.encode(text), [1], [0.0], 0.0, "s") for text in ("Q?", "Q? Paris.")]
+        >>> group = EpisodeGroup("g", "t", 0, [Trajectory(turns, "t", 0, answer=["Paris"])])
+        >>> hook = IGPOScoring(IGPOArgs())
+        >>> [scored] = hook.after_collect([group], CollectContext(policy.tokenizer, policy))
+        >>> [turn.extras[VALUE_KEY] < 0 for turn in scored.trajectories[0].turns], hook.metrics()["igpo/scored_contexts"]
+        ([True, True], 2.0)
     """
 
     def __init__(self, args: IGPOArgs) -> None:
