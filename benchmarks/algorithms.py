@@ -7,7 +7,11 @@
 A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, ``rloo``, ``gigpo``,
 ``hgpo``, ``seeupo``, and the options on top of GRPO: ``gspo``, ``dapo``, ``epo``, ``llds``); a
 *task* changes only the env (``maze``: the quickstart as is; ``maze3``: 3×3-cell mazes with 20 turns,
-a longer horizon). ``--set`` adds overrides to every run (e.g. a higher learning rate to provoke a
+a longer horizon), except ``search-qa``, the tool task, whose presets are
+``configs/search_qa_<variant>_tiny.yaml`` (``grpo``, ``igpo``, ``arpo``); a variant without a preset
+for a task is skipped. On tool tasks a second table gives tool calls per episode (held-out) and run
+per task (training: a branch's copied turns are not run again), tokens generated per task, and the
+time of IGPO's scoring pass and of all rollout hooks as a fraction of generation time. ``--set`` adds overrides to every run (e.g. a higher learning rate to provoke a
 collapse) and ``--tag`` names such an experiment. Each run is its own process with one torch thread,
 so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can share the machine.
 
@@ -42,12 +46,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 RESULTS_FILE = RESULTS / "algorithms.json"
-VARIANTS = ["grpo", "rloo", "gigpo", "hgpo", "seeupo", "gspo", "dapo", "epo", "llds"]
+VARIANTS = ["grpo", "rloo", "gigpo", "hgpo", "seeupo", "gspo", "dapo", "epo", "llds", "igpo", "arpo"]
 #: task name → (overrides on top of the variant's preset, training-success threshold)
 TASKS: dict[str, tuple[list[str], float]] = {
     "maze": ([], 0.8),
     "maze3": (["env.kwargs.size=3", "env.max_turns=20"], 0.6),
+    # Every variant at the igpo/arpo presets' learning rate (the GRPO preset's 5e-4 doubled): one budget for all.
+    "search-qa": (["optim.lr=0.001"], 0.5),
 }
+#: task name → the variant's preset (a variant without a preset for a task is not run on it)
+PRESETS: dict[str, str] = {
+    "maze": "quickstart_maze_{variant}.yaml",
+    "maze3": "quickstart_maze_{variant}.yaml",
+    "search-qa": "search_qa_{variant}_tiny.yaml",
+}
+
+
+def preset(task: str, variant: str) -> Path:
+    """The config file of ``variant`` on ``task``."""
+    return ROOT / "configs" / PRESETS[task].format(variant=variant)
 
 
 def first_reaching(history: list[dict], threshold: float, window: int = 3) -> int | None:
@@ -93,12 +110,14 @@ def run_one(spec: dict) -> dict:
                  "checkpoint_every=0", *spec["set"]]
     if any(o.startswith("loss.terms.epo") for o in spec["set"]) or spec["variant"] == "epo":
         overrides.append(f"loss.terms.epo.schedule_iterations={spec['iterations']}")
-    cfg = load_config(ROOT / "configs" / f"quickstart_maze_{spec['variant']}.yaml", overrides)
+    cfg = load_config(preset(spec["task"], spec["variant"]), overrides)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         report = train(cfg, out)
         nll, success_lp = response_statistics(Path(out), spec["iterations"])
+        tool_calls, gen_tokens = rollout_costs(Path(out), spec["iterations"])
     history = report["history"]
+    generate_s = sum(h["perf/generate_s"] for h in history)
     return {
         **spec,
         "wall_s": time.perf_counter() - started,
@@ -112,7 +131,27 @@ def run_one(spec: dict) -> dict:
         "curve": [h["rollout/success_rate"] for h in history],
         "nll_per_token": nll,
         "success_logprob_per_token": success_lp,
+        "eval_tool_calls_per_episode": report["eval"]["after"].get("tool_calls_per_episode", 0.0),
+        "tool_calls_per_task": tool_calls,
+        "gen_tokens_per_task": gen_tokens,
+        "generate_s_per_iteration": generate_s / len(history),
+        "score_frac": sum(h.get("igpo/score_s", 0.0) for h in history) / generate_s if generate_s else 0.0,
+        "hooks_frac": sum(h["perf/hooks_s"] for h in history) / generate_s if generate_s else 0.0,
     }
+
+
+def rollout_costs(out: Path, iterations: int) -> tuple[float, float]:
+    """Tool calls the env ran and tokens the policy generated, per task, mean over iterations. A fork's
+    copied turns (before ``fork_turn``) were neither run nor generated again and are not counted."""
+    calls = tokens = tasks = 0.0
+    for iteration in range(1, iterations + 1):
+        for line in (out / "trajectories" / f"iter_{iteration:05d}.jsonl").read_text().splitlines():
+            tasks += 1
+            for trajectory in json.loads(line)["trajectories"]:
+                for turn in trajectory["turns"][trajectory.get("fork_turn") or 0:]:
+                    calls += turn.get("tool_calls", 0)
+                    tokens += len(turn["response_ids"])
+    return calls / max(tasks, 1.0), tokens / max(tasks, 1.0)
 
 
 def update_cost(variants: list[str], repeats: int) -> str:
@@ -142,7 +181,7 @@ def update_cost(variants: list[str], repeats: int) -> str:
              "", ("| variant | phases | forward passes: log-probs + training + reference | rows forwarded "
                   "| update s (best) | × first |"), "|---|---:|---:|---:|---:|---:|"]
     baseline = None
-    for variant in variants:
+    for variant in [v for v in variants if preset("maze", v).is_file()]:
         with tempfile.TemporaryDirectory() as out:
             run = Trainer(load_config(ROOT / "configs" / f"quickstart_maze_{variant}.yaml", ["sft.enabled=false"]), out)
             if run.recipe.needs_reference:
@@ -239,6 +278,23 @@ def table(runs: list[dict], task: str, variants: list[str]) -> str:
     return "\n".join(lines)
 
 
+def tool_table(runs: list[dict], task: str, variants: list[str]) -> str:
+    """What the runs cost in tool calls, tokens and extra passes (tool tasks)."""
+    header = ("| variant | tool calls / episode (held-out, after) | tool calls run / task (train) "
+              "| tokens generated / task | generate s / iteration | scoring / generate | hooks / generate |")
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant and r["task"] == task and "tool_calls_per_task" in r]
+        if not mine:
+            continue
+        fields = ("eval_tool_calls_per_episode", "tool_calls_per_task", "gen_tokens_per_task",
+                  "generate_s_per_iteration", "score_frac", "hooks_frac")
+        calls, ran, tokens, generate, score, hooks = (statistics.mean(r[f] for r in mine) for f in fields)
+        lines.append(f"| {variant} | {calls:.2f} | {ran:.1f} | {tokens:.0f} | {generate:.2f} | {score:.0%} "
+                     f"| {hooks:.0%} |")
+    return "\n".join(lines)
+
+
 def plot(runs: list[dict], task: str, variants: list[str], tag: str) -> None:
     import matplotlib
 
@@ -296,7 +352,8 @@ def main() -> None:
     done = {key(r) for r in stored}
     specs = [{"tag": args.tag, "task": task, "variant": variant, "seed": seed, "iterations": args.iterations,
               "set": args.set}
-             for task in args.tasks for variant in args.variants for seed in args.seeds]
+             for task in args.tasks for variant in args.variants for seed in args.seeds
+             if preset(task, variant).is_file()]
     todo = [s for s in specs if key(s) not in done]
     print(f"{len(specs) - len(todo)} of {len(specs)} runs already in {results.name}; running {len(todo)}",
           flush=True)
@@ -317,6 +374,9 @@ def main() -> None:
     for task in args.tasks:
         print(f"\n### {task} ({args.tag}, {args.iterations} iterations)\n")
         print(table(runs, task, args.variants))
+        if any(r.get("tool_calls_per_task") for r in runs if r["task"] == task):
+            print()
+            print(tool_table(runs, task, args.variants))
         plot(runs, task, args.variants, args.tag)
 
 

@@ -121,14 +121,16 @@ def flatten(groups: list[EpisodeGroup]) -> list[Turn]:
 
 def turn_index(groups: list[EpisodeGroup]) -> TurnIndex:
     """Trajectory id, step and group of every turn, in estimator order (what update plans split on)."""
-    ids, steps, group_of = [], [], []
+    ids, steps, group_of, shared = [], [], [], []
     for g_index, group in enumerate(groups):
         for trajectory in group.trajectories:
             n = len(trajectory.turns)
             ids += [trajectory.trajectory_id] * n
             steps += range(n)
             group_of += [g_index] * n
-    return TurnIndex(np.array(ids, dtype=object), np.array(steps, dtype=np.int64), np.array(group_of, dtype=np.int64))
+            shared += [k < (trajectory.fork_turn or 0) for k in range(n)]
+    return TurnIndex(np.array(ids, dtype=object), np.array(steps, dtype=np.int64), np.array(group_of, dtype=np.int64),
+                     np.array(shared, dtype=bool))
 
 
 def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:

@@ -28,6 +28,9 @@ class TurnIndex:
     """int64: position of the turn in its trajectory (0-based)."""
     group: np.ndarray
     """int64: index of the turn's group in the batch."""
+    copied: np.ndarray | None = None
+    """bool: the turn is a fork's copy of a turn that its parent trajectory (or an ancestor) also
+    holds (``step < Trajectory.fork_turn``): the same tokens in the same context; None: no forks."""
 
 
 @dataclass(frozen=True)
