@@ -53,6 +53,15 @@ from agentgym.training.recipe import Recipe
 from agentgym.training.report import plot_learning_curve
 from agentgym.training.run_folder import RunFolder
 from agentgym.training.update import PolicyUpdate, sft_update
+from agentgym.training.weights import (
+    load_model_state,
+    model_state,
+    reference_model,
+    restore_reference_base,
+    save_pretrained,
+    save_reference,
+    trainable_parameters,
+)
 
 REFERENCE = "reference.pt"
 
@@ -203,7 +212,9 @@ class Trainer:
         self.has_tools = self._check_env()
         self.collector = Collector(self.make_env, self.policy, self.renderer, action_format=fmt,
                                    max_prompt_tokens=r.max_prompt_tokens)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                            weight_decay=cfg.optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(cfg))
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -288,19 +299,14 @@ class Trainer:
                 grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
                 on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total))}
             progress.finish()
+        save_reference(self.model, self.out / REFERENCE, sft_ran=cfg.sft.enabled)
         extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
-        torch.save(self.model.state_dict(), self.out / REFERENCE)
         return extra
 
     def freeze_reference(self) -> None:
         """The KL anchor is the policy RL starts from (after SFT), never the untrained init; a resumed
         run rebuilds it from the saved post-SFT weights."""
-        current = copy.deepcopy(self.model.state_dict())
-        self.model.load_state_dict(torch.load(self.out / REFERENCE, weights_only=True))
-        reference = copy.deepcopy(self.model).eval()
-        reference.requires_grad_(False)
-        self.model.load_state_dict(current)
-        self.update.ref_model = reference
+        self.update.ref_model = reference_model(self.model, self.out / REFERENCE)
 
     def plugin_state(self) -> dict[str, Any]:
         """State of the recipe's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
@@ -318,7 +324,7 @@ class Trainer:
     def save(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any], *,
              rng: dict[str, Any] | None = None, plugins: dict[str, Any] | None = None) -> None:
         """Checkpoint the end of ``iteration`` (RNG and plug-in state: now, unless given)."""
-        state = {"iteration": iteration, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        state = {"iteration": iteration, **model_state(self.model), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "plugins": plugins or self.plugin_state(),
                  "history": history,
                  "extra": {**extra, "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started}}
@@ -339,7 +345,8 @@ class Trainer:
         state = load_checkpoint(out)
         iteration = state["iteration"]
         self.folder.record_changes(iteration, changes, config_to_dict(cfg))
-        self.model.load_state_dict(state["model"])
+        restore_reference_base(self.model, out / REFERENCE)
+        load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # A longer run stretches the schedule: the next update already uses the new schedule's rate.
@@ -455,8 +462,7 @@ class Trainer:
             "config_history": self.folder.config_history(),
         }
         (out / "report.json").write_text(json.dumps(report, indent=2))
-        self.model.save_pretrained(out / "model")
-        self.tokenizer.save_pretrained(out / "model")
+        save_pretrained(self.model, self.tokenizer, out)
         plot_learning_curve(report, out / "learning_curve.png")
         return report
 
