@@ -197,9 +197,7 @@ def load_quantized(cfg: Any, device: Any) -> tuple[torch.nn.Module, Any]:
         import bitsandbytes  # noqa: F401
     except ImportError:
         raise ConfigError("model.lora.quantize needs bitsandbytes: pip install bitsandbytes") from None
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    from agentgym.backends.openai_backend import load_chat_tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     dtype = getattr(torch, cfg.dtype if cfg.dtype != "float32" else "bfloat16")
     quant = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
@@ -210,4 +208,4 @@ def load_quantized(cfg: Any, device: Any) -> tuple[torch.nn.Module, Any]:
     from peft import prepare_model_for_kbit_training
 
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
-    return model, load_chat_tokenizer(cfg.path)
+    return model, AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)

@@ -16,9 +16,11 @@ import copy
 import json
 import math
 import random
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ from agentgym.training.checkpoint import (
     set_rng_state,
 )
 from agentgym.training.config import TrainConfig, config_to_dict
+from agentgym.training.distributed import Distributed
 from agentgym.training.interrupt import StopNow, StopSignals
 from agentgym.training.metrics import MetricsLog, iteration_metrics
 from agentgym.training.plan import TurnIndex
@@ -161,6 +164,19 @@ def _merge_stats(total: CollectStats, part: CollectStats) -> None:
         setattr(total, name, getattr(total, name) + value)
 
 
+def gather_groups(dist: Distributed, groups: list[EpisodeGroup], stats: CollectStats
+                  ) -> tuple[list[EpisodeGroup], CollectStats]:
+    """Every process's groups, in task order (process r collected tasks r, r + W, ...), and the summed
+    statistics: afterwards every process holds the whole iteration."""
+    gathered = dist.gather_objects([groups, vars(stats)])
+    total = CollectStats()
+    for _, part in gathered:
+        _merge_stats(total, CollectStats(**part))
+    shares = [part_groups for part_groups, _ in gathered]
+    ordered = [share[j] for j in range(max(map(len, shares))) for share in shares if j < len(share)]
+    return ordered, total
+
+
 @dataclass
 class ResumePoint:
     """A point the run can be resumed from if it stops now: the end of ``iteration``. The live model,
@@ -190,8 +206,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, out_dir: str | Path) -> None:
         self.cfg = cfg
-        self.out = Path(out_dir)
-        self.folder = RunFolder(out_dir)
+        self.dist = Distributed.create(cfg.optim.mixed_precision, cpu=cfg.model.device == "cpu")
+        # Checkpoints and the reference live in the run folder (written by the main process only); the
+        # other processes of a multi-process run log into a scratch folder of their own.
+        self.root = Path(out_dir)
+        self.out = self.root if self.dist.is_main else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.dist.rank}-"))
+        self.folder = RunFolder(self.out)
         self.progress = Progress()
         self.stop = StopSignals()
         self.resume_point: ResumePoint | None = None
@@ -200,7 +220,8 @@ class Trainer:
         self.started = time.perf_counter()
         self.recipe = Recipe.from_config(cfg)
         seed_everything(cfg.seed)
-        self.policy = make_policy(cfg.model, seed=cfg.seed)
+        model_cfg = cfg.model if self.dist.device is None else replace(cfg.model, device=str(self.dist.device))
+        self.policy = make_policy(model_cfg, seed=cfg.seed)  # several processes: each on its own device
         self.model, self.tokenizer = self.policy.model, self.policy.tokenizer
         r = cfg.rollout
         fmt = action_format(cfg)
@@ -216,13 +237,17 @@ class Trainer:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                            weight_decay=cfg.optim.weight_decay)
+        self.trained, self.optimizer = self.dist.prepare(self.model, self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(cfg))
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_length = r.max_prompt_tokens + r.max_new_tokens
-        self.update = PolicyUpdate(self.model, self.optimizer, self.recipe, cfg.loss, cfg.optim,
+        self.update = PolicyUpdate(self.trained, self.optimizer, self.recipe, cfg.loss, cfg.optim,
                                    temperature=r.temperature, max_length=self.max_length,
                                    pad_token_id=self.pad_token_id, seed=cfg.seed,
-                                   drop_zero_advantage_turns=cfg.algorithm.drop_zero_advantage_turns)
+                                   drop_zero_advantage_turns=cfg.algorithm.drop_zero_advantage_turns,
+                                   dist=self.dist, micro_batch_tokens=cfg.optim.micro_batch_tokens,
+                                   tis_cap=cfg.loss.tis_cap)
+        self.dist.barrier()  # every process has checked the run folder before the main one writes to it
 
     def _check_env(self) -> bool:
         """Reset one env before anything else: a bad env id or argument fails here, and so does an
@@ -263,14 +288,20 @@ class Trainer:
         groups: list[EpisodeGroup] = []
         stats = CollectStats()
         round_ = 0
+        dist = self.dist
+        wanted = len(dist.shard(cfg.rollout.num_tasks))  # several processes: each collects its share of the tasks
+        part = f"p{dist.rank}-" if dist.world_size > 1 else ""
         while True:
-            prefix = f"it{iteration}-g" if round_ == 0 else f"it{iteration}r{round_}-g"
-            groups += self.collector.collect(task_seeds(cfg, iteration, round_), cfg.rollout.group_size, sampling,
-                                             group_prefix=prefix, hooks=hooks, iteration=iteration)
+            prefix = f"it{iteration}-{part}g" if round_ == 0 else f"it{iteration}r{round_}-{part}g"
+            seeds = task_seeds(cfg, iteration, round_)
+            groups += self.collector.collect([seeds[i] for i in dist.shard(len(seeds))], cfg.rollout.group_size,
+                                             sampling, group_prefix=prefix, hooks=hooks, iteration=iteration)
             _merge_stats(stats, self.collector.last_stats)
-            if len(groups) >= cfg.rollout.num_tasks or round_ >= hooks.max_extra_rounds:
+            if len(groups) >= wanted or round_ >= hooks.max_extra_rounds:
                 break
             round_ += 1
+        if dist.world_size > 1:
+            groups, stats = gather_groups(dist, groups, stats)
         metrics = dict(hooks.metrics())  # read once: what the hooks did over all of the iteration's rounds
         metrics.update({"rollout/groups": float(min(len(groups), cfg.rollout.num_tasks)),
                         "rollout/extra_rounds": float(round_)})
@@ -299,14 +330,17 @@ class Trainer:
                 grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
                 on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total))}
             progress.finish()
-        save_reference(self.model, self.out / REFERENCE, sft_ran=cfg.sft.enabled)
+        if cfg.sft.enabled:  # every process continues from the main one's weights
+            self.dist.broadcast_parameters(self.model)
+        save_reference(self.model, self.root / REFERENCE, sft_ran=cfg.sft.enabled, write=self.dist.is_main)
+        self.dist.barrier()
         extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
         return extra
 
     def freeze_reference(self) -> None:
         """The KL anchor is the policy RL starts from (after SFT), never the untrained init; a resumed
         run rebuilds it from the saved post-SFT weights."""
-        self.update.ref_model = reference_model(self.model, self.out / REFERENCE)
+        self.update.ref_model = reference_model(self.model, self.root / REFERENCE)
 
     def plugin_state(self) -> dict[str, Any]:
         """State of the recipe's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
@@ -328,7 +362,9 @@ class Trainer:
                  "scheduler": self.scheduler.state_dict(), "plugins": plugins or self.plugin_state(),
                  "history": history,
                  "extra": {**extra, "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started}}
-        save_checkpoint(self.out, state if rng is None else {**state, "rng": rng})
+        if self.dist.is_main:
+            save_checkpoint(self.root, state if rng is None else {**state, "rng": rng})
+        self.dist.barrier()
         self.saved_iteration = iteration
 
     def capture(self, iteration: int, history: list[dict[str, Any]]) -> ResumePoint:
@@ -340,11 +376,13 @@ class Trainer:
     def restore(self) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
         """Reinstate the folder's checkpoint, after checking the config against the run's (the changes a
         resumed run may make are recorded). Returns the history, the warm start's results and the iteration."""
-        cfg, out = self.cfg, self.out
-        changes = self.folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out))
+        cfg, out = self.cfg, self.root
+        folder = RunFolder(out)
+        changes = folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out))
         state = load_checkpoint(out)
         iteration = state["iteration"]
-        self.folder.record_changes(iteration, changes, config_to_dict(cfg))
+        if self.dist.is_main:
+            folder.record_changes(iteration, changes, config_to_dict(cfg))
         restore_reference_base(self.model, out / REFERENCE)
         load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -462,7 +500,8 @@ class Trainer:
             "config_history": self.folder.config_history(),
         }
         (out / "report.json").write_text(json.dumps(report, indent=2))
-        save_pretrained(self.model, self.tokenizer, out)
+        if self.dist.is_main:
+            save_pretrained(self.model, self.tokenizer, out)
         plot_learning_curve(report, out / "learning_curve.png")
         return report
 
@@ -479,6 +518,8 @@ class Trainer:
 
     def close(self) -> None:
         self.collector.close()
+        if self.out != self.root:
+            shutil.rmtree(self.out, ignore_errors=True)
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,

@@ -56,18 +56,22 @@ def load_model_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
         model.load_state_dict(state["model"])
 
 
-def save_reference(model: torch.nn.Module, path: Path, *, sft_ran: bool) -> None:
+def save_reference(model: torch.nn.Module, path: Path, *, sft_ran: bool, write: bool = True) -> None:
     """Save what the KL reference is rebuilt from when a run resumes.
 
     Full fine-tuning: the weights now (post-SFT). LoRA: the SFT adapter is folded into the base first
     (so "adapter off" is the post-SFT policy), and the base weights are saved only if SFT changed them.
+    ``write=False`` (the other processes of a multi-process run) changes the model the same way but
+    writes nothing.
     """
     if not is_lora(model):
-        torch.save(model.state_dict(), path)
+        if write:
+            torch.save(model.state_dict(), path)
         return
     if sft_ran:
         merge_into_base(model)
-        torch.save({"lora_base": base_state_dict(model)}, path)
+        if write:
+            torch.save({"lora_base": base_state_dict(model)}, path)
 
 
 def restore_reference_base(model: torch.nn.Module, path: Path) -> None:
