@@ -209,3 +209,22 @@ def load_quantized(cfg: Any, device: Any) -> tuple[torch.nn.Module, Any]:
 
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
     return model, AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)
+
+
+def merged_from_adapter(model: torch.nn.Module, adapter_dir: str) -> dict[str, torch.Tensor]:
+    """The weights of plain ``model`` with the PEFT adapter saved in ``adapter_dir`` folded in.
+
+    Raises:
+        ConfigError: ``adapter_dir`` holds no adapter, or one for another model.
+    """
+    import copy
+    from pathlib import Path
+
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        raise ConfigError(f"'{adapter_dir}' is not a LoRA adapter directory (no adapter_config.json)")
+    peft = _peft()
+    try:
+        adapted = peft.PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
+    except (ValueError, RuntimeError, KeyError) as exc:
+        raise ConfigError(f"the adapter in '{adapter_dir}' does not fit this model: {str(exc)[:200]}") from None
+    return merged_state_dict(adapted)

@@ -115,6 +115,10 @@ class OpenAIEndpoint:
             self._model = served[0]
         return self._model
 
+    def use_model(self, name: str) -> None:
+        """Send later requests to model ``name`` (e.g. a LoRA adapter the server loaded at run time)."""
+        self._model = name
+
     def models(self) -> list[str]:
         """Model names the server lists (``GET /models``)."""
         page = self._call("GET /models", lambda: self.client.models.list())

@@ -455,13 +455,15 @@ class Trainer:
                     fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
                 # --- estimate ------------------------------------------------------------------------
                 advantages = recipe.algorithm.estimator(groups, recipe.args)
-                # --- update (the policy shares its weights with the trainer: sync is a no-op) --------
+                # --- update, then the new weights to the generator (a no-op when it is the model) ----
                 update_started = time.perf_counter()
+                if callable(getattr(self.policy, "offload", None)):
+                    self.policy.offload()  # a colocated engine frees the accelerator for the update
                 update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration)
                 for term in recipe.terms.values():
                     update_metrics.update(term.end_iteration())
                 self.scheduler.step()
-                self.policy.sync_weights(None)
+                self.policy.sync_weights(self.model)
                 update_s = time.perf_counter() - update_started
                 # --- log -----------------------------------------------------------------------------
                 timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
@@ -518,6 +520,8 @@ class Trainer:
 
     def close(self) -> None:
         self.collector.close()
+        if callable(getattr(self.policy, "close", None)):
+            self.policy.close()
         if self.out != self.root:
             shutil.rmtree(self.out, ignore_errors=True)
 
