@@ -29,6 +29,7 @@ import torch
 
 import agentgym
 from agentgym.backends.builder import make_policy
+from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.core import Env
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
@@ -50,6 +51,7 @@ from agentgym.training.config import TrainConfig, config_to_dict
 from agentgym.training.distributed import Distributed
 from agentgym.training.interrupt import StopNow, StopSignals
 from agentgym.training.metrics import MetricsLog, iteration_metrics
+from agentgym.training.pipeline import RolloutPipeline, gather_groups, merge_stats
 from agentgym.training.plan import TurnIndex
 from agentgym.training.progress import Progress, iteration_status
 from agentgym.training.recipe import Recipe
@@ -159,24 +161,6 @@ def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
     return factor
 
 
-def _merge_stats(total: CollectStats, part: CollectStats) -> None:
-    for name, value in vars(part).items():
-        setattr(total, name, getattr(total, name) + value)
-
-
-def gather_groups(dist: Distributed, groups: list[EpisodeGroup], stats: CollectStats
-                  ) -> tuple[list[EpisodeGroup], CollectStats]:
-    """Every process's groups, in task order (process r collected tasks r, r + W, ...), and the summed
-    statistics: afterwards every process holds the whole iteration."""
-    gathered = dist.gather_objects([groups, vars(stats)])
-    total = CollectStats()
-    for _, part in gathered:
-        _merge_stats(total, CollectStats(**part))
-    shares = [part_groups for part_groups, _ in gathered]
-    ordered = [share[j] for j in range(max(map(len, shares))) for share in shares if j < len(share)]
-    return ordered, total
-
-
 @dataclass
 class ResumePoint:
     """A point the run can be resumed from if it stops now: the end of ``iteration``. The live model,
@@ -231,8 +215,10 @@ class Trainer:
             include_instructions=r.include_instructions, tool_messages=r.tool_messages)
         self.make_env = env_factory(cfg)
         self.has_tools = self._check_env()
-        self.collector = Collector(self.make_env, self.policy, self.renderer, action_format=fmt,
+        self.generator = self.generating_policy()
+        self.collector = Collector(self.make_env, self.generator, self.renderer, action_format=fmt,
                                    max_prompt_tokens=r.max_prompt_tokens)
+        self.pipeline = RolloutPipeline(self.collect, r.max_staleness)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr, betas=cfg.optim.betas,
@@ -248,6 +234,21 @@ class Trainer:
                                    dist=self.dist, micro_batch_tokens=cfg.optim.micro_batch_tokens,
                                    tis_cap=cfg.loss.tis_cap)
         self.dist.barrier()  # every process has checked the run folder before the main one writes to it
+
+    def generating_policy(self) -> Any:
+        """What rollouts sample from: the policy, or, for asynchronous rollouts on the trained model itself,
+        a copy of its weights (the update changes the model while the next episodes are collected)."""
+        if not self.cfg.rollout.max_staleness:
+            return self.policy
+        if self.dist.world_size > 1:
+            raise ConfigError("rollout.max_staleness=1 is for one training process (its background collection "
+                              "would interleave collective calls with the update's); set rollout.max_staleness=0")
+        if self.cfg.model.backend == "vllm" and self.cfg.model.vllm.get("sleep", True):
+            raise ConfigError("rollout.max_staleness=1 generates during updates, but model.vllm.sleep puts the "
+                              "colocated engine to sleep for them: set model.vllm.sleep=false or use vllm-server")
+        if not isinstance(self.policy, TransformersPolicy):
+            return self.policy  # generates with weights of its own, synced when the loop says
+        return TransformersPolicy(copy.deepcopy(self.model), self.tokenizer, seed=self.cfg.seed)
 
     def _check_env(self) -> bool:
         """Reset one env before anything else: a bad env id or argument fails here, and so does an
@@ -296,7 +297,7 @@ class Trainer:
             seeds = task_seeds(cfg, iteration, round_)
             groups += self.collector.collect([seeds[i] for i in dist.shard(len(seeds))], cfg.rollout.group_size,
                                              sampling, group_prefix=prefix, hooks=hooks, iteration=iteration)
-            _merge_stats(stats, self.collector.last_stats)
+            merge_stats(stats, self.collector.last_stats)
             if len(groups) >= wanted or round_ >= hooks.max_extra_rounds:
                 break
             round_ += 1
@@ -358,7 +359,9 @@ class Trainer:
     def save(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any], *,
              rng: dict[str, Any] | None = None, plugins: dict[str, Any] | None = None) -> None:
         """Checkpoint the end of ``iteration`` (RNG and plug-in state: now, unless given)."""
+        pending = self.pipeline.pending_state()  # asynchronous: the next iteration's episodes, collected already
         state = {"iteration": iteration, **model_state(self.model), "optimizer": self.optimizer.state_dict(),
+                 "pending_rollout": pending,
                  "scheduler": self.scheduler.state_dict(), "plugins": plugins or self.plugin_state(),
                  "history": history,
                  "extra": {**extra, "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started}}
@@ -392,6 +395,9 @@ class Trainer:
         for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
             group["lr"] = base_lr * factor
         self.load_plugin_state(state.get("plugins", {}))
+        self.pipeline.load_pending_state(state.get("pending_rollout"))
+        if self.pipeline.asynchronous:
+            self.generator.sync_weights(self.model)
         set_rng_state(state["rng"])
         self.saved_iteration = iteration
         return state["history"], state["extra"], iteration
@@ -446,24 +452,33 @@ class Trainer:
             for iteration in range(start_iteration + 1, cfg.iterations + 1):
                 it_started = time.perf_counter()
                 # --- collect (a stop may abandon it: nothing has changed since the last iteration) ----
+                self.pipeline.wait()  # a background collection must not change plug-in state while it is captured
                 self.resume_point = self.capture(iteration - 1, history)
                 with stop.region("abandonable"):
-                    groups, stats, hook_metrics = self.collect(iteration)
+                    (groups, stats, hook_metrics), rollout = self.pipeline.get(iteration)
                 self.resume_point = None
+                asynchronous = self.pipeline.asynchronous
+                if asynchronous:  # the generator catches up with the last update, then collects the next iteration
+                    self.generator.sync_weights(self.model)
                 self._check_tool_calls(iteration, stats)
                 with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
                     fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
                 # --- estimate ------------------------------------------------------------------------
                 advantages = recipe.algorithm.estimator(groups, recipe.args)
                 # --- update, then the new weights to the generator (a no-op when it is the model) ----
+                if asynchronous and iteration < cfg.iterations:
+                    self.pipeline.prefetch(iteration + 1)
                 update_started = time.perf_counter()
-                if callable(getattr(self.policy, "offload", None)):
+                if not asynchronous and callable(getattr(self.policy, "offload", None)):
                     self.policy.offload()  # a colocated engine frees the accelerator for the update
-                update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration)
+                update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration,
+                                             staleness=rollout.staleness)
                 for term in recipe.terms.values():
                     update_metrics.update(term.end_iteration())
                 self.scheduler.step()
-                self.policy.sync_weights(self.model)
+                self.pipeline.updated(update_started, time.perf_counter())
+                if not asynchronous:
+                    self.policy.sync_weights(self.model)
                 update_s = time.perf_counter() - update_started
                 # --- log -----------------------------------------------------------------------------
                 timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
@@ -471,9 +486,13 @@ class Trainer:
                                             self.scheduler.get_last_lr()[0])
                 metrics.update(hook_metrics)
                 metrics.update(update_metrics)
+                metrics.update(rollout.metrics())
                 if "perf/train_tokens" in update_metrics and update_s > 0:
                     metrics["perf/train_tokens_per_s"] = update_metrics["perf/train_tokens"] / update_s
                 if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration != cfg.iterations:
+                    if asynchronous:  # the collector is busy with the next iteration: let it finish first
+                        self.pipeline.wait()
+                        self.generator.sync_weights(self.model)
                     metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
                 history.append(metrics)
                 log.log(metrics)
@@ -519,6 +538,7 @@ class Trainer:
                 f"rollout.require_tool_calls=false runs anyway")
 
     def close(self) -> None:
+        self.pipeline.close()
         self.collector.close()
         if callable(getattr(self.policy, "close", None)):
             self.policy.close()
