@@ -96,3 +96,33 @@ def test_accelerate_launch_trains(tmp_path: Path) -> None:
     assert all(np.isfinite(m["loss/policy"]) for m in report["history"])
     assert (out / "checkpoint.pt").is_file() and (out / "model" / "config.json").is_file()
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("ranks")) == []
+
+
+def _one_update(tmp: Path, overrides: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    from agentgym.training.loop import Trainer, flatten, turn_index
+
+    cfg = load_config(None, ["rollout.num_tasks=2", "rollout.group_size=4", "env.max_turns=3", "sft.enabled=false",
+                             "loss.kl_coef=0", "model.device=cpu", *overrides])
+    run = Trainer(cfg, tmp)
+    try:
+        groups = run.collector.collect([1, 2], 4, run.sampling(1.0, 0))
+        advantages = np.linspace(-1.0, 1.0, len(flatten(groups)))
+        metrics = run.update(flatten(groups), advantages, turn_index(groups), 1)
+        return {k: v.detach().clone() for k, v in run.model.state_dict().items()}, metrics
+    finally:
+        run.close()
+
+
+def test_gradient_checkpointing_changes_memory_not_the_update(tmp_path: Path) -> None:
+    plain, _ = _one_update(tmp_path / "a", [])
+    checkpointed, _ = _one_update(tmp_path / "b", ["model.gradient_checkpointing=true"])
+    assert all(torch.allclose(plain[k], checkpointed[k], atol=1e-6) for k in plain)
+
+
+def test_bf16_mixed_precision_trains_float32_weights_close_to_float32(tmp_path: Path) -> None:
+    plain, _ = _one_update(tmp_path / "a", [])
+    mixed, metrics = _one_update(tmp_path / "b", ["optim.mixed_precision=bf16"])
+    assert all(v.dtype == torch.float32 for v in mixed.values())  # master weights stay float32
+    assert np.isfinite(metrics["loss/policy"])
+    gaps = [(plain[k] - mixed[k]).abs().max().item() for k in plain]
+    assert 0 < max(gaps) < 1e-2  # bfloat16 forward passes: a different, nearby update

@@ -72,6 +72,8 @@ class VLLMSettings:
     """Longest prompt plus generation vLLM plans for; None: the model's."""
     enforce_eager: bool = False
     """Colocated: no CUDA graphs (faster start, slower decoding)."""
+    dtype: str = "bfloat16"
+    """Colocated: the engine's dtype (the trained weights are cast to it at every sync)."""
     url: str | None = None
     """Server: the API root of ``vllm serve``, e.g. ``http://10.0.0.5:8000/v1``."""
     served_model: str | None = None
@@ -296,7 +298,11 @@ def _vllm_colocated(cfg: ModelConfig, seed: int) -> Any:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine's model in this process (sync)
     vllm = _vllm()
     trainer = _trainer_policy(cfg, seed)
-    llm = vllm.LLM(model=_model_dir(cfg, trainer), dtype=cfg.dtype, seed=seed,
+    extra: dict[str, Any] = {}
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # One engine per training process (data parallel): vLLM must not start processes of its own.
+        extra["distributed_executor_backend"] = "external_launcher"
+    llm = vllm.LLM(model=_model_dir(cfg, trainer), dtype=settings.dtype, seed=seed, **extra,
                    gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=settings.sleep,
                    tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
                    enforce_eager=settings.enforce_eager, logprobs_mode="processed_logprobs")
