@@ -183,7 +183,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         >>> from agentgym.backends.tiny import TinyModelConfig
         >>> app = create_policy_app(TransformersPolicy.from_pretrained(TinyModelConfig(num_layers=1)), "tiny")
         >>> sorted(r.path for r in app.routes if r.path.startswith("/v1"))
-        ['/v1/chat/completions', '/v1/completions', '/v1/models']
+        ['/v1/chat/completions', '/v1/completions', '/v1/load_lora_adapter', '/v1/models', '/v1/unload_lora_adapter']
     """
     tokenizer = policy.tokenizer
     batcher = GenerationBatcher(policy, max_batch_rows)

@@ -54,10 +54,10 @@ class VLLMSettings:
     Example:
         >>> VLLMSettings.from_dict({"gpu_memory_utilization": 0.3}).gpu_memory_utilization
         0.3
-        >>> VLLMSettings.from_dict({"gpu_mem": 0.3})
+        >>> VLLMSettings.from_dict({"gpu_memory": 0.3})
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: model.vllm has no setting 'gpu_mem' (did you mean 'gpu_memory_utilization'?)
+        agentgym.errors.ConfigError: model.vllm has no setting 'gpu_memory' (did you mean 'gpu_memory_utilization'?)
     """
 
     gpu_memory_utilization: float = 0.4
