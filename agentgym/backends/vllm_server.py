@@ -49,6 +49,9 @@ class VLLMServerPolicy:
         self.adapter: str | None = None
         """Name of the adapter requests use (None: the base model)."""
         self.syncs = 0
+        self.writer = True
+        """Whether this process sends the weights; under several training processes only the main one
+        does, and the others switch to the adapter name it loads (names are numbered, so they agree)."""
         self._owned_dir: str | None = None
         self.generator = OpenAIPolicy(endpoint, trainer.tokenizer, concurrency=settings.concurrency)
         self.http = httpx.Client(base_url=_server_root(endpoint.base_url), timeout=settings.timeout_s,
@@ -76,16 +79,21 @@ class VLLMServerPolicy:
     def _sync_adapter(self, model: Any) -> None:
         folder = Path(self.settings.adapter_dir or self._temp_dir())
         name = f"agentgym-step{self.syncs}"
-        model.save_pretrained(folder / name)
-        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str((folder / name).resolve())})
         previous, self.adapter = self.adapter, name
         self.endpoint.use_model(name)  # requests now name the adapter
+        if not self.writer:
+            return
+        model.save_pretrained(folder / name)
+        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str((folder / name).resolve())})
         if previous is not None:
             self._post("/v1/unload_lora_adapter", {"lora_name": previous})
             shutil.rmtree(folder / previous, ignore_errors=True)
 
     def _sync_full(self, model: Any) -> None:
         from agentgym.backends.lora import is_lora, merged_state_dict
+
+        if not self.writer:
+            return
 
         if not self.settings.model_dir:
             raise ConfigError("model.vllm.weight_sync=full needs model.vllm.model_dir: the folder `vllm serve` "

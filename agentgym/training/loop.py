@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-import random
 import shutil
 import tempfile
 import time
@@ -24,22 +22,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import agentgym
 from agentgym.backends.builder import make_policy
 from agentgym.backends.transformers_backend import TransformersPolicy
-from agentgym.core import Env
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
 from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.policy import SamplingParams
-from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.prompt import PromptRenderer
-from agentgym.rollout.records import EpisodeGroup, Turn
+from agentgym.rollout.records import EpisodeGroup
 from agentgym.training.checkpoint import (
     checkpoint_iteration,
     load_checkpoint,
@@ -52,11 +46,20 @@ from agentgym.training.distributed import Distributed
 from agentgym.training.interrupt import StopNow, StopSignals
 from agentgym.training.metrics import MetricsLog, iteration_metrics
 from agentgym.training.pipeline import RolloutPipeline, gather_groups, merge_stats
-from agentgym.training.plan import TurnIndex
 from agentgym.training.progress import Progress, iteration_status
 from agentgym.training.recipe import Recipe
 from agentgym.training.report import plot_learning_curve
 from agentgym.training.run_folder import RunFolder
+from agentgym.training.setup import (  # noqa: F401  (flatten, turn_index, env_factory: re-exported)
+    action_format,
+    env_factory,
+    env_urls,
+    flatten,
+    lr_schedule,
+    seed_everything,
+    task_seeds,
+    turn_index,
+)
 from agentgym.training.update import PolicyUpdate, sft_update
 from agentgym.training.weights import (
     load_model_state,
@@ -71,94 +74,7 @@ from agentgym.training.weights import (
 REFERENCE = "reference.pt"
 
 
-# --- set-up helpers -------------------------------------------------------------------------------
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def env_urls(cfg: TrainConfig) -> list[str]:
-    """The env services of the run: ``env.urls``, or ``[env.url]``, or none (in-process envs)."""
-    return list(cfg.env.urls) or ([cfg.env.url] if cfg.env.url else [])
-
-
-def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
-    """Where the run's envs come from; every answer is also a zero-argument env factory.
-
-    - ``env.url`` / ``env.urls``: an ``EnvFleet`` over those services (one batched request per
-      service per turn; least-loaded placement; a dead service's episodes replayed on another);
-    - ``env.backend: ray``: a ``RayEnvPool`` (envs inside Ray actors);
-    - else in-process envs (``agentgym.make``).
-    """
-    e = cfg.env
-    urls = env_urls(cfg)
-    if urls:
-        from agentgym.http.fleet import EnvFleet
-
-        return EnvFleet(urls, e.id, kwargs=e.kwargs, max_turns=e.max_turns, token=e.token, timeout_s=e.timeout_s)
-    if e.backend == "ray":
-        from agentgym.rollout.ray_pool import RayEnvPool
-
-        return RayEnvPool(e.id, kwargs=e.kwargs, max_turns=e.max_turns, num_workers=e.ray_workers,
-                          address=e.ray_address)
-    return lambda: agentgym.make(e.id, max_turns=e.max_turns, **e.kwargs)
-
-
-def action_format(cfg: TrainConfig) -> str:
-    """``rollout.action_format``, or the format the env's spec asks for, or ``plain``."""
-    if cfg.rollout.action_format is not None:
-        return cfg.rollout.action_format
-    urls = env_urls(cfg)
-    if urls:
-        from agentgym.http.client import EnvClient
-
-        with EnvClient(urls[0], token=cfg.env.token, timeout_s=cfg.env.timeout_s) as client:
-            wanted = client.env_detail(cfg.env.id).get("action_format")
-    else:
-        wanted = getattr(agentgym.spec(cfg.env.id), "action_format", None)
-    return wanted or "plain"
-
-
-def task_seeds(cfg: TrainConfig, iteration: int, round_: int = 0) -> list[int]:
-    """Training task seeds of an iteration's collection round: below ``eval.seed_offset``, so never an eval task."""
-    rng = np.random.default_rng([cfg.seed, iteration] if round_ == 0 else [cfg.seed, iteration, round_])
-    return [int(s) for s in rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.num_tasks)]
-
-
-def flatten(groups: list[EpisodeGroup]) -> list[Turn]:
-    """Turns in estimator order: group → trajectory → turn."""
-    return [turn for g in groups for t in g.trajectories for turn in t.turns]
-
-
-def turn_index(groups: list[EpisodeGroup]) -> TurnIndex:
-    """Trajectory id, step and group of every turn, in estimator order (what update plans split on)."""
-    ids, steps, group_of = [], [], []
-    for g_index, group in enumerate(groups):
-        for trajectory in group.trajectories:
-            n = len(trajectory.turns)
-            ids += [trajectory.trajectory_id] * n
-            steps += range(n)
-            group_of += [g_index] * n
-    return TurnIndex(np.array(ids, dtype=object), np.array(steps, dtype=np.int64), np.array(group_of, dtype=np.int64))
-
-
-def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
-    """The learning-rate factor per iteration: warm-up, then constant, cosine or linear decay."""
-    def factor(step: int) -> float:
-        warm = cfg.optim.warmup_iterations
-        if warm and step < warm:
-            return (step + 1) / warm
-        progress = (step - warm) / max(1, cfg.iterations - warm)
-        if cfg.optim.schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        if cfg.optim.schedule == "linear":
-            return max(0.0, 1 - progress)
-        return 1.0
-
-    return factor
+# Set-up helpers live in agentgym.training.setup; flatten and turn_index are re-exported here.
 
 
 @dataclass
@@ -249,6 +165,16 @@ class Trainer:
         if not isinstance(self.policy, TransformersPolicy):
             return self.policy  # generates with weights of its own, synced when the loop says
         return TransformersPolicy(copy.deepcopy(self.model), self.tokenizer, seed=self.cfg.seed)
+
+    def sync_generator(self) -> None:
+        """The trained weights to what generates. A generator shared by every process (a vLLM server) is
+        sent them by the main process only, and the others wait until it has them."""
+        if hasattr(self.generator, "writer"):
+            self.generator.writer = self.dist.is_main
+            self.generator.sync_weights(self.model)
+            self.dist.barrier()
+        else:
+            self.generator.sync_weights(self.model)
 
     def _check_env(self) -> bool:
         """Reset one env before anything else: a bad env id or argument fails here, and so does an
@@ -397,7 +323,7 @@ class Trainer:
         self.load_plugin_state(state.get("plugins", {}))
         self.pipeline.load_pending_state(state.get("pending_rollout"))
         if self.pipeline.asynchronous:
-            self.generator.sync_weights(self.model)
+            self.sync_generator()
         set_rng_state(state["rng"])
         self.saved_iteration = iteration
         return state["history"], state["extra"], iteration
@@ -459,7 +385,7 @@ class Trainer:
                 self.resume_point = None
                 asynchronous = self.pipeline.asynchronous
                 if asynchronous:  # the generator catches up with the last update, then collects the next iteration
-                    self.generator.sync_weights(self.model)
+                    self.sync_generator()
                 self._check_tool_calls(iteration, stats)
                 with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
                     fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
@@ -478,7 +404,7 @@ class Trainer:
                 self.scheduler.step()
                 self.pipeline.updated(update_started, time.perf_counter())
                 if not asynchronous:
-                    self.policy.sync_weights(self.model)
+                    self.sync_generator()
                 update_s = time.perf_counter() - update_started
                 # --- log -----------------------------------------------------------------------------
                 timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
@@ -492,7 +418,7 @@ class Trainer:
                 if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration != cfg.iterations:
                     if asynchronous:  # the collector is busy with the next iteration: let it finish first
                         self.pipeline.wait()
-                        self.generator.sync_weights(self.model)
+                        self.sync_generator()
                     metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
                 history.append(metrics)
                 log.log(metrics)
