@@ -287,3 +287,22 @@ def test_real_vllm_engine_generates_and_syncs(tmp_path: Path) -> None:
     [after] = policy.generate([prompt], params)
     [direct] = policy.trainer.generate([prompt], params)
     assert len(before.token_ids) == 8 and after.token_ids[:2] == direct.token_ids[:2]
+
+
+def test_only_the_writing_process_sends_the_adapter(base_server: LiveServer, tmp_path: Path) -> None:
+    url = f"{base_server.url}/v1"
+    cfg = load_config(None, SMALL)
+    model_cfg = dataclasses.replace(cfg.model, backend="vllm-server", lora=LoraConfig(r=2),
+                                    vllm={"url": url, "adapter_dir": str(tmp_path)})
+    other = make_policy(model_cfg, seed=cfg.seed)
+    other.writer = False  # another training process: the main one loads the adapter
+    other.sync_weights(other.model)
+    assert other.endpoint.model == "agentgym-step1" and not list(tmp_path.iterdir())
+    assert [m["id"] for m in httpx.get(f"{url}/models").json()["data"]] == ["base"]
+    main = make_policy(model_cfg, seed=cfg.seed)
+    main.sync_weights(main.model)
+    assert [m["id"] for m in httpx.get(f"{url}/models").json()["data"]] == ["base", "agentgym-step1"]
+    [reply] = other.generate([[104, 105]], SamplingParams(max_new_tokens=3, temperature=0))
+    assert len(reply.token_ids) == 3  # served by the adapter the main process loaded
+    other.close()
+    main.close()
