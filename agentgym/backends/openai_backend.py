@@ -16,8 +16,10 @@ reply is an error, so generated text is never re-tokenized on a training path.
 **Training.** ``model.backend: openai`` is registered so configs can name it, but training needs
 what no OpenAI-compatible API offers: the policy's weights in the trainer's process and a way to
 send the updated weights to the server after every update. The builder therefore stops with a
-one-line ``ConfigError`` saying so; train with ``model.backend: transformers`` and evaluate served
-models with ``agentgym eval --policy http://HOST:PORT/v1``.
+one-line ``ConfigError`` saying so; train with ``model.backend: transformers``, or with
+``model.backend: vllm-server`` (``agentgym.backends.vllm_server``: the trained model stays here and
+reaches a vLLM server as LoRA adapters it hot-loads), and evaluate served models with ``agentgym eval
+--policy http://HOST:PORT/v1``.
 """
 
 from __future__ import annotations
@@ -393,7 +395,8 @@ def _openai_builder(cfg: ModelConfig, seed: int) -> Policy:
     raise ConfigError(
         "model.backend 'openai' cannot train: training needs the policy's weights in this process and a way "
         "to send each update to the server, which the OpenAI API does not offer; use model.backend=transformers "
-        "to train, and `agentgym eval --policy http://HOST:PORT/v1` to evaluate a served model")
+        "to train, model.backend=vllm-server to train with generation on a vLLM server (adapters hot-loaded), "
+        "and `agentgym eval --policy http://HOST:PORT/v1` to evaluate a served model")
 
 
 register_backend("openai", _openai_builder)
