@@ -7,7 +7,10 @@ Every iteration's task seeds, sampling seed and minibatch order derive from ``(c
 iteration)``, so a resumed run replays exactly what an uninterrupted one would have done. The run
 folder (``RunFolder``), the response to Ctrl-C and SIGTERM (``StopSignals``: stop after the
 iteration, or at once where the iteration may be abandoned) and the progress display
-(``Progress``) are components the loop calls; none of them changes what is trained.
+(``Progress``) are components the loop calls; none of them changes what is trained. So are the
+run's processes (``Distributed``: one, or several under ``accelerate launch``, each collecting its
+share of the tasks and training on its share of the rows) and the ``RolloutPipeline`` (episodes
+collected between updates, or during them with ``rollout.max_staleness: 1``).
 """
 
 from __future__ import annotations
