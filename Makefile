@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,openenv,ray,dev
+EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,openenv,ray,lora,accelerate,dev
 
 .PHONY: setup demo serve-demo test clean
 

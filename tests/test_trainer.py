@@ -82,7 +82,7 @@ def test_report_and_outputs(tmp_path: Path) -> None:
     ("loss.terms.nope.coef=1", "no loss term named 'nope'"),
     ("algorithm.hooks.nope.x=1", "no rollout-hook option named 'nope'"),
     ("model.tiny.hidden_size=90", "model.tiny.hidden_size (90) must be divisible"),
-    ("model.backend=vllm", "model.backend 'vllm' is not a registered backend"),
+    ("model.backend=vlm", "model.backend 'vlm' is not a registered backend"),
     ("rollout.prompt_mode=chat", "rollout.prompt_mode must be one of"),
     ("loss.dual_clip_c=0.5", "loss.dual_clip_c"),
     ("iterations=many", "iterations must be an integer"),

@@ -93,8 +93,19 @@ def _transformers(cfg: ModelConfig, seed: int) -> Policy:
 
     device = resolve_device(cfg.device)
     source: Any = cfg.path if cfg.path else replace(cfg.tiny, seed=seed)
-    model, tokenizer = load_model_and_tokenizer(source, dtype=getattr(torch, cfg.dtype))
-    return TransformersPolicy(model.to(device), tokenizer, seed=seed)
+    if cfg.lora is not None and cfg.lora.quantize is not None:
+        from agentgym.backends.lora import load_quantized
+
+        model, tokenizer = load_quantized(cfg, device)
+    else:
+        model, tokenizer = load_model_and_tokenizer(source, dtype=getattr(torch, cfg.dtype))
+        model = model.to(device)
+    if cfg.lora is not None:
+        from agentgym.backends.lora import apply_lora
+
+        torch.manual_seed(seed)  # the adapter's random half (lora_A) is part of the run's seeded state
+        model = apply_lora(model, cfg.lora)
+    return TransformersPolicy(model, tokenizer, seed=seed)
 
 
 register_backend("transformers", _transformers)

@@ -7,7 +7,7 @@ which backend, dtype and device — and ``agentgym.backends.make_policy`` builds
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agentgym.errors import ConfigError
 
@@ -75,6 +75,52 @@ class TinyModelConfig:
 
 
 
+LORA_QUANTIZE = ("4bit", "8bit")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Train a LoRA adapter (PEFT) instead of every weight; QLoRA when ``quantize`` is set.
+
+    The frozen base weights stay shared: the KL reference is the same model with the adapter
+    disabled (no second copy), checkpoints hold the adapter, and vLLM server mode hot-loads it.
+
+    Example:
+        >>> LoraConfig(r=16).alpha
+        32.0
+        >>> LoraConfig(r=0)
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: model.lora.r must be a positive integer, got 0
+    """
+
+    r: int = 16
+    """Rank of the adapter matrices."""
+    alpha: float | None = None
+    """LoRA scaling numerator (the update is scaled by alpha / r); None uses 2 * r."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input during training."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Names (last path component) of the linear layers that get an adapter; Llama/Qwen2 names by default."""
+    quantize: Literal["4bit", "8bit"] | None = None
+    """QLoRA: load the frozen base weights quantized with bitsandbytes (CUDA and a model ``path`` only)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
+            raise ConfigError(f"model.lora.r must be a positive integer, got {self.r!r}")
+        if self.alpha is None:
+            object.__setattr__(self, "alpha", float(2 * self.r))
+        elif not self.alpha > 0:
+            raise ConfigError(f"model.lora.alpha must be > 0 (or null for 2 * r), got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            raise ConfigError(f"model.lora.target_modules must list layer names such as q_proj, got "
+                              f"{list(self.target_modules)!r}")
+        if self.quantize is not None and self.quantize not in LORA_QUANTIZE:
+            raise ConfigError(f"model.lora.quantize must be one of {list(LORA_QUANTIZE)} or null, got {self.quantize!r}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which policy model to build (``agentgym.backends.make_policy``).
@@ -96,3 +142,12 @@ class ModelConfig:
     """Parameter dtype."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``, ``cuda:1``..."""
+    lora: LoraConfig | None = None
+    """Train a LoRA adapter instead of the full model (``LoraConfig``; needs the ``lora`` extra); None
+    trains every weight."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, about a third more compute)."""
+    vllm: dict[str, Any] = field(default_factory=dict)
+    """Settings of the ``vllm`` backends (``agentgym.backends.vllm_backend.VLLMSettings`` fields):
+    e.g. ``{gpu_memory_utilization: 0.4, sleep: true}`` for ``vllm``, ``{url: http://host:8000/v1}``
+    for ``vllm-server``."""

@@ -16,8 +16,10 @@ reply is an error, so generated text is never re-tokenized on a training path.
 **Training.** ``model.backend: openai`` is registered so configs can name it, but training needs
 what no OpenAI-compatible API offers: the policy's weights in the trainer's process and a way to
 send the updated weights to the server after every update. The builder therefore stops with a
-one-line ``ConfigError`` saying so; train with ``model.backend: transformers`` and evaluate served
-models with ``agentgym eval --policy http://HOST:PORT/v1``.
+one-line ``ConfigError`` saying so; train with ``model.backend: transformers``, or with
+``model.backend: vllm-server`` (``agentgym.backends.vllm_server``: the trained model stays here and
+reaches a vLLM server as LoRA adapters it hot-loads), and evaluate served models with ``agentgym eval
+--policy http://HOST:PORT/v1``.
 """
 
 from __future__ import annotations
@@ -114,6 +116,10 @@ class OpenAIEndpoint:
                                   f"({', '.join(served) or 'none'}); name one with model=NAME")
             self._model = served[0]
         return self._model
+
+    def use_model(self, name: str) -> None:
+        """Send later requests to model ``name`` (e.g. a LoRA adapter the server loaded at run time)."""
+        self._model = name
 
     def models(self) -> list[str]:
         """Model names the server lists (``GET /models``)."""
@@ -389,7 +395,8 @@ def _openai_builder(cfg: ModelConfig, seed: int) -> Policy:
     raise ConfigError(
         "model.backend 'openai' cannot train: training needs the policy's weights in this process and a way "
         "to send each update to the server, which the OpenAI API does not offer; use model.backend=transformers "
-        "to train, and `agentgym eval --policy http://HOST:PORT/v1` to evaluate a served model")
+        "to train, model.backend=vllm-server to train with generation on a vLLM server (adapters hot-loaded), "
+        "and `agentgym eval --policy http://HOST:PORT/v1` to evaluate a served model")
 
 
 register_backend("openai", _openai_builder)

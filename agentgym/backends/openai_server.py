@@ -1,7 +1,10 @@
 """``agentgym serve-policy``: an OpenAI-compatible HTTP server over a ``TransformersPolicy``.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions`` (text or token-id prompts, batches),
-``POST /v1/chat/completions`` (the model's chat template, ``tools`` passed to it), ``GET /health``.
+``POST /v1/chat/completions`` (the model's chat template, ``tools`` passed to it), ``GET /health``,
+and vLLM's run-time LoRA routes ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``
+(``{"lora_name", "lora_path"}``; the adapter is then served as model ``lora_name``), so the trainer's
+``vllm-server`` backend can be run against this server.
 Supported: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (vLLM extension), ``n``, ``stop``
 (up to 4 strings, cut from the returned text), ``seed``, log-probs (``logprobs``/``top_logprobs``),
 ``max_tokens``/``max_completion_tokens``, ``return_token_ids`` (vLLM extension: every choice then
@@ -32,7 +35,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel
 
 from agentgym.backends.openai_wire import ChatRequest, CompletionRequest
 from agentgym.backends.transformers_backend import TransformersPolicy
@@ -55,6 +59,28 @@ def _error_response(message: str, status: int, code: str | None = None, param: s
 
 
 # --- batching ----------------------------------------------------------------------------------
+
+
+class LoraAdapterRequest(BaseModel):
+    """Body of vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``."""
+
+    lora_name: str
+    lora_path: str | None = None
+
+
+def adapter_policy(policy: TransformersPolicy, adapter_dir: str) -> TransformersPolicy:
+    """A policy whose weights are ``policy``'s with the PEFT adapter in ``adapter_dir`` folded in (a copy).
+
+    Raises:
+        ConfigError: not an adapter directory, or an adapter for another model.
+    """
+    import copy
+
+    from agentgym.backends.lora import merged_from_adapter
+
+    model = copy.deepcopy(policy.model)
+    model.load_state_dict(merged_from_adapter(policy.model, adapter_dir))
+    return TransformersPolicy(model, policy.tokenizer)
 
 
 @dataclass
@@ -157,10 +183,11 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         >>> from agentgym.backends.tiny import TinyModelConfig
         >>> app = create_policy_app(TransformersPolicy.from_pretrained(TinyModelConfig(num_layers=1)), "tiny")
         >>> sorted(r.path for r in app.routes if r.path.startswith("/v1"))
-        ['/v1/chat/completions', '/v1/completions', '/v1/models']
+        ['/v1/chat/completions', '/v1/completions', '/v1/load_lora_adapter', '/v1/models', '/v1/unload_lora_adapter']
     """
     tokenizer = policy.tokenizer
     batcher = GenerationBatcher(policy, max_batch_rows)
+    adapters: dict[str, GenerationBatcher] = {}  # LoRA adapters loaded at run time, by name
     created = int(time.time())
     context = int(getattr(policy.model.config, "max_position_embeddings", 0) or 0)
 
@@ -168,7 +195,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await batcher.start()
         yield
-        await batcher.stop()
+        for worker in [batcher, *adapters.values()]:
+            await worker.stop()
 
     app = FastAPI(title="agentgym policy server (OpenAI-compatible)", lifespan=lifespan)
     app.state.batcher = batcher
@@ -189,13 +217,44 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "agentgym", "max_model_len": context or None}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "agentgym",
+                                            "max_model_len": context or None,
+                                            "parent": None if name == model_name else model_name}
+                                           for name in [model_name, *adapters]]}
 
-    def check_model(name: str) -> None:
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoraAdapterRequest) -> Any:
+        """vLLM's run-time LoRA loading: the adapter folded into a copy of the base weights, served as
+        model ``lora_name`` from then on (loading a name again replaces it)."""
+        if not body.lora_path:
+            raise RequestError("lora_path is required", param="lora_path")
+        try:
+            adapted = await asyncio.to_thread(adapter_policy, policy, body.lora_path)
+        except ConfigError as exc:
+            raise RequestError(str(exc), param="lora_path") from None
+        worker = GenerationBatcher(adapted, max_batch_rows)
+        await worker.start()
+        old = adapters.pop(body.lora_name, None)
+        adapters[body.lora_name] = worker
+        if old is not None:
+            await old.stop()
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: LoraAdapterRequest) -> Any:
+        worker = adapters.pop(body.lora_name, None)
+        if worker is None:
+            raise RequestError(f"The lora adapter '{body.lora_name}' cannot be found.", 404, "not_found", "lora_name")
+        await worker.stop()
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+    def check_model(name: str) -> GenerationBatcher:
+        if name in adapters:
+            return adapters[name]
         if name != model_name:
             raise RequestError(f"The model '{name}' does not exist; this server serves '{model_name}'",
                                404, "model_not_found", "model")
+        return batcher
 
     def sampling(body: CompletionRequest | ChatRequest, cap: int | None, prompt_len: int,
                  top_logprobs: int) -> SamplingParams:
@@ -211,7 +270,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                               top_k=max(body.top_k, 0), stop_strings=body.stop_strings,
                               num_top_logprobs=top_logprobs, seed=body.seed)
 
-    async def run(prompts: list[list[int]], params: SamplingParams, n: int) -> list[Generation]:
+    async def run(prompts: list[list[int]], params: SamplingParams, n: int, batcher: GenerationBatcher
+                  ) -> list[Generation]:
         rows = [p for p in prompts for _ in range(n)]
         try:
             # n samples of one prompt must differ: each gets its own seed when the request is seeded.
@@ -234,13 +294,13 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Any:
-        check_model(body.model)
+        worker = check_model(body.model)
         try:
             prompts = [prompt_ids(p) for p in body.prompts()]
         except ValueError as exc:
             raise RequestError(str(exc), param="prompt") from None
         params = sampling(body, body.max_tokens, max(map(len, prompts)), body.logprobs or 0)
-        generations = await run(prompts, params, body.n)
+        generations = await run(prompts, params, body.n, worker)
         choices = [completion_choice(i, prompts[i // body.n], g, body) for i, g in enumerate(generations)]
         usage = _usage(prompts, generations)
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -251,7 +311,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> Any:
-        check_model(body.model)
+        worker = check_model(body.model)
         try:
             messages = [m.for_template() for m in body.messages]
         except ValueError as exc:
@@ -266,7 +326,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             rendered = rendered["input_ids"]
         prompt = prompt_ids(list(rendered))
         params = sampling(body, body.token_cap, len(prompt), (body.top_logprobs or 0) if body.logprobs else 0)
-        generations = await run([prompt], params, body.n)
+        generations = await run([prompt], params, body.n, worker)
         choices = [chat_choice(i, prompt, g, body) for i, g in enumerate(generations)]
         usage = _usage([prompt], generations)
         rid = f"chatcmpl-{uuid.uuid4().hex}"

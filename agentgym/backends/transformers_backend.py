@@ -136,8 +136,9 @@ def select_cache_rows(cache: Any, rows: torch.Tensor) -> Any | None:
 
 def _logits_to_keep_name(model: torch.nn.Module) -> str | None:
     """Name of the forward argument that limits the logits to the last n positions, if any."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # PEFT passes it on
     try:
-        parameters = inspect.signature(model.forward).parameters
+        parameters = inspect.signature(base.forward).parameters
     except (TypeError, ValueError):
         return None
     for name in ("logits_to_keep", "num_logits_to_keep"):  # renamed in transformers 4.50

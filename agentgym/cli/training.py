@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,12 @@ def train(
     from agentgym.training.progress import make_progress, quiet_third_party_bars
 
     notes: list[str] = []
+    # Under `accelerate launch` / torchrun every process runs this command; the main one talks.
+    other_process = int(os.environ.get("RANK", "0")) > 0
     try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and out is None and resume is None:
+            raise ConfigError("several training processes share one run folder: pass --out DIR "
+                              "(a folder every process, on every node, can reach)")
         with quiet_third_party_bars():
             cfg, folder = _config_and_folder(config, set_, out, resume, overwrite, notes)
             trainer = Trainer(cfg, folder.path)  # everything that can be checked is, before the folder is touched
@@ -51,6 +57,14 @@ def train(
     except KeyboardInterrupt:
         err_console.print("interrupted before the run started; nothing was written")
         raise typer.Exit(code=130) from None
+    if other_process:
+        try:
+            trainer.run(resume=bool(resume), overwrite=overwrite)
+        except AgentGymError as exc:
+            fail(exc)
+        finally:
+            trainer.close()
+        return
     for note in notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False, highlight=False)
     what = f"{cfg.algorithm.name} on {cfg.env.id}, {cfg.iterations} iterations of " \

@@ -115,6 +115,10 @@ class RolloutConfig:
     """Constrained decoding, in training rollouts and evaluations alike: a registered
     ``agentgym.rollout.constraints`` name, e.g. ``tag_spans`` (one ``<search>``/``<answer>`` call whose
     text is copied from the prompt); None generates freely."""
+    max_staleness: Literal[0, 1] = 0
+    """Asynchronous rollouts: 1 generates iteration i+1's episodes while iteration i's update runs (with
+    the weights from before that update; the stale batch is importance-corrected); 0 (the default)
+    alternates, and is exactly synchronous training."""
     require_tool_calls: bool = True
     """On an env with tools, stop the run with an error when an iteration's rollouts make no tool call
     at all (a format or prompt problem that would otherwise train on nothing)."""
@@ -154,6 +158,13 @@ class OptimConfig:
     """Passes over each update phase's rows."""
     num_minibatches: int = 4
     """Optimiser steps per epoch."""
+    micro_batch_tokens: int | None = None
+    """Gradient accumulation: each process runs its share of a minibatch in forward/backward passes of
+    at most this many padded tokens (rows × longest row); the update is the same as in one pass.
+    None: one pass per minibatch."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """``bf16``: forward passes under bfloat16 autocast with float32 weights and optimiser (through
+    accelerate); ``model.dtype: bfloat16`` instead keeps the weights themselves in bfloat16."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +210,11 @@ class LossConfig:
     """Weight of the ``entropy`` term (an entropy bonus subtracted from the loss); 0 turns it off."""
     terms: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Other registered loss terms by name → arguments (``agentgym.training.terms``)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling for the sampler/trainer mismatch (e.g. vLLM's log-probs against
+    the trainer's): each response token's policy loss is weighted by min(π_old / π_sampler, tis_cap)
+    (``agentgym.training.offpolicy``); None: no weighting (stale asynchronous batches are still
+    corrected, with cap 2)."""
 
     def __post_init__(self) -> None:
         if self.loss_agg_mode not in AGG_MODES:
@@ -224,6 +240,8 @@ class LossConfig:
         norm = self.loss_agg_norm_tokens
         if norm is not None and (isinstance(norm, bool) or not isinstance(norm, int) or norm < 1):
             raise ConfigError(f"LossConfig.loss_agg_norm_tokens must be a positive integer or None, got {norm!r}")
+        if self.tis_cap is not None and not 0 < self.tis_cap < math.inf:
+            raise ConfigError(f"LossConfig.tis_cap must be a positive number (or None), got {self.tis_cap!r}")
         if "kl" in self.terms or "entropy" in self.terms:
             raise ConfigError("LossConfig.terms: the kl and entropy terms are set by kl_coef/kl_type and "
                               "entropy_coef, not under terms")
@@ -293,6 +311,8 @@ class TrainConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.optim.micro_batch_tokens is not None and self.optim.micro_batch_tokens < 1:
+            raise ConfigError(f"optim.micro_batch_tokens must be >= 1 or null, got {self.optim.micro_batch_tokens}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:

@@ -7,36 +7,36 @@ Every iteration's task seeds, sampling seed and minibatch order derive from ``(c
 iteration)``, so a resumed run replays exactly what an uninterrupted one would have done. The run
 folder (``RunFolder``), the response to Ctrl-C and SIGTERM (``StopSignals``: stop after the
 iteration, or at once where the iteration may be abandoned) and the progress display
-(``Progress``) are components the loop calls; none of them changes what is trained.
+(``Progress``) are components the loop calls; none of them changes what is trained. So are the
+run's processes (``Distributed``: one, or several under ``accelerate launch``, each collecting its
+share of the tasks and training on its share of the rows) and the ``RolloutPipeline`` (episodes
+collected between updates, or during them with ``rollout.max_staleness: 1``).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
-import random
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import agentgym
 from agentgym.backends.builder import make_policy
-from agentgym.core import Env
+from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
 from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.policy import SamplingParams
-from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.prompt import PromptRenderer
-from agentgym.rollout.records import EpisodeGroup, Turn
+from agentgym.rollout.records import EpisodeGroup
 from agentgym.training.checkpoint import (
     checkpoint_iteration,
     load_checkpoint,
@@ -45,113 +45,39 @@ from agentgym.training.checkpoint import (
     set_rng_state,
 )
 from agentgym.training.config import TrainConfig, config_to_dict
+from agentgym.training.distributed import Distributed
 from agentgym.training.interrupt import StopNow, StopSignals
 from agentgym.training.metrics import MetricsLog, iteration_metrics
-from agentgym.training.plan import TurnIndex
+from agentgym.training.pipeline import RolloutPipeline, gather_groups, merge_stats
 from agentgym.training.progress import Progress, iteration_status
 from agentgym.training.recipe import Recipe
 from agentgym.training.report import plot_learning_curve
 from agentgym.training.run_folder import RunFolder
+from agentgym.training.setup import (  # noqa: F401  (flatten, turn_index, env_factory: re-exported)
+    action_format,
+    env_factory,
+    env_urls,
+    flatten,
+    lr_schedule,
+    seed_everything,
+    task_seeds,
+    turn_index,
+)
 from agentgym.training.update import PolicyUpdate, sft_update
+from agentgym.training.weights import (
+    load_model_state,
+    model_state,
+    reference_model,
+    restore_reference_base,
+    save_pretrained,
+    save_reference,
+    trainable_parameters,
+)
 
 REFERENCE = "reference.pt"
 
 
-# --- set-up helpers -------------------------------------------------------------------------------
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def env_urls(cfg: TrainConfig) -> list[str]:
-    """The env services of the run: ``env.urls``, or ``[env.url]``, or none (in-process envs)."""
-    return list(cfg.env.urls) or ([cfg.env.url] if cfg.env.url else [])
-
-
-def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
-    """Where the run's envs come from; every answer is also a zero-argument env factory.
-
-    - ``env.url`` / ``env.urls``: an ``EnvFleet`` over those services (one batched request per
-      service per turn; least-loaded placement; a dead service's episodes replayed on another);
-    - ``env.backend: ray``: a ``RayEnvPool`` (envs inside Ray actors);
-    - else in-process envs (``agentgym.make``).
-    """
-    e = cfg.env
-    urls = env_urls(cfg)
-    if urls:
-        from agentgym.http.fleet import EnvFleet
-
-        return EnvFleet(urls, e.id, kwargs=e.kwargs, max_turns=e.max_turns, token=e.token, timeout_s=e.timeout_s)
-    if e.backend == "ray":
-        from agentgym.rollout.ray_pool import RayEnvPool
-
-        return RayEnvPool(e.id, kwargs=e.kwargs, max_turns=e.max_turns, num_workers=e.ray_workers,
-                          address=e.ray_address)
-    return lambda: agentgym.make(e.id, max_turns=e.max_turns, **e.kwargs)
-
-
-def action_format(cfg: TrainConfig) -> str:
-    """``rollout.action_format``, or the format the env's spec asks for, or ``plain``."""
-    if cfg.rollout.action_format is not None:
-        return cfg.rollout.action_format
-    urls = env_urls(cfg)
-    if urls:
-        from agentgym.http.client import EnvClient
-
-        with EnvClient(urls[0], token=cfg.env.token, timeout_s=cfg.env.timeout_s) as client:
-            wanted = client.env_detail(cfg.env.id).get("action_format")
-    else:
-        wanted = getattr(agentgym.spec(cfg.env.id), "action_format", None)
-    return wanted or "plain"
-
-
-def task_seeds(cfg: TrainConfig, iteration: int, round_: int = 0) -> list[int]:
-    """Training task seeds of an iteration's collection round: below ``eval.seed_offset``, so never an eval task."""
-    rng = np.random.default_rng([cfg.seed, iteration] if round_ == 0 else [cfg.seed, iteration, round_])
-    return [int(s) for s in rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.num_tasks)]
-
-
-def flatten(groups: list[EpisodeGroup]) -> list[Turn]:
-    """Turns in estimator order: group → trajectory → turn."""
-    return [turn for g in groups for t in g.trajectories for turn in t.turns]
-
-
-def turn_index(groups: list[EpisodeGroup]) -> TurnIndex:
-    """Trajectory id, step and group of every turn, in estimator order (what update plans split on)."""
-    ids, steps, group_of, shared = [], [], [], []
-    for g_index, group in enumerate(groups):
-        for trajectory in group.trajectories:
-            n = len(trajectory.turns)
-            ids += [trajectory.trajectory_id] * n
-            steps += range(n)
-            group_of += [g_index] * n
-            shared += [k < (trajectory.fork_turn or 0) for k in range(n)]
-    return TurnIndex(np.array(ids, dtype=object), np.array(steps, dtype=np.int64), np.array(group_of, dtype=np.int64),
-                     np.array(shared, dtype=bool))
-
-
-def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
-    """The learning-rate factor per iteration: warm-up, then constant, cosine or linear decay."""
-    def factor(step: int) -> float:
-        warm = cfg.optim.warmup_iterations
-        if warm and step < warm:
-            return (step + 1) / warm
-        progress = (step - warm) / max(1, cfg.iterations - warm)
-        if cfg.optim.schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        if cfg.optim.schedule == "linear":
-            return max(0.0, 1 - progress)
-        return 1.0
-
-    return factor
-
-
-def _merge_stats(total: CollectStats, part: CollectStats) -> None:
-    for name, value in vars(part).items():
-        setattr(total, name, getattr(total, name) + value)
+# Set-up helpers live in agentgym.training.setup; flatten and turn_index are re-exported here.
 
 
 @dataclass
@@ -183,8 +109,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, out_dir: str | Path) -> None:
         self.cfg = cfg
-        self.out = Path(out_dir)
-        self.folder = RunFolder(out_dir)
+        self.dist = Distributed.create(cfg.optim.mixed_precision, cpu=cfg.model.device == "cpu")
+        # Checkpoints and the reference live in the run folder (written by the main process only); the
+        # other processes of a multi-process run log into a scratch folder of their own.
+        self.root = Path(out_dir)
+        self.out = self.root if self.dist.is_main else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.dist.rank}-"))
+        self.folder = RunFolder(self.out)
         self.progress = Progress()
         self.stop = StopSignals()
         self.resume_point: ResumePoint | None = None
@@ -193,7 +123,8 @@ class Trainer:
         self.started = time.perf_counter()
         self.recipe = Recipe.from_config(cfg)
         seed_everything(cfg.seed)
-        self.policy = make_policy(cfg.model, seed=cfg.seed)
+        model_cfg = cfg.model if self.dist.device is None else replace(cfg.model, device=str(self.dist.device))
+        self.policy = make_policy(model_cfg, seed=cfg.seed)  # several processes: each on its own device
         self.model, self.tokenizer = self.policy.model, self.policy.tokenizer
         r = cfg.rollout
         fmt = action_format(cfg)
@@ -203,17 +134,50 @@ class Trainer:
             include_instructions=r.include_instructions, tool_messages=r.tool_messages)
         self.make_env = env_factory(cfg)
         self.has_tools = self._check_env()
-        self.collector = Collector(self.make_env, self.policy, self.renderer, action_format=fmt,
+        self.generator = self.generating_policy()
+        self.collector = Collector(self.make_env, self.generator, self.renderer, action_format=fmt,
                                    max_prompt_tokens=r.max_prompt_tokens)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+        self.pipeline = RolloutPipeline(self.collect, r.max_staleness)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr, betas=cfg.optim.betas,
                                            weight_decay=cfg.optim.weight_decay)
+        self.trained, self.optimizer = self.dist.prepare(self.model, self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(cfg))
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_length = r.max_prompt_tokens + r.max_new_tokens
-        self.update = PolicyUpdate(self.model, self.optimizer, self.recipe, cfg.loss, cfg.optim,
+        self.update = PolicyUpdate(self.trained, self.optimizer, self.recipe, cfg.loss, cfg.optim,
                                    temperature=r.temperature, max_length=self.max_length,
                                    pad_token_id=self.pad_token_id, seed=cfg.seed,
-                                   drop_zero_advantage_turns=cfg.algorithm.drop_zero_advantage_turns)
+                                   drop_zero_advantage_turns=cfg.algorithm.drop_zero_advantage_turns,
+                                   dist=self.dist, micro_batch_tokens=cfg.optim.micro_batch_tokens,
+                                   tis_cap=cfg.loss.tis_cap)
+        self.dist.barrier()  # every process has checked the run folder before the main one writes to it
+
+    def generating_policy(self) -> Any:
+        """What rollouts sample from: the policy, or, for asynchronous rollouts on the trained model itself,
+        a copy of its weights (the update changes the model while the next episodes are collected)."""
+        if not self.cfg.rollout.max_staleness:
+            return self.policy
+        if self.dist.world_size > 1:
+            raise ConfigError("rollout.max_staleness=1 is for one training process (its background collection "
+                              "would interleave collective calls with the update's); set rollout.max_staleness=0")
+        if self.cfg.model.backend == "vllm" and self.cfg.model.vllm.get("sleep", True):
+            raise ConfigError("rollout.max_staleness=1 generates during updates, but model.vllm.sleep puts the "
+                              "colocated engine to sleep for them: set model.vllm.sleep=false or use vllm-server")
+        if not isinstance(self.policy, TransformersPolicy):
+            return self.policy  # generates with weights of its own, synced when the loop says
+        return TransformersPolicy(copy.deepcopy(self.model), self.tokenizer, seed=self.cfg.seed)
+
+    def sync_generator(self) -> None:
+        """The trained weights to what generates. A generator shared by every process (a vLLM server) is
+        sent them by the main process only, and the others wait until it has them."""
+        if hasattr(self.generator, "writer"):
+            self.generator.writer = self.dist.is_main
+            self.generator.sync_weights(self.model)
+            self.dist.barrier()
+        else:
+            self.generator.sync_weights(self.model)
 
     def _check_env(self) -> bool:
         """Reset one env before anything else: a bad env id or argument fails here, and so does an
@@ -254,14 +218,20 @@ class Trainer:
         groups: list[EpisodeGroup] = []
         stats = CollectStats()
         round_ = 0
+        dist = self.dist
+        wanted = len(dist.shard(cfg.rollout.num_tasks))  # several processes: each collects its share of the tasks
+        part = f"p{dist.rank}-" if dist.world_size > 1 else ""
         while True:
-            prefix = f"it{iteration}-g" if round_ == 0 else f"it{iteration}r{round_}-g"
-            groups += self.collector.collect(task_seeds(cfg, iteration, round_), cfg.rollout.group_size, sampling,
-                                             group_prefix=prefix, hooks=hooks, iteration=iteration)
-            _merge_stats(stats, self.collector.last_stats)
-            if len(groups) >= cfg.rollout.num_tasks or round_ >= hooks.max_extra_rounds:
+            prefix = f"it{iteration}-{part}g" if round_ == 0 else f"it{iteration}r{round_}-{part}g"
+            seeds = task_seeds(cfg, iteration, round_)
+            groups += self.collector.collect([seeds[i] for i in dist.shard(len(seeds))], cfg.rollout.group_size,
+                                             sampling, group_prefix=prefix, hooks=hooks, iteration=iteration)
+            merge_stats(stats, self.collector.last_stats)
+            if len(groups) >= wanted or round_ >= hooks.max_extra_rounds:
                 break
             round_ += 1
+        if dist.world_size > 1:
+            groups, stats = gather_groups(dist, groups, stats)
         metrics = dict(hooks.metrics())  # read once: what the hooks did over all of the iteration's rounds
         metrics.update({"rollout/groups": float(min(len(groups), cfg.rollout.num_tasks)),
                         "rollout/extra_rounds": float(round_)})
@@ -290,19 +260,17 @@ class Trainer:
                 grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
                 on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total))}
             progress.finish()
+        if cfg.sft.enabled:  # every process continues from the main one's weights
+            self.dist.broadcast_parameters(self.model)
+        save_reference(self.model, self.root / REFERENCE, sft_ran=cfg.sft.enabled, write=self.dist.is_main)
+        self.dist.barrier()
         extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
-        torch.save(self.model.state_dict(), self.out / REFERENCE)
         return extra
 
     def freeze_reference(self) -> None:
         """The KL anchor is the policy RL starts from (after SFT), never the untrained init; a resumed
         run rebuilds it from the saved post-SFT weights."""
-        current = copy.deepcopy(self.model.state_dict())
-        self.model.load_state_dict(torch.load(self.out / REFERENCE, weights_only=True))
-        reference = copy.deepcopy(self.model).eval()
-        reference.requires_grad_(False)
-        self.model.load_state_dict(current)
-        self.update.ref_model = reference
+        self.update.ref_model = reference_model(self.model, self.root / REFERENCE)
 
     def plugin_state(self) -> dict[str, Any]:
         """State of the recipe's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
@@ -320,11 +288,15 @@ class Trainer:
     def save(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any], *,
              rng: dict[str, Any] | None = None, plugins: dict[str, Any] | None = None) -> None:
         """Checkpoint the end of ``iteration`` (RNG and plug-in state: now, unless given)."""
-        state = {"iteration": iteration, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        pending = self.pipeline.pending_state()  # asynchronous: the next iteration's episodes, collected already
+        state = {"iteration": iteration, **model_state(self.model), "optimizer": self.optimizer.state_dict(),
+                 "pending_rollout": pending,
                  "scheduler": self.scheduler.state_dict(), "plugins": plugins or self.plugin_state(),
                  "history": history,
                  "extra": {**extra, "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started}}
-        save_checkpoint(self.out, state if rng is None else {**state, "rng": rng})
+        if self.dist.is_main:
+            save_checkpoint(self.root, state if rng is None else {**state, "rng": rng})
+        self.dist.barrier()
         self.saved_iteration = iteration
 
     def capture(self, iteration: int, history: list[dict[str, Any]]) -> ResumePoint:
@@ -336,12 +308,15 @@ class Trainer:
     def restore(self) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
         """Reinstate the folder's checkpoint, after checking the config against the run's (the changes a
         resumed run may make are recorded). Returns the history, the warm start's results and the iteration."""
-        cfg, out = self.cfg, self.out
-        changes = self.folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out))
+        cfg, out = self.cfg, self.root
+        folder = RunFolder(out)
+        changes = folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out))
         state = load_checkpoint(out)
         iteration = state["iteration"]
-        self.folder.record_changes(iteration, changes, config_to_dict(cfg))
-        self.model.load_state_dict(state["model"])
+        if self.dist.is_main:
+            folder.record_changes(iteration, changes, config_to_dict(cfg))
+        restore_reference_base(self.model, out / REFERENCE)
+        load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # A longer run stretches the schedule: the next update already uses the new schedule's rate.
@@ -349,6 +324,9 @@ class Trainer:
         for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
             group["lr"] = base_lr * factor
         self.load_plugin_state(state.get("plugins", {}))
+        self.pipeline.load_pending_state(state.get("pending_rollout"))
+        if self.pipeline.asynchronous:
+            self.sync_generator()
         set_rng_state(state["rng"])
         self.saved_iteration = iteration
         return state["history"], state["extra"], iteration
@@ -403,22 +381,33 @@ class Trainer:
             for iteration in range(start_iteration + 1, cfg.iterations + 1):
                 it_started = time.perf_counter()
                 # --- collect (a stop may abandon it: nothing has changed since the last iteration) ----
+                self.pipeline.wait()  # a background collection must not change plug-in state while it is captured
                 self.resume_point = self.capture(iteration - 1, history)
                 with stop.region("abandonable"):
-                    groups, stats, hook_metrics = self.collect(iteration)
+                    (groups, stats, hook_metrics), rollout = self.pipeline.get(iteration)
                 self.resume_point = None
+                asynchronous = self.pipeline.asynchronous
+                if asynchronous:  # the generator catches up with the last update, then collects the next iteration
+                    self.sync_generator()
                 self._check_tool_calls(iteration, stats)
                 with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
                     fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
                 # --- estimate ------------------------------------------------------------------------
                 advantages = recipe.algorithm.estimator(groups, recipe.args)
-                # --- update (the policy shares its weights with the trainer: sync is a no-op) --------
+                # --- update, then the new weights to the generator (a no-op when it is the model) ----
+                if asynchronous and iteration < cfg.iterations:
+                    self.pipeline.prefetch(iteration + 1)
                 update_started = time.perf_counter()
-                update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration)
+                if not asynchronous and callable(getattr(self.policy, "offload", None)):
+                    self.policy.offload()  # a colocated engine frees the accelerator for the update
+                update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration,
+                                             staleness=rollout.staleness)
                 for term in recipe.terms.values():
                     update_metrics.update(term.end_iteration())
                 self.scheduler.step()
-                self.policy.sync_weights(None)
+                self.pipeline.updated(update_started, time.perf_counter())
+                if not asynchronous:
+                    self.sync_generator()
                 update_s = time.perf_counter() - update_started
                 # --- log -----------------------------------------------------------------------------
                 timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
@@ -426,9 +415,13 @@ class Trainer:
                                             self.scheduler.get_last_lr()[0])
                 metrics.update(hook_metrics)
                 metrics.update(update_metrics)
+                metrics.update(rollout.metrics())
                 if "perf/train_tokens" in update_metrics and update_s > 0:
                     metrics["perf/train_tokens_per_s"] = update_metrics["perf/train_tokens"] / update_s
                 if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration != cfg.iterations:
+                    if asynchronous:  # the collector is busy with the next iteration: let it finish first
+                        self.pipeline.wait()
+                        self.sync_generator()
                     metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
                 history.append(metrics)
                 log.log(metrics)
@@ -457,8 +450,8 @@ class Trainer:
             "config_history": self.folder.config_history(),
         }
         (out / "report.json").write_text(json.dumps(report, indent=2))
-        self.model.save_pretrained(out / "model")
-        self.tokenizer.save_pretrained(out / "model")
+        if self.dist.is_main:
+            save_pretrained(self.model, self.tokenizer, out)
         plot_learning_curve(report, out / "learning_curve.png")
         return report
 
@@ -474,7 +467,12 @@ class Trainer:
                 f"rollout.require_tool_calls=false runs anyway")
 
     def close(self) -> None:
+        self.pipeline.close()
         self.collector.close()
+        if callable(getattr(self.policy, "close", None)):
+            self.policy.close()
+        if self.out != self.root:
+            shutil.rmtree(self.out, ignore_errors=True)
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,

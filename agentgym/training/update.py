@@ -5,11 +5,14 @@ called once per iteration with the iteration's turns and advantages. For every p
 packs the phase's turns (advantages broadcast to response tokens in one place: ``pack_turns``),
 recomputes the "old" log-probs with the current weights (as verl does: they then match the first
 minibatch's own forward pass exactly), and takes ``optim.num_epochs`` passes of
-``optim.num_minibatches`` optimiser steps.
+``optim.num_minibatches`` optimiser steps. Under several processes each takes its share of every
+minibatch's rows, in micro-batches of at most ``optim.micro_batch_tokens`` padded tokens, with the
+loss normalised over the whole minibatch (``agentgym.training.distributed``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -19,7 +22,15 @@ import numpy as np
 import torch
 
 from agentgym.rollout.records import Turn
-from agentgym.training.packing import TokenBatch, minibatches, pack_turns, sequence_logprobs
+from agentgym.training.distributed import Distributed, aggregation_units
+from agentgym.training.offpolicy import DEFAULT_CAP, importance_corrected
+from agentgym.training.packing import (
+    TokenBatch,
+    minibatches,
+    pack_turns,
+    sequence_logprobs,
+    token_minibatches,
+)
 from agentgym.training.plan import TurnIndex
 from agentgym.training.terms import ForwardOutputs, total_loss
 
@@ -47,11 +58,19 @@ class PolicyUpdate:
         seed: the run's seed (minibatch order derives from it and the iteration).
         drop_zero_advantage_turns: leave rows whose advantage is exactly 0 out.
         ref_model: the frozen reference policy, needed when a loss term reads reference log-probs.
+        dist: the run's processes (default: this one alone); ``model`` is then the wrapped model.
+        micro_batch_tokens: budget of padded tokens per forward/backward pass (gradient accumulation
+            within a minibatch); None: one pass per process and minibatch.
+        tis_cap: truncated importance sampling: weight each response token's policy loss by
+            min(π_old / π_sampler, tis_cap), the gap between the trainer's recomputed log-probs and the
+            sampler's (``agentgym.training.offpolicy``); None: no correction unless the batch is stale.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe, loss: LossConfig,
                  optim: OptimConfig, *, temperature: float, max_length: int, pad_token_id: int, seed: int,
-                 drop_zero_advantage_turns: bool = False, ref_model: torch.nn.Module | None = None) -> None:
+                 drop_zero_advantage_turns: bool = False, ref_model: torch.nn.Module | None = None,
+                 dist: Distributed | None = None, micro_batch_tokens: int | None = None,
+                 tis_cap: float | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.recipe = recipe
@@ -63,14 +82,22 @@ class PolicyUpdate:
         self.seed = seed
         self.drop_zero_advantage_turns = drop_zero_advantage_turns
         self.ref_model = ref_model
+        self.dist = dist or Distributed()
+        self.micro_batch_tokens = micro_batch_tokens
+        self.tis_cap = tis_cap
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def __call__(self, turns: Sequence[Turn], advantages: np.ndarray, index: TurnIndex,
-                 iteration: int) -> dict[str, float]:
-        """Update on one iteration's turns; returns metrics (means over minibatches)."""
+                 iteration: int, *, staleness: int = 0) -> dict[str, float]:
+        """Update on one iteration's turns; returns metrics (means over minibatches).
+
+        ``staleness``: updates made since the turns were sampled (asynchronous rollouts); a stale batch
+        is always importance-corrected (cap ``tis_cap``, or ``offpolicy.DEFAULT_CAP``).
+        """
+        cap = self.tis_cap if self.tis_cap is not None else (DEFAULT_CAP if staleness > 0 else None)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         plan = self.recipe.plan
         collected: dict[str, list[float]] = {}
@@ -88,11 +115,13 @@ class PolicyUpdate:
                                max_length=self.max_length)
             batch = dataclasses.replace(batch, turn_step=torch.as_tensor(index.step[rows], dtype=torch.long))
             old = self.logprobs(batch)
+            if cap is not None:
+                batch = importance_corrected(batch, old, cap, collected)
             batch = dataclasses.replace(batch, old_logprobs=old)
             self.model.train()
             for _ in range(self.optim.num_epochs):
                 for mb in minibatches(batch, min(self.optim.num_minibatches, batch.num_rows), generator=generator):
-                    for key, value in self._step(mb.to(self.device)).items():
+                    for key, value in self._step(mb).items():
                         collected.setdefault(key, []).append(value)
             train_tokens += float(batch.attention_mask.sum()) * self.optim.num_epochs
             if plan.wants_logprobs_after:
@@ -108,31 +137,75 @@ class PolicyUpdate:
         return out
 
     def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """Log-probs of the batch's tokens under the current weights (no grad), on the CPU."""
+        """Log-probs of the batch's tokens under the current weights (no grad), on the CPU; each process
+        computes its share of the rows and the shares are gathered."""
         self.model.eval()
-        with torch.no_grad():
-            chunks = [sequence_logprobs(self.model, batch.select(torch.arange(i, min(i + LOGPROB_CHUNK_ROWS,
-                                                                                       batch.num_rows))).to(self.device),
-                                        temperature=self.temperature)[0].cpu()
-                      for i in range(0, batch.num_rows, LOGPROB_CHUNK_ROWS)]
-        return torch.cat(chunks)
+        mine = batch.select(self.dist.shard(batch.num_rows))
+        with torch.no_grad(), self.dist.autocast():
+            chunks = [sequence_logprobs(self.model, mine.select(torch.arange(i, min(i + LOGPROB_CHUNK_ROWS,
+                                                                                  mine.num_rows))).to(self.device),
+                                        temperature=self.temperature)[0].float().cpu()
+                      for i in range(0, mine.num_rows, LOGPROB_CHUNK_ROWS)]
+        local = torch.cat(chunks) if chunks else torch.zeros((0, batch.seq_len))
+        return self.dist.gather_rows(local, batch.num_rows)
+
+    def micro_batches(self, mb: TokenBatch) -> list[tuple[TokenBatch, float]]:
+        """This process's micro-batches of minibatch ``mb``, each with its loss weight: its share of the
+        minibatch's aggregation units, so weighted losses summed over micro-batches and processes equal
+        the loss of ``mb`` in one piece. A process left without rows gets one row at weight 0 (every
+        process must run a backward pass for the gradient all-reduce)."""
+        rows = self.dist.shard(mb.num_rows)
+        mine = mb.select(rows or [0]).trim()
+        parts = [mine] if self.micro_batch_tokens is None else token_minibatches(mine, self.micro_batch_tokens,
+                                                                                  shuffle=False)
+        if not rows:
+            return [(parts[0].select([0]).trim(), 0.0)]
+        mode = self.loss_cfg.loss_agg_mode
+        total = aggregation_units(mb, mode)
+        if mode == "seq-mean-token-sum-norm":
+            return [(part, 1.0) for part in parts]
+        return [(part, aggregation_units(part, mode) / total if total else 0.0) for part in parts]
 
     def _step(self, mb: TokenBatch) -> dict[str, float]:
-        recipe = self.recipe
-        logprobs, entropy = sequence_logprobs(self.model, mb, temperature=self.temperature,
-                                              return_entropy=recipe.needs_entropy)
-        ref_logprobs = None
-        if recipe.needs_reference:
-            with torch.no_grad():
-                ref_logprobs = sequence_logprobs(self.ref_model, mb, temperature=self.temperature)[0]
-        outputs = ForwardOutputs(logprobs, entropy, ref_logprobs)
-        loss, metrics = total_loss(recipe.policy_loss, recipe.terms, mb, outputs, self.loss_cfg)
+        recipe, dist = self.recipe, self.dist
+        cfg = self.loss_cfg
+        if cfg.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.loss_agg_norm_tokens is None:
+            # The padded width of the whole minibatch, not of each (trimmed) micro-batch.
+            cfg = dataclasses.replace(cfg, loss_agg_norm_tokens=mb.seq_len)
+        parts = self.micro_batches(mb)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip or float("inf"))
+        sums: dict[str, float] = {}
+        mb_tokens = max(mb.num_response_tokens, 1)
+        sum_norm = cfg.loss_agg_mode == "seq-mean-token-sum-norm"
+        for index, (part, weight) in enumerate(parts):
+            part = part.to(self.device)
+            sync = dist.no_sync(self.model) if index < len(parts) - 1 else contextlib.nullcontext()
+            with sync:
+                with dist.autocast():
+                    logprobs, entropy = sequence_logprobs(self.model, part, temperature=self.temperature,
+                                                          return_entropy=recipe.needs_entropy)
+                    ref_logprobs = None
+                    if recipe.needs_reference:
+                        with torch.no_grad():
+                            ref_logprobs = sequence_logprobs(self.ref_model, part, temperature=self.temperature)[0]
+                outputs = ForwardOutputs(logprobs.float(), None if entropy is None else entropy.float(),
+                                         None if ref_logprobs is None else ref_logprobs.float())
+                loss, metrics = total_loss(recipe.policy_loss, recipe.terms, part, outputs, cfg)
+                # Gradients are averaged over processes (DDP/FSDP): scale up so they add up instead.
+                dist.backward(loss * (weight * dist.world_size))
+            # Metrics are weighted like the loss (so loss/policy is the minibatch's); under the sum-norm
+            # mode, whose micro-batch losses add up, by token share instead (so fractions stay fractions).
+            share = weight if not sum_norm else (part.num_response_tokens / mb_tokens if weight else 0.0)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + share * value
+        names = sorted(sums)
+        totals = dist.sum(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
+        grad_norm = dist.clip_grad_norm([p for p in self.model.parameters() if p.requires_grad],
+                                        self.optim.grad_clip or float("inf"))
         self.optimizer.step()
-        metrics["loss/grad_norm"] = float(grad_norm)
-        return metrics
+        out = dict(zip(names, totals))
+        out["loss/grad_norm"] = float(grad_norm)
+        return out
 
 
 def _rows(values: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:

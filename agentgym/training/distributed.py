@@ -1,0 +1,192 @@
+"""Several training processes (``accelerate launch -m agentgym train``) and the update's loss normalisation.
+
+One process per GPU (or CPU process with gloo), launched by ``accelerate``; what parallelism the
+model gets (DDP, FSDP, DeepSpeed ZeRO) is accelerate's configuration (``accelerate config``), not
+agentgym's. agentgym does three things itself:
+
+- **Rollouts are split by task.** Each process collects its share of the iteration's tasks; the
+  groups are gathered so every process holds the whole iteration (the estimator sees every group).
+- **Rows are split, the loss is normalised globally.** Every minibatch is the same on every process
+  (same seeded shuffle); process r trains on rows r, r+W, ... of it, cut into micro-batches of at
+  most ``optim.micro_batch_tokens`` padded tokens. Each micro-batch's loss is weighted by its share
+  of the whole minibatch's aggregation units (``aggregation_units``: response tokens for
+  ``token-mean``, rows for the ``seq-mean-*`` modes), so the sum over micro-batches and processes is
+  exactly the loss of the minibatch computed in one piece: 2 processes give the same update as 1.
+- **Only the main process writes** the run folder; every process reads checkpoints from it (a
+  shared filesystem across nodes).
+
+``Distributed.create`` returns a single-process stand-in when the run was not launched that way and
+needs no mixed precision, so plain ``agentgym train`` needs no accelerate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+from agentgym.errors import ConfigError
+from agentgym.training.packing import TokenBatch
+
+
+def aggregation_units(batch: TokenBatch, mode: str) -> float:
+    """What ``aggregate(..., mode)`` divides by, counted over ``batch``: response tokens for
+    ``token-mean``; rows with a response token for ``seq-mean-token-mean``/``seq-mean-token-sum``;
+    1 for ``seq-mean-token-sum-norm`` (a constant divisor, so micro-batch losses simply add up).
+
+    Example:
+        >>> from agentgym.rollout.records import Turn
+        >>> from agentgym.training.packing import pack_turns
+        >>> batch = pack_turns([Turn([1], [2, 3], [0, 0], 0, "a"), Turn([1], [2], [0], 0, "b")], [1, 1], pad_token_id=0)
+        >>> aggregation_units(batch, "token-mean"), aggregation_units(batch, "seq-mean-token-mean")
+        (3.0, 2.0)
+    """
+    if mode == "token-mean":
+        return float(batch.response_mask.sum())
+    if mode == "seq-mean-token-sum-norm":
+        return 1.0
+    return float((batch.response_mask.sum(-1) > 0).sum())
+
+
+class Distributed:
+    """The processes of a run: rank, world size, and the collective operations the trainer uses.
+
+    This base class is the single-process case (every operation is the identity); ``Accelerated``
+    is the ``accelerate`` one.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+
+    device: Any = None
+    """This process's device under several processes (``cuda:LOCAL_RANK`` or cpu); None: the model's own."""
+
+    @staticmethod
+    def create(mixed_precision: str = "no", *, cpu: bool = False) -> Distributed:
+        """``Accelerated`` when launched with several processes (``WORLD_SIZE`` > 1, as ``accelerate
+        launch`` and ``torchrun`` set it) or when mixed precision is asked for; otherwise the
+        single-process ``Distributed``. ``cpu`` (or no CUDA device) makes the processes CPU processes
+        talking over gloo."""
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 or mixed_precision != "no":
+            return Accelerated(mixed_precision, cpu=cpu)
+        return Distributed()
+
+    @property
+    def is_main(self) -> bool:
+        """The process that writes the run folder."""
+        return self.rank == 0
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        """Wrap the model and optimiser for training (DDP/FSDP/DeepSpeed under accelerate)."""
+        return model, optimizer
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        """Skip the gradient all-reduce of this backward (all but a step's last micro-batch)."""
+        return contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """Mixed precision for the training forward pass (a no-op without it)."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, parameters: Any, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over processes."""
+        return values
+
+    def gather_objects(self, items: list[Any]) -> list[list[Any]]:
+        """Every process's ``items``, by rank."""
+        return [items]
+
+    def barrier(self) -> None:
+        """Wait until every process gets here."""
+
+    def shard(self, num: int) -> list[int]:
+        """This process's share of ``num`` items: indices rank, rank + W, ..."""
+        return list(range(self.rank, num, self.world_size))
+
+    def gather_rows(self, local: torch.Tensor, num: int) -> torch.Tensor:
+        """Reassemble a ``(num, ...)`` tensor from each process's ``shard(num)`` rows (``local``)."""
+        return local
+
+    def unwrap(self, model: Any) -> Any:
+        return model
+
+    def broadcast_parameters(self, model: torch.nn.Module) -> None:
+        """Make every process's weights the main process's."""
+
+
+class Accelerated(Distributed):
+    """``Distributed`` over ``accelerate.Accelerator`` (one process per device)."""
+
+    def __init__(self, mixed_precision: str = "no", *, cpu: bool = False) -> None:
+        try:
+            from accelerate import Accelerator
+        except ImportError:
+            raise ConfigError("several processes or optim.mixed_precision need accelerate: "
+                              "pip install 'agentgym-rl[accelerate]'") from None
+        self.accelerator = Accelerator(mixed_precision=mixed_precision, cpu=cpu or not torch.cuda.is_available())
+        self.rank = self.accelerator.process_index
+        self.world_size = self.accelerator.num_processes
+        self.device = self.accelerator.device if self.world_size > 1 else None
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        if self.world_size == 1:
+            return model, optimizer
+        return self.accelerator.prepare(model, optimizer)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        return self.accelerator.no_sync(model) if self.world_size > 1 else contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        return self.accelerator.autocast()
+
+    def clip_grad_norm(self, parameters: Any, max_norm: float) -> torch.Tensor:
+        return self.accelerator.clip_grad_norm_(parameters, max_norm)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return values
+        return self.accelerator.reduce(values.to(self.accelerator.device), reduction="sum").cpu()
+
+    def gather_objects(self, items: list[Any]) -> list[list[Any]]:
+        if self.world_size == 1:
+            return [items]
+        gathered: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, items)
+        return gathered
+
+    def barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def gather_rows(self, local: torch.Tensor, num: int) -> torch.Tensor:
+        if self.world_size == 1:
+            return local
+        per_rank = -(-num // self.world_size)
+        padded = torch.zeros((per_rank, *local.shape[1:]), dtype=local.dtype, device=self.accelerator.device)
+        padded[: local.shape[0]] = local
+        everything = self.accelerator.gather(padded).cpu().reshape(self.world_size, per_rank, *local.shape[1:])
+        out = torch.empty((num, *local.shape[1:]), dtype=local.dtype)
+        for rank in range(self.world_size):
+            rows = list(range(rank, num, self.world_size))
+            out[rows] = everything[rank, : len(rows)]
+        return out
+
+    def unwrap(self, model: Any) -> Any:
+        return self.accelerator.unwrap_model(model)
+
+    def broadcast_parameters(self, model: torch.nn.Module) -> None:
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                torch.distributed.broadcast(tensor, src=0)
