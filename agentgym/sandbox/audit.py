@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentgym.sandbox.backends import Backend
+from agentgym.sandbox.backends import Backend, _python_prefixes
 from agentgym.sandbox.limits import Limits, Result
 
 _FORK_PROBE = 100
@@ -218,8 +219,13 @@ def _audit_containment(backend: Backend, limits: Limits) -> dict[str, bool]:
     stopped["leftover_children"] = not _wait_gone(f"sleep\0{tag}\0".encode())
     result = backend.run(_CODE["host_layout"], "", limits)
     lines = result.stdout.splitlines()
+    # The Python install is bound at its host path (the interpreter is PID 1's program): that path is
+    # expected; any other host path (bwrap's options, a scratch dir under the host's temp dir) is not.
+    shown = result.stdout
+    for prefix in sorted(_python_prefixes(getattr(backend, "python", sys.executable)), key=len, reverse=True):
+        shown = shown.replace(prefix, "<python>")
     stopped["host_layout"] = bool(lines) and lines[0] != socket.gethostname() and not any(
-        marker in result.stdout for marker in ("--ro-bind", "agentgym-sandbox-", tempfile.gettempdir() + "/"))
+        marker in shown for marker in ("--ro-bind", "agentgym-sandbox-", tempfile.gettempdir() + "/"))
     return stopped
 
 

@@ -229,14 +229,15 @@ class BwrapBackend(_BackendBase):
                 args += ["--ro-bind", str(path), str(path)]
         # The scratch: a tmpfs of the run's disk size, world-writable as the sandbox uid is not yet
         # known to bwrap (it is the only user inside).
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "1777", "--size", str(int(disk_mb) * 1024 * 1024), "--tmpfs", SANDBOX_SCRATCH]
         prefixes = [prefix for prefix in _python_prefixes(self.python) if not prefix.startswith("/usr/")]
-        # /tmp is the scratch too, unless the Python install lives under /tmp (a checkout with its
-        # venv there): then /tmp holds that install, read-only, and $TMPDIR still points at /scratch.
-        if not any(prefix == "/tmp" or prefix.startswith("/tmp/") for prefix in prefixes):
-            args += ["--symlink", SANDBOX_SCRATCH, "/tmp"]
-        made: set[str] = set()
+        # /tmp is the scratch too. When the Python install lives under /tmp (a checkout with its venv
+        # there), the scratch tmpfs is mounted at /tmp itself, the install is bound read-only inside
+        # it, and /scratch points there; otherwise the tmpfs is /scratch and /tmp points to it.
+        under_tmp = any(prefix.startswith("/tmp/") for prefix in prefixes)
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(int(disk_mb) * 1024 * 1024),
+                 "--tmpfs", "/tmp" if under_tmp else SANDBOX_SCRATCH]
+        args += ["--symlink", "/tmp", SANDBOX_SCRATCH] if under_tmp else ["--symlink", SANDBOX_SCRATCH, "/tmp"]
+        made: set[str] = {"/tmp"} if under_tmp else set()
         for prefix in prefixes:
             # Parents bwrap would create with the host's umask (e.g. /root as 0700, which the
             # sandbox uid could not traverse): create them world-traversable first.
