@@ -5,7 +5,7 @@
   over the same env), both as shipped (``uvicorn`` defaults), each pinned to core 0 while a lean
   client (hand-built WebSocket frames) drives it from core 1.
 * ``clients``: at 64 sessions against one agentgym service (pinned the same way): the lean HTTP
-  client of env_server.py, our ``AsyncEnvClient`` (httpx), our ``AsyncSocketEnv`` and the lean
+  client of env_server.py, our ``AsyncEnvClient`` (httpx over its lean transport), our ``AsyncSocketEnv`` and the lean
   WebSocket client, one step per request or message.
 
 Also ``python env_scale_sockets.py --openenv-server PORT`` serves maze-v0 with OpenEnv's server.
@@ -261,7 +261,7 @@ def compare_clients(sessions: int, duration_s: float) -> list[dict[str, Any]]:
     try:
         runs = {
             "lean HTTP client (one request per step)": (_http_load, (port, "raw", sessions, 1.0, duration_s)),
-            "AsyncEnvClient, httpx (one request per step)": (_http_load, (port, "httpx", sessions, 1.0, duration_s)),
+            "AsyncEnvClient, httpx + lean transport (one request per step)": (_http_load, (port, "httpx", sessions, 1.0, duration_s)),
             "AsyncSocketEnv (one message per step)": (_ws_child, (port, "/openenv/maze-v0/ws", sessions, 1.0,
                                                                   duration_s, "ours")),
             "lean WebSocket client (one message per step)": (_ws_child, (port, "/openenv/maze-v0/ws", sessions, 1.0,

@@ -13,8 +13,8 @@ For each number of concurrent sessions it measures steps/s and p50/p99 latency o
 HTTP modes run twice: with ``raw``, a minimal asyncio HTTP/1.1 client (hand-built request bytes,
 Content-Length framing, keep-alive) that costs a few tens of microseconds per request, so the
 numbers measure the server; and with ``httpx`` (``agentgym.http.client.AsyncEnvClient``), what a
-user's client gets (httpx spends ~1 ms of CPU per request, so one httpx process caps out far below
-the server). The server is a separate process (``python -m agentgym serve``), so it does not share
+user's client gets (httpx's API over ``agentgym.http.transport.LeanAsyncTransport``: about a
+hundred microseconds of client CPU per request, where httpx's own transport spent ~1 ms). The server is a separate process (``python -m agentgym serve``), so it does not share
 a GIL with the load generator -- but it does share the machine's cores, which the output states.
 
 Actions are drawn with a seeded RNG from ``info["admissible_actions"]``. An episode ends when the
