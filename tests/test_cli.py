@@ -133,6 +133,22 @@ def test_an_occupied_port_is_one_line() -> None:
     assert f"--port {port}: the port is already in use" in message
 
 
+def test_serve_policy_and_view_check_their_port_before_loading_anything(tmp_path) -> None:
+    import socket
+
+    assert "--port must be in [1, 65535], got 70000" in one_line_error(["serve-policy", str(tmp_path), "--port",
+                                                                         "70000"])
+    assert "--port must be in [1, 65535], got 0" in one_line_error(["view", str(tmp_path / "nothing"), "--port", "0"])
+    assert "--max-new-tokens must be >= 1, got 0" in one_line_error(["serve-policy", str(tmp_path),
+                                                                     "--max-new-tokens", "0"])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        message = one_line_error(["serve-policy", str(tmp_path), "--port", str(port)])
+    assert f"--port {port}: the port is already in use" in message
+
+
 def test_retrieval_index_refuses_a_binary_corpus_and_an_out_under_a_file(tmp_path) -> None:
     binary = tmp_path / "corpus.bin"
     binary.write_bytes(bytes(range(256)) * 4)

@@ -450,9 +450,10 @@ def _chat_chunks(rid: str, created: int, model: str, choices: list[dict[str, Any
 
 def serve_policy(model_dir: str, *, host: str = "127.0.0.1", port: int = 8001, name: str | None = None,
                  device: str = "auto", dtype: str = "float32", seed: int = 0, max_new_tokens: int = 512,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", sock: Any = None) -> None:
     """Load the model in ``model_dir`` (a Hugging Face directory, or an ``agentgym train`` run folder's
-    ``model/``) and serve it until interrupted.
+    ``model/``) and serve it until interrupted; on ``sock`` (a listening socket, e.g. from
+    ``agentgym.cli.serving.bind``) when given, else on ``host:port``.
 
     Raises:
         ConfigError: the directory is not a usable model (missing files, tokenizer or chat template).
@@ -465,4 +466,7 @@ def serve_policy(model_dir: str, *, host: str = "127.0.0.1", port: int = 8001, n
     policy = make_policy(ModelConfig(path=model_dir, device=device, dtype=dtype), seed=seed)  # type: ignore[arg-type]
     served = name or model_dir.rstrip("/").split("/")[-1]
     app = create_policy_app(policy, served, max_new_tokens=max_new_tokens)  # type: ignore[arg-type]
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    if sock is None:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    else:
+        uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False)).run(sockets=[sock])

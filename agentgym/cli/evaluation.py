@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from agentgym.cli.app import app, console, err_console, fail
+from agentgym.cli.serving import bind, check_range, run_uvicorn
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.registry import load_env_creator
 
@@ -224,7 +225,7 @@ def evaluate(
 def serve_policy(
     model_dir: str = typer.Argument(..., help="A Hugging Face model directory, or an `agentgym train` run folder."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; 0.0.0.0 exposes the server to the network."),
-    port: int = typer.Option(8001, help="TCP port."),
+    port: int = typer.Option(8001, help="TCP port, 1-65535."),
     name: str | None = typer.Option(None, help="Model name clients pass (default: the directory's name)."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
@@ -245,19 +246,26 @@ def serve_policy(
                              f"{folder}/checkpoint.pt"))
         folder = folder / "model"
     served = name or Path(model_dir).resolve().name
+    try:
+        check_range("--max-new-tokens", max_new_tokens, 1)
+        sock = bind(host, port)  # an occupied port is one line, before the model loads
+    except AgentGymError as exc:
+        fail(exc)
     err_console.print(f"serving {folder} as model {served!r} on http://{host}:{port}/v1")
     try:
         serve(str(folder), host=host, port=port, name=served, device=device, dtype=dtype, seed=seed,
-              max_new_tokens=max_new_tokens, log_level=log_level)
+              max_new_tokens=max_new_tokens, log_level=log_level, sock=sock)
     except AgentGymError as exc:
         fail(exc)
+    finally:
+        sock.close()
 
 
 @app.command()
 def view(
     folder: str = typer.Argument(..., help="An `agentgym eval --out` or `agentgym train --out` folder."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind."),
-    port: int = typer.Option(8002, help="TCP port."),
+    port: int = typer.Option(8002, help="TCP port, 1-65535."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Replay trajectories in the browser: turn by turn, filters, side-by-side comparison, learning curves."""
@@ -266,10 +274,10 @@ def view(
     except ImportError as exc:
         fail(ImportError(f"{exc}; install the server extra: pip install 'agentgym-rl[server]'"))
     try:
+        check_range("--port", port, 1, 65535)
         service = create_viewer_app(folder)
+        sock = bind(host, port)
     except AgentGymError as exc:
         fail(exc)
-    import uvicorn
-
     err_console.print(f"viewer of {folder} on http://{host}:{port}/")
-    uvicorn.run(service, host=host, port=port, log_level=log_level, access_log=False)
+    run_uvicorn(service, sock, log_level=log_level)
