@@ -14,10 +14,9 @@ import pytest
 
 import agentgym
 from agentgym.checker import check_env
-from agentgym.envs.function_calling import (
+from agentgym.envs.function_calling import MAX_CALLS_PER_TURN, FunctionCallingEnv
+from agentgym.envs.function_tasks import (
     FAMILIES,
-    MAX_CALLS_PER_TURN,
-    FunctionCallingEnv,
     answer_matches,
     generate_task,
     numbers_match,
