@@ -144,6 +144,31 @@ def test_keep_alive_chunked_and_read_to_close_bodies() -> None:
     asyncio.run(scenario())
 
 
+def test_head_and_204_answers_have_no_body_whatever_their_headers_say() -> None:
+    async def handler(reader, writer, counts):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            counts["requests"] += 1
+            if head.startswith(b"HEAD"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 999\r\n\r\n")
+            elif b"/empty" in head:
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            else:
+                writer.write(answer(b'{"ok": true}'))
+            await writer.drain()
+
+    async def scenario() -> None:
+        async with raw_server(handler) as (url, counts):
+            async with httpx.AsyncClient(transport=LeanAsyncTransport(), timeout=2) as client:
+                head = await client.head(f"{url}/x")
+                assert head.status_code == 200 and head.content == b""
+                assert (await client.delete(f"{url}/empty")).status_code == 204
+                assert (await client.get(f"{url}/x")).json() == {"ok": True}  # the connection is still in step
+            assert counts == {"connections": 1, "requests": 3}
+
+    asyncio.run(scenario())
+
+
 def test_an_idle_connection_the_server_dropped_is_not_reused() -> None:
     async def handler(reader, writer, counts):
         writer.write(answer(await read_request(reader, counts)))  # one answer, then the server drops it

@@ -180,12 +180,12 @@ async def _read_response(reader: asyncio.StreamReader, request: httpx.Request) -
         raise ValueError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
     headers = [_header(line) for line in header_lines]
     fields = {name.lower(): value.strip() for name, value in headers}
-    if "chunked" in fields.get("transfer-encoding", "").lower():
+    if request.method == "HEAD" or status.startswith("1") or status in ("204", "304"):
+        content = b""  # no body, whatever the headers announce (RFC 9112, section 6.3)
+    elif "chunked" in fields.get("transfer-encoding", "").lower():
         content = await _read_chunked(reader)
     elif "content-length" in fields:
         content = await reader.readexactly(int(fields["content-length"]))
-    elif request.method == "HEAD" or status.startswith("1") or status in ("204", "304"):
-        content = b""
     else:  # no length: the body runs to the end of the connection
         content = await reader.read()
         return _response(int(status), headers, content, request), False
