@@ -184,6 +184,22 @@ def test_an_idle_connection_the_server_dropped_is_not_reused() -> None:
     asyncio.run(scenario())
 
 
+def test_one_client_serves_several_event_loops(live_server) -> None:
+    server = live_server(["maze-v0"])
+    client = AsyncEnvClient(server.url)
+
+    async def one_episode(seed: int) -> str:
+        env = await AsyncRemoteEnv.create(client, "maze-v0")
+        observation, _ = await env.reset(seed=seed)
+        await env.step("up")
+        await env.close()
+        return observation
+
+    first = asyncio.run(one_episode(3))  # its connections stay behind, bound to a closed loop
+    assert asyncio.run(one_episode(3)) == first
+    asyncio.run(client.aclose())
+
+
 def test_a_hung_server_times_out_and_a_sent_step_is_not_repeated() -> None:
     async def handler(reader, writer, counts):
         await read_request(reader, counts)

@@ -34,16 +34,21 @@ _MAX_HEAD_BYTES = 64 * 1024
 class _Connection:
     """One keep-alive connection: its streams and whether it can carry another request."""
 
-    __slots__ = ("reader", "writer")
+    __slots__ = ("loop", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.loop = asyncio.get_running_loop()
 
     def usable(self) -> bool:
-        """False once the peer closed it (an idle keep-alive connection the service timed out)."""
-        return not (self.reader.at_eof() or self.writer.is_closing())
+        """False once the peer closed it (an idle keep-alive connection the service timed out), or
+        when it belongs to another event loop (a client used again under a new ``asyncio.run``)."""
+        return (self.loop is asyncio.get_running_loop() and not self.loop.is_closed()
+                and not (self.reader.at_eof() or self.writer.is_closing()))
 
     def close(self) -> None:
+        if self.loop.is_closed():  # its transport went with its loop
+            return
         with contextlib.suppress(Exception):
             self.writer.close()
 
@@ -62,7 +67,9 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
     """
 
     def __init__(self, *, max_connections: int | None = 256, max_keepalive_connections: int | None = 64) -> None:
-        self._slots = asyncio.Semaphore(max_connections) if max_connections else None
+        self._max_connections = max_connections
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
         self._keep = max_keepalive_connections if max_keepalive_connections is not None else 1 << 30
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._closed = False
@@ -108,8 +115,11 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
     # --- internals ------------------------------------------------------------------------------
 
     async def _acquire(self, request: httpx.Request, timeout: float | None) -> None:
-        if self._slots is None:
+        if not self._max_connections:
             return
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:  # a semaphore serves one event loop
+            self._slots, self._slots_loop = asyncio.Semaphore(self._max_connections), loop
         if not self._slots.locked():  # a free slot: no deadline to arm
             await self._slots.acquire()
             return
