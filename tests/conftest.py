@@ -135,6 +135,20 @@ TEST_ENV_IDS = ["test/http-counter-v0", "test/http-counter-replay-v0", "test/htt
 # --- in-process services ---------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Train on one torch thread, as the learning tests' numbers were measured (the result of a
+    short run depends on the thread count through float summation order)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def make_service() -> Iterator[Callable[..., Any]]:
     """``make_service(**create_app_kwargs) -> TestClient`` (lifespan running); all closed after the test."""

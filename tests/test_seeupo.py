@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import one_torch_thread
 from learning import LEARN_FULL, ROOT, assert_learns
 
 from agentgym.errors import ConfigError
@@ -213,9 +214,5 @@ def test_resume_is_exact(tmp_path: Path) -> None:
 def test_seeupo_learns_the_quickstart_maze(tmp_path: Path) -> None:
     """SeeUPO's advantage is GRPO's (no step groups), and learns the maze about as slowly as GRPO does
     (benchmarks/results/algorithms.json: GRPO 27% -> 39% on seed 0 in 60 iterations)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as measured: the margin is a few points
-    try:
+    with one_torch_thread():  # as measured: the margin is a few points
         assert_learns(train(load_config(PRESET, LEARN_FULL), tmp_path), min_gain=0.06)
-    finally:
-        torch.set_num_threads(threads)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_torch_thread
 from typer.testing import CliRunner
 
 import agentgym
@@ -46,12 +47,8 @@ def test_the_search_qa_preset_learns_to_use_the_search_tool(tmp_path: Path) -> N
 
     One torch thread, as the preset's numbers were measured: RL's gain on this task differs by seed
     (31% -> 47%, 41% -> 47%, 42% -> 38% for seeds 0-2), so the run must be the one measured."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         report = train(load_config(PRESET), tmp_path)
-    finally:
-        torch.set_num_threads(threads)
     before_sft, before, after = (report["eval"][k] for k in ("before_sft", "before", "after"))
     assert before_sft["success_rate"] == 0.0  # nothing is known before the demonstrations
     assert 0.25 <= before["success_rate"] <= 0.65, f"post-SFT success {before['success_rate']:.0%}"
