@@ -131,6 +131,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
 # --- request building and response parsing --------------------------------------------------------------
 
 
+
+def _update_and_sync(policy) -> None:
+    """Stand-in for an optimiser step on the trained weights, then the sync the trainer makes."""
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    policy.offload()
+    policy.sync_weights(policy.model)
+
 def test_sampling_params_ask_for_what_a_generation_needs(fake_vllm: types.ModuleType) -> None:
     built = sampling_params(fake_vllm, SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=0,
                                                       stop_strings=("</a>",), num_top_logprobs=3), seed=11)
@@ -169,11 +178,7 @@ def test_colocated_generation_matches_the_trained_model_and_sleeps_around_update
     [direct] = policy.trainer.generate([prompt], params)
     assert ours.token_ids == direct.token_ids and np.allclose(ours.logprobs, direct.logprobs, atol=1e-5)
     # An update changes the trained weights; the engine sees them only after the sync.
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    policy.offload()
-    policy.sync_weights(policy.model)
+    _update_and_sync(policy)
     [after] = policy.generate([prompt], params)
     [direct_after] = policy.trainer.generate([prompt], params)
     assert np.allclose(after.logprobs, direct_after.logprobs, atol=1e-5)
@@ -279,11 +284,7 @@ def test_real_vllm_engine_generates_and_syncs(tmp_path: Path) -> None:
     prompt = policy.tokenizer.encode("hello", add_special_tokens=False)
     params = SamplingParams(max_new_tokens=8, temperature=0)
     [before] = policy.generate([prompt], params)
-    with torch.no_grad():
-        for p in policy.model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    policy.offload()
-    policy.sync_weights(policy.model)
+    _update_and_sync(policy)
     [after] = policy.generate([prompt], params)
     [direct] = policy.trainer.generate([prompt], params)
     assert len(before.token_ids) == 8 and after.token_ids[:2] == direct.token_ids[:2]
