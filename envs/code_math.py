@@ -3,7 +3,8 @@
 The agent interleaves ``<python>code</python>`` cells, whose output comes back as
 ``<output>…</output>``, with its own reasoning, then answers once with ``<answer>value</answer>``.
 Problems come from ``agentgym.envs.math_problems``: seeded word problems with exact answers
-(integers or fractions) over seven templates, at three difficulties.
+(integers or fractions) over seven templates, at three difficulties, and an arithmetic drill
+(``templates=["expression"]``) that a tiny model can learn.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agentgym.core import Env
 from agentgym.envs.arguments import check_non_negative
 from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
 from agentgym.envs.math_problems import (
+    DRILLS,
     TEMPLATES,
     MathProblem,
     generate_problem,
@@ -159,7 +161,10 @@ class CodeMathEnv(Env):
 
     Args:
         difficulty: 1 (easy) to 3 (hard).
-        templates: the templates to draw from (default: all of ``TEMPLATES``).
+        templates: the templates to draw from (default: the word problems, all of ``TEMPLATES``); the
+            drill ``"expression"`` (``DRILLS``) asks to evaluate an arithmetic expression whose copy into a
+            cell is the whole solution: a first tool task for small models (with the ``tag_spans:python,answer``
+            decoding constraint, ``configs/code_math_*_tiny.yaml``).
         format_penalty: subtracted from the reward of an invalid action (``>= 0``).
         max_output_chars: each cell's output is cut to this many characters in the observation.
         limits: sandbox ``Limits`` of a run, or a dict of fields overriding ``DEFAULT_LIMITS``.
@@ -193,9 +198,9 @@ class CodeMathEnv(Env):
         if isinstance(difficulty, bool) or difficulty not in (1, 2, 3):
             raise ConfigError(f"difficulty must be 1, 2 or 3, got {difficulty!r}")
         chosen = list(TEMPLATES) if templates is None else list(templates)
-        unknown = [t for t in chosen if t not in TEMPLATES]
+        unknown = [t for t in chosen if t not in TEMPLATES and t not in DRILLS]
         if unknown or not chosen:
-            raise ConfigError(f"templates must be a non-empty list from {', '.join(TEMPLATES)}, "
+            raise ConfigError(f"templates must be a non-empty list from {', '.join([*TEMPLATES, *DRILLS])}, "
                               f"got {templates!r}")
         check_non_negative(format_penalty, "format_penalty")
         if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int) \
@@ -253,7 +258,10 @@ class CodeMathEnv(Env):
             invalid=False, success=False, tool_calls=len(cells))
 
     def expert_action(self) -> str | None:
-        """Run the problem's solution cell; once its output is in, answer what it printed."""
+        """Run the problem's solution cell; once its output is in, answer what it printed.
+
+        A one-line cell is written inline (``<python>37 * 12 + 5</python>``), as a constrained model
+        that copies it from the question would write it."""
         problem = self._problem
         if self._over:
             return None
@@ -261,6 +269,8 @@ class CodeMathEnv(Env):
             printed = [line for line in self._last[1].splitlines() if line.strip()]
             if printed:
                 return f"<answer>{printed[-1].strip()}</answer>"
+        if "\n" not in problem.solution:
+            return f"<python>{problem.solution}</python>"
         return f"<python>\n{problem.solution}\n</python>"
 
     def snapshot(self) -> bytes:

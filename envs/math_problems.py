@@ -1,9 +1,10 @@
 """Math word problems for ``code-math-v0``: a seeded generator with exact answers, and answer grading.
 
 ``generate_problem(template, difficulty, seed)`` gives the same problem on every platform, over
-seven templates (arithmetic chains, rates, percentages, combinatorics, modular arithmetic, sums of
-sequences, digit and divisor counts) at three difficulties, each with a Python solution that prints
-the answer. ``parse_number`` and ``same_number`` grade a model's answer exactly.
+seven word-problem templates (arithmetic chains, rates, percentages, combinatorics, modular
+arithmetic, sums of sequences, digit and divisor counts) at three difficulties, each with a Python
+solution that prints the answer, and one drill (``DRILLS``): an arithmetic expression to evaluate,
+whose solution cell is the expression itself, written as it stands in the question. ``parse_number`` and ``same_number`` grade a model's answer exactly.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class MathProblem:
     answer: Fraction
     """The exact answer."""
     solution: str
-    """Python that prints the answer (the expert's cell)."""
+    """Python whose output is the answer (the expert's cell): it prints it, or, for a drill, is an
+    expression whose value the cell shows."""
 
 
 class _Draw:
@@ -366,11 +368,33 @@ def _digits(r: _Draw, d: int) -> _Made:
     return question, Fraction(count), code
 
 
+def _expression(r: _Draw, d: int) -> _Made:
+    # Products of two-digit numbers and sums of them: a small model cannot work them out, but it can copy
+    # the expression into a cell. The expression starts and ends with a number and its value is positive
+    # (all signs + when the draw would not be), so a copy is a run of whole words and the printed value
+    # has no sign to drop.
+    factors = sorted(([r.int(11, 99) for _ in range(1 + (k == 0 or d == 3))] for k in range(d + 1)),
+                     key=math.prod, reverse=True)
+    signs = [r.pick((1, -1)) for _ in factors[1:]]
+    if math.prod(factors[0]) + sum(s * math.prod(f) for s, f in zip(signs, factors[1:])) <= 0:
+        signs = [1] * len(signs)
+    expression = " * ".join(map(str, factors[0]))
+    for sign, term in zip(signs, factors[1:]):
+        expression += f" {'+' if sign > 0 else '-'} " + " * ".join(map(str, term))
+    value = math.prod(factors[0]) + sum(s * math.prod(f) for s, f in zip(signs, factors[1:]))
+    return f"Compute {expression}. Give the exact value.", Fraction(value), expression
+
+
 #: Template name → generator ``(draw, difficulty) -> (question, answer, solution)``.
 TEMPLATES: dict[str, Callable[[_Draw, int], _Made]] = {
     "tank": _tank, "work": _work, "price": _price, "count": _count, "modular": _modular, "series": _series,
     "digits": _digits,
 }
+#: Drills, chosen only by name (``CodeMathEnv(templates=["expression"])``): ``expression``, an arithmetic
+#: expression to evaluate (``d`` + 1 terms; products of two-digit numbers), a learnable first task for a
+#: tiny model: copy it into a cell, then copy the value shown into the answer.
+DRILLS: dict[str, Callable[[_Draw, int], _Made]] = {"expression": _expression}
+_GENERATORS = {**TEMPLATES, **DRILLS}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -380,7 +404,7 @@ def generate_problem(template: str, difficulty: int, seed: int) -> MathProblem:
     Args:
         template: one of ``TEMPLATES``: ``tank`` (arithmetic chains), ``work`` (rates), ``price``
             (percentages), ``count`` (combinatorics), ``modular``, ``series`` (sums of sequences),
-            ``digits`` (digit sums, coprime counts, divisor counts).
+            ``digits`` (digit sums, coprime counts, divisor counts); or of ``DRILLS``: ``expression``.
         difficulty: 1 to 3.
         seed: any non-negative integer.
 
@@ -395,12 +419,12 @@ def generate_problem(template: str, difficulty: int, seed: int) -> MathProblem:
         >>> p.id, p.answer
         ('work-d1-7', Fraction(36, 13))
     """
-    if template not in TEMPLATES:
-        raise ConfigError(f"unknown code-math template {template!r}; choose from {', '.join(TEMPLATES)}")
+    if template not in _GENERATORS:
+        raise ConfigError(f"unknown code-math template {template!r}; choose from {', '.join(_GENERATORS)}")
     if isinstance(difficulty, bool) or difficulty not in (1, 2, 3):
         raise ConfigError(f"difficulty must be 1, 2 or 3, got {difficulty!r}")
     rng = np.random.default_rng([zlib.crc32(template.encode()), difficulty, int(seed)])
-    question, answer, solution = TEMPLATES[template](_Draw(rng), difficulty)
+    question, answer, solution = _GENERATORS[template](_Draw(rng), difficulty)
     return MathProblem(f"{template}-d{difficulty}-{seed}", template, difficulty, question, answer, solution)
 
 

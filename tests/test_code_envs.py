@@ -25,6 +25,7 @@ from agentgym.envs import code_math, code_tests
 from agentgym.envs.code_math import CodeMathEnv
 from agentgym.envs.code_tests import CodeTestsEnv, extract_code, load_problems
 from agentgym.envs.math_problems import (
+    DRILLS,
     TEMPLATES,
     generate_problem,
     parse_number,
@@ -34,6 +35,7 @@ from agentgym.envs.math_problems import (
 from agentgym.envs.tools_registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.http.client import EnvClient, RemoteEnv
+from agentgym.rollout.constraints import is_word_span, make_constraint
 from agentgym.sandbox import BwrapBackend
 from agentgym.sandbox.service import create_sandbox_app
 
@@ -183,6 +185,37 @@ def test_generator_is_deterministic_and_each_solution_prints_the_answer() -> Non
                                for t in TEMPLATES for s in range(20))
 
     assert digits(1) < digits(2) < digits(3)
+
+
+def test_the_expression_drill_is_copied_into_a_cell_and_its_value_answered() -> None:
+    """The drill (``templates=["expression"]``): d + 1 terms, a positive value, a solution that is the
+    question's own words; the expert copies it inline and answers the value the cell shows, both replies
+    allowed by ``tag_spans:python,answer``. The default env never draws it."""
+    rule = make_constraint("tag_spans:python,answer")
+    for difficulty in (1, 2, 3):
+        for seed in range(30):
+            problem = generate_problem("expression", difficulty, seed)
+            assert problem.answer > 0 and problem.answer.denominator == 1
+            assert problem.question == f"Compute {problem.solution}. Give the exact value."
+            assert is_word_span(problem.question, problem.solution)
+            assert len(re.split(r" [+-] ", problem.solution)) == difficulty + 1
+            assert str(problem.answer) not in re.findall(r"\d+", problem.question)  # only the tool tells it
+    env = agentgym.make("code-math-v0", templates=["expression"], difficulty=2)
+    for seed in range(3):
+        trace = play_expert(env, seed=seed)
+        info = trace[0][4]
+        problem = problem_from_id(info["task_id"])
+        assert info["task_id"].startswith("expression-d2-") and len(trace) == 3 and trace[-1][1] == 1.0
+        assert trace[1][0] == f"<output>\n{problem.answer}\n</output>"
+        prompts = (trace[0][0], trace[1][0])
+        actions = (f"<python>{problem.solution}</python>", f"<answer>{problem.answer}</answer>")
+        for prompt, action in zip(prompts, actions):
+            assert rule.may_end(prompt, action), (prompt, action)
+    assert "expression" in DRILLS and "expression" not in TEMPLATES
+    default = agentgym.make("code-math-v0")
+    assert not any(default.reset(seed=s)[1]["task_id"].startswith("expression") for s in range(60))
+    with pytest.raises(ConfigError, match="templates must be a non-empty list from tank.*expression"):
+        CodeMathEnv(templates=["expresion"])
 
 
 def test_expert_success_random_baseline_and_episode_length() -> None:

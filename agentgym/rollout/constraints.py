@@ -2,8 +2,9 @@
 
 A constraint is a rule on whole responses that a backend enforces while it generates: at every
 position only tokens that keep the response valid may be drawn. ``SamplingParams.constraint`` (and
-``rollout.constraint`` in a training config) names a registered constraint; ``None`` generates
-freely. This module is torch-free; ``agentgym.backends`` applies the rules.
+``rollout.constraint`` in a training config) names a registered constraint, optionally with
+arguments after a colon (``"tag_spans:python,answer"``: the factory gets ``("python", "answer")``);
+``None`` generates freely. This module is torch-free; ``agentgym.backends`` applies the rules.
 """
 
 from __future__ import annotations
@@ -91,11 +92,15 @@ class TagSpans:
 
     The tag is one of ``tags``; the text is a run of whole words of one line of the prompt, outside
     markup (``is_word_span``):
-    a search query taken from the question, an answer taken from a retrieved document. This turns
+    a search query taken from the question, an answer taken from a retrieved document, or a Python
+    expression taken from the question (``tag_spans:python,answer`` on ``code-math-v0``). This turns
     writing an argument character by character into choosing where to start copying and where to
     stop, which a tiny model learns from a few hundred demonstration turns; a model that cannot yet
     copy reliably still produces only well-formed calls. It suits tag-protocol envs whose arguments
-    are extractive (``search-qa-v0``); code, JSON or computed values cannot be written under it.
+    are extractive (``search-qa-v0``); JSON or computed values cannot be written under it.
+
+    Raises:
+        ConfigError: ``tags`` is empty or a tag is not a plain name (letters, digits, ``_``, ``-``).
 
     Example:
         >>> rule, prompt = TagSpans(), "Question: Who founded Zorvex Labs?"
@@ -111,7 +116,15 @@ class TagSpans:
     """
 
     tags: tuple[str, ...] = ("search", "answer")
-    """Tag names a response may use."""
+    """Tag names a response may use (``tag_spans:<tag>,<tag>,...`` chooses them by name)."""
+
+    def __post_init__(self) -> None:
+        tags = tuple(self.tags)
+        if not tags or any(not isinstance(t, str) or not t.replace("_", "").replace("-", "").isalnum()
+                           for t in tags):
+            raise ConfigError(f"tag_spans needs tag names made of letters, digits, '_' or '-', "
+                              f"e.g. 'tag_spans:search,answer'; got {self.tags!r}")
+        object.__setattr__(self, "tags", tags)
 
     def next_chars(self, prompt: str, response: str) -> frozenset[str] | None:
         allowed: set[str] = set()
@@ -147,12 +160,17 @@ class TagSpans:
         return False
 
 
-_CONSTRAINTS: dict[str, Callable[[], DecodingConstraint]] = {"tag_spans": TagSpans}
+def _tag_spans(*tags: str) -> TagSpans:
+    return TagSpans(tags) if tags else TagSpans()
 
 
-def register_constraint(name: str, factory: Callable[[], DecodingConstraint], *,
+_CONSTRAINTS: dict[str, Callable[..., DecodingConstraint]] = {"tag_spans": _tag_spans}
+
+
+def register_constraint(name: str, factory: Callable[..., DecodingConstraint], *,
                         override: bool = False) -> None:
-    """Make ``factory()`` the constraint that ``SamplingParams.constraint=name`` applies.
+    """Make ``factory()`` the constraint that ``SamplingParams.constraint=name`` applies; with
+    ``name:a,b`` the constraint is ``factory("a", "b")``.
 
     Raises:
         ConfigError: ``name`` is taken and ``override`` is false.
@@ -173,22 +191,34 @@ def list_constraints() -> list[str]:
     return sorted(_CONSTRAINTS)
 
 
-def make_constraint(name: str) -> DecodingConstraint:
-    """The registered constraint ``name``.
+def make_constraint(spec: str) -> DecodingConstraint:
+    """The registered constraint ``spec`` names: ``"name"``, or ``"name:arg,arg,..."`` to pass
+    arguments (strings) to its factory.
 
     Raises:
-        ConfigError: no constraint has that name (the message suggests the nearest and lists all).
+        ConfigError: no constraint has that name (the message suggests the nearest and lists all), or
+            the factory refuses the arguments.
 
     Example:
+        >>> make_constraint("tag_spans:python,answer").tags
+        ('python', 'answer')
         >>> make_constraint("tag_span")
         Traceback (most recent call last):
         ...
         agentgym.errors.ConfigError: no decoding constraint named 'tag_span'. Did you mean 'tag_spans'? Registered: tag_spans
     """
+    if not isinstance(spec, str):
+        raise ConfigError(f"a decoding constraint is named by a string such as 'tag_spans', got {spec!r}")
+    name, _, arguments = spec.partition(":")
+    args = tuple(a.strip() for a in arguments.split(",")) if arguments else ()
     factory = _CONSTRAINTS.get(name)
     if factory is None:
         close = difflib.get_close_matches(str(name), list(_CONSTRAINTS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"no decoding constraint named {name!r}.{hint} "
                           f"Registered: {', '.join(list_constraints())}")
-    return factory()
+    try:
+        return factory(*args)
+    except TypeError as exc:  # the factory's signature refuses these arguments
+        raise ConfigError(f"decoding constraint {name!r} does not take the arguments {list(args)}: {exc}") \
+            from None
