@@ -132,3 +132,64 @@ def test_unknown_constraint_names_the_field() -> None:
     with pytest.raises(ConfigError, match="rollout.constraint: no decoding constraint named 'spans'"):
         load_config(None, ["rollout.constraint=spans"])
     assert load_config(None, ["rollout.constraint=tag_spans"]).rollout.constraint == "tag_spans"
+
+
+def test_a_constraint_takes_arguments_after_a_colon() -> None:
+    """``tag_spans:python,answer``: the tags are the arguments; the code-math drill's calls follow them."""
+    rule = make_constraint("tag_spans:python,answer")
+    prompt = "Problem: Compute 42 * 57 + 93. Give the exact value."
+    assert rule.next_chars(prompt, "<") == {"p", "a"}  # no <search> any more
+    assert rule.next_chars(prompt, "<python>42 * 57") == {" ", "<"}
+    assert rule.may_end(prompt, "<python>42 * 57 + 93</python>")
+    assert not rule.may_end(prompt, "<python>42 * 57 + 93.</python>")  # "." ends no word
+    assert not rule.may_end(prompt, "<search>Compute</search>")
+    assert make_constraint("tag_spans") == TagSpans() and make_constraint("tag_spans:answer").tags == ("answer",)
+    for spec, message in (("tag_spans:a b", "tag names made of letters"),
+                          ("tag_spans:python,", "tag names made of letters"),
+                          ("tag_spanz:python", "Did you mean 'tag_spans'")):
+        with pytest.raises(ConfigError, match=message):
+            make_constraint(spec)
+    with pytest.raises(ConfigError, match="rollout.constraint: tag_spans needs tag names"):
+        load_config(None, ["rollout.constraint=tag_spans:<python>"])
+    assert load_config(None, ["rollout.constraint=tag_spans:python,answer"]).rollout.constraint == \
+        "tag_spans:python,answer"
+
+
+def test_a_factory_that_takes_no_arguments_refuses_them_in_one_line() -> None:
+    from agentgym.rollout import constraints
+
+    register = constraints.register_constraint
+    register("search_only", lambda: TagSpans(("search",)))
+    try:
+        assert make_constraint("search_only").tags == ("search",)
+        with pytest.raises(ConfigError, match=r"decoding constraint 'search_only' does not take the arguments \['x'\]"):
+            make_constraint("search_only:x")
+    finally:
+        del constraints._CONSTRAINTS["search_only"]
+
+
+def test_forced_positions_are_where_the_rule_left_one_token(policy: TransformersPolicy) -> None:
+    """The backend reports the positions where the constraint allowed a single token: exactly those
+    (checked against the rule, character by character with the byte tokenizer), each sampled with
+    probability 1; unconstrained generations report none."""
+    prompt_text = "Problem: Compute 42 * 57 + 93. Give the exact value."
+    prompt = policy.tokenizer.encode(prompt_text, add_special_tokens=False)
+    rule = make_constraint("tag_spans:python,answer")
+    params = SamplingParams(max_new_tokens=40, temperature=1.5, seed=1, constraint="tag_spans:python,answer")
+    generations = policy.generate([prompt] * 12, params)
+    seen_free = False
+    for gen in generations:
+        text = policy.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        expected = []
+        for k in range(len(gen.token_ids)):  # one byte per token; the last may be the end-of-turn token
+            chars = rule.next_chars(prompt_text, text[:k])
+            may_stop = rule.may_end(prompt_text, text[:k]) or not chars
+            if len(chars) + may_stop == 1:
+                expected.append(k)
+        forced = gen.extras["forced_positions"]
+        assert forced == expected, (text, forced)
+        assert all(abs(gen.logprobs[k]) < 1e-6 for k in forced)
+        seen_free |= len(forced) < len(gen.token_ids)
+    assert seen_free and any(len(g.extras["forced_positions"]) > len(g.token_ids) // 2 for g in generations)
+    free = policy.generate([prompt], SamplingParams(max_new_tokens=8, temperature=1.0, seed=1))[0]
+    assert "forced_positions" not in free.extras

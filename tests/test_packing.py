@@ -94,6 +94,23 @@ def test_pack_turns_covers_every_response_token(seed):
     assert (batch.advantages[~mask] == 0).all() and (batch.old_logprobs[~mask] == 0).all()
 
 
+def test_forced_positions_leave_the_response_mask_only_when_asked():
+    """``skip_forced``: positions a constraint forced drop out of the mask (also after left truncation);
+    the ids, old log-probs and the other positions stay as they were."""
+    a = turn([1, 2, 3], [4, 5, 6])
+    a.extras["forced_positions"] = [1, 2]
+    b = turn([7], [8, 9])  # no constraint: nothing recorded
+    plain = pack_turns([a, b], [1.0, -1.0], pad_token_id=PAD, max_length=5)
+    skipped = pack_turns([a, b], [1.0, -1.0], pad_token_id=PAD, max_length=5, skip_forced=True)
+    assert plain.response_mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]]
+    assert skipped.response_mask.tolist() == [[0, 0, 1, 0, 0], [0, 1, 1, 0, 0]]
+    assert torch.equal(plain.input_ids, skipped.input_ids) and torch.equal(plain.old_logprobs, skipped.old_logprobs)
+    assert skipped.num_response_tokens == 3
+    a.extras["forced_positions"] = [3]
+    with pytest.raises(ConfigError, match="turn 0 has forced_positions outside its 3-token response"):
+        pack_turns([a, b], [1.0, -1.0], pad_token_id=PAD, skip_forced=True)
+
+
 def test_pack_turns_accepts_list_array_and_tensor_advantages():
     turns = random_turns(5, 4)
     ref = pack_turns(turns, [0.1, 0.2, 0.3, 0.4], pad_token_id=0)

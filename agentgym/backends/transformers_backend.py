@@ -453,6 +453,7 @@ class TransformersPolicy:
         top_logprobs: list[list[list[tuple[int, float]]]] = [[] for _ in prompts]
         entropies: list[list[float]] = [[] for _ in prompts]
         reasons: list[str] = ["length"] * len(prompts)
+        forced: list[list[int]] = [[] for _ in prompts]  # positions where the constraint allowed one token
         cache = None
         for _ in range(params.max_new_tokens):
             out, logits = self._forward(
@@ -466,7 +467,9 @@ class TransformersPolicy:
             cache = out.past_key_values
             logits = logits[:, -1, :]
             if mask is not None:
-                logits = logits + mask.step([i if a else None for i, a in zip(rows, active)]).to(self.device)
+                allowed = mask.step([i if a else None for i, a in zip(rows, active)])
+                single = (torch.isfinite(allowed).sum(-1) == 1).tolist()  # the rule left one token: no choice
+                logits = logits + allowed.to(self.device)
             if greedy:
                 dist = torch.log_softmax(logits, dim=-1)
                 chosen = logits.argmax(dim=-1)
@@ -491,6 +494,8 @@ class TransformersPolicy:
                 token_ids[i].append(token)
                 if mask is not None:
                     mask.advance(i, token)
+                    if single[j]:
+                        forced[i].append(len(token_ids[i]) - 1)
                 logprobs[i].append(chosen_lps[j])
                 if num_top:
                     top_logprobs[i].append(
@@ -531,6 +536,7 @@ class TransformersPolicy:
                 finish_reason=reasons[i],  # type: ignore[arg-type]
                 top_logprobs=top_logprobs[i] if num_top else None,
                 entropies=entropies[i] if params.return_entropy else None,
+                extras={} if mask is None else {"forced_positions": forced[i]},
             )
             for i in range(len(prompts))
         ]

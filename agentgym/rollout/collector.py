@@ -210,6 +210,8 @@ class Collector:
                 extras["entropies"] = generation.entropies
             if generation.top_logprobs is not None:
                 extras["top_logprobs"] = [[list(pair) for pair in position] for position in generation.top_logprobs]
+            if "forced_positions" in generation.extras:
+                extras["forced_positions"] = list(generation.extras["forced_positions"])
             tool_calls = int(info.get("tool_calls", 0) or 0)
             episode.turns.append(Turn(
                 prompt_ids=list(prompt), response_ids=list(generation.token_ids),

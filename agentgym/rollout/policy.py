@@ -36,7 +36,8 @@ class SamplingParams:
     """Seed for this batch's sampling; None continues the backend's generator."""
     constraint: str | None = None
     """Name of a registered ``agentgym.rollout.constraints.DecodingConstraint`` that every response
-    must satisfy (e.g. ``"tag_spans"``); None generates freely."""
+    must satisfy, with its arguments after a colon if any (e.g. ``"tag_spans"``,
+    ``"tag_spans:python,answer"``); None generates freely."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class Generation:
     """Per position, the entropy (nats) of the sampling distribution: the full vocabulary unless
     top-k/top-p filter it; at temperature 0 (greedy), of the model's temperature-1 distribution."""
     extras: dict[str, Any] = field(default_factory=dict)
-    """Backend-specific data (JSON-safe)."""
+    """Backend-specific data (JSON-safe). Under a decoding constraint, ``"forced_positions"``: the
+    positions where the constraint allowed exactly one token (no choice was made there)."""
 
 
 @runtime_checkable

@@ -129,6 +129,7 @@ def pack_turns(
     *,
     pad_token_id: int,
     max_length: int | None = None,
+    skip_forced: bool = False,
 ) -> TokenBatch:
     """Pack turns into one right-padded row each and broadcast each turn's advantage to its response.
 
@@ -141,6 +142,11 @@ def pack_turns(
         advantages: One advantage per turn, same order (what an ``AdvantageEstimator`` returns).
         pad_token_id: Id written into padding (masked everywhere, so its value does not matter).
         max_length: Longest row in tokens; None keeps every prompt whole.
+        skip_forced: Leave out of ``response_mask`` the response positions a decoding constraint
+            forced (``turn.extras["forced_positions"]``: the only token allowed there). The sampled
+            policy made no choice at them, so they carry no policy-gradient signal; left in, a
+            constrained response (mostly forced: a copy runs on by itself) would push the model's
+            unconstrained distribution around at every copied character.
 
     Returns:
         A ``TokenBatch`` on the CPU with ``seq`` = the longest (truncated) row.
@@ -222,6 +228,14 @@ def pack_turns(
     attention_mask[row[keep], col[keep]] = 1
     response_mask[row[is_response], col[is_response]] = 1.0
     old_logprobs[row[is_response], col[is_response]] = response_logprobs
+    if skip_forced:
+        for i, turn in enumerate(turns):
+            forced = turn.extras.get("forced_positions") or ()
+            if any(not 0 <= k < len(turn.response_ids) for k in forced):
+                raise ConfigError(f"turn {i} has forced_positions outside its {len(turn.response_ids)}-token "
+                                  "response")
+            start = int(prompt_len[i] - drop[i])
+            response_mask[i, [start + int(k) for k in forced]] = 0.0
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -101,7 +101,7 @@ class PolicyUpdate:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         plan = self.recipe.plan
         collected: dict[str, list[float]] = {}
-        train_tokens = 0.0
+        train_tokens = loss_tokens = 0.0
         phases = plan.phases(index)
         for phase in phases:
             rows = phase.rows
@@ -112,7 +112,7 @@ class PolicyUpdate:
             if rows.size == 0:
                 continue
             batch = pack_turns([turns[i] for i in rows], phase_advantages, pad_token_id=self.pad_token_id,
-                               max_length=self.max_length)
+                               max_length=self.max_length, skip_forced=self.loss_cfg.skip_forced_tokens)
             batch = dataclasses.replace(batch, turn_step=torch.as_tensor(index.step[rows], dtype=torch.long))
             old = self.logprobs(batch)
             if cap is not None:
@@ -124,6 +124,7 @@ class PolicyUpdate:
                     for key, value in self._step(mb).items():
                         collected.setdefault(key, []).append(value)
             train_tokens += float(batch.attention_mask.sum()) * self.optim.num_epochs
+            loss_tokens += float(batch.response_mask.sum())
             if plan.wants_logprobs_after:
                 new = self.logprobs(batch)
                 mask = batch.response_mask.bool()
@@ -133,6 +134,7 @@ class PolicyUpdate:
             return {"loss/skipped": 1.0}
         out = {key: float(np.mean(values)) for key, values in collected.items()}
         out["perf/train_tokens"] = train_tokens
+        out["update/loss_tokens"] = loss_tokens  # response tokens in the loss (forced ones left out on request)
         out["perf/update_phases"] = float(len(phases))
         return out
 
