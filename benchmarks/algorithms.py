@@ -7,9 +7,10 @@
 A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, ``rloo``, ``gigpo``,
 ``hgpo``, ``seeupo``, and the options on top of GRPO: ``gspo``, ``dapo``, ``epo``, ``llds``); a
 *task* changes only the env (``maze``: the quickstart as is; ``maze3``: 3×3-cell mazes with 20 turns,
-a longer horizon), except ``search-qa``, the tool task, whose presets are
-``configs/search_qa_<variant>_tiny.yaml`` (``grpo``, ``igpo``, ``arpo``); a variant without a preset
-for a task is skipped. On tool tasks a second table gives tool calls per episode (held-out) and run
+a longer horizon), except the tool tasks ``search-qa`` and ``code-math`` (the arithmetic drill:
+run the expression in the Python tool, answer its value), whose presets are
+``configs/search_qa_<variant>_tiny.yaml`` and ``configs/code_math_<variant>_tiny.yaml`` (``grpo``,
+``gigpo``, ``igpo``, ``arpo``); a variant without a preset for a task is skipped. On tool tasks a second table gives tool calls per episode (held-out) and run
 per task (training: a branch's copied turns are not run again), tokens generated per task, and the
 time of IGPO's scoring pass and of all rollout hooks as a fraction of generation time. ``--set`` adds overrides to every run (e.g. a higher learning rate to provoke a
 collapse) and ``--tag`` names such an experiment. Each run is its own process with one torch thread,
@@ -53,12 +54,15 @@ TASKS: dict[str, tuple[list[str], float]] = {
     "maze3": (["env.kwargs.size=3", "env.max_turns=20"], 0.6),
     # Every variant at the igpo/arpo presets' learning rate (the GRPO preset's 5e-4 doubled): one budget for all.
     "search-qa": (["optim.lr=0.001"], 0.5),
+    # The code-math presets share one learning rate already.
+    "code-math": ([], 0.6),
 }
 #: task name → the variant's preset (a variant without a preset for a task is not run on it)
 PRESETS: dict[str, str] = {
     "maze": "quickstart_maze_{variant}.yaml",
     "maze3": "quickstart_maze_{variant}.yaml",
     "search-qa": "search_qa_{variant}_tiny.yaml",
+    "code-math": "code_math_{variant}_tiny.yaml",
 }
 
 
