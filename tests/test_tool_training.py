@@ -29,6 +29,7 @@ from agentgym.training.update import sft_update
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "configs" / "search_qa_grpo_tiny.yaml"
+CODE_MATH = ROOT / "configs" / "code_math_grpo_tiny.yaml"
 #: A run small enough to reach the end of iteration 1 in seconds.
 TINY_RUN = ["iterations=1", "rollout.num_tasks=2", "rollout.group_size=2", "eval.num_episodes=2"]
 
@@ -57,6 +58,25 @@ def test_the_search_qa_preset_learns_to_use_the_search_tool(tmp_path: Path) -> N
     # Every answer needs a retrieved document (the constraint copies it from the prompt), and it searched.
     assert after["tool_calls_per_episode"] >= 0.9 and before["tool_calls_per_episode"] >= 0.9
     assert all(m["rollout/tool_calls_per_episode"] > 0.5 for m in report["history"])
+
+
+def test_the_code_math_drill_preset_teaches_the_python_tool(tmp_path: Path) -> None:
+    """code-math's arithmetic drill: SFT takes the tiny model from 0% to clearly above it, running the
+    tool in every held-out episode (the value is nowhere in the question), and the RL update trains
+    only on the tokens the constraint left a choice at: its loss counts exactly the sampled response
+    tokens minus the forced ones the trajectories record."""
+    with one_torch_thread():
+        report = train(load_config(CODE_MATH, ["iterations=2"]), tmp_path)
+    before_sft, before = report["eval"]["before_sft"], report["eval"]["before"]
+    assert before_sft["success_rate"] == 0.0
+    assert before["success_rate"] >= 0.25, f"post-SFT success {before['success_rate']:.0%}"
+    assert before["tool_calls_per_episode"] >= 0.9
+    for h in report["history"]:
+        lines = (tmp_path / "trajectories" / f"iter_{h['iteration']:05d}.jsonl").read_text().splitlines()
+        turns = [turn for line in lines for t in json.loads(line)["trajectories"] for turn in t["turns"]]
+        sampled = sum(len(turn["response_ids"]) for turn in turns)
+        forced = sum(len(turn["extras"]["forced_positions"]) for turn in turns)
+        assert 0 < forced < sampled and h["update/loss_tokens"] == sampled - forced
 
 
 # --- a policy that never calls a tool fails loudly -----------------------------------------------
