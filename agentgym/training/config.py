@@ -211,11 +211,12 @@ class LossConfig:
     """Weight of the ``entropy`` term (an entropy bonus subtracted from the loss); 0 turns it off."""
     terms: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Other registered loss terms by name → arguments (``agentgym.training.terms``)."""
-    skip_forced_tokens: bool = False
+    skip_forced_tokens: bool = True
     """Under a decoding constraint (``rollout.constraint``), leave the response tokens it forced (the
     only token allowed there) out of every loss term: the policy chose nothing at them, so they carry no
-    policy gradient of the constrained policy. False (the default) trains on them too, which moves the
-    unconstrained distribution at every copied character (on code-math's drill 83% of the tokens)."""
+    policy gradient of the constrained policy. False trains on them too, which moves the unconstrained
+    distribution at every copied character (on code-math's drill 83% of the tokens) and, measured on
+    search-qa, learns less (benchmarks/README.md)."""
     tis_cap: float | None = None
     """Truncated importance sampling for the sampler/trainer mismatch (e.g. vLLM's log-probs against
     the trainer's): each response token's policy loss is weighted by min(π_old / π_sampler, tis_cap)
