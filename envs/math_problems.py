@@ -4,7 +4,8 @@
 seven word-problem templates (arithmetic chains, rates, percentages, combinatorics, modular
 arithmetic, sums of sequences, digit and divisor counts) at three difficulties, each with a Python
 solution that prints the answer, and one drill (``DRILLS``): an arithmetic expression to evaluate,
-whose solution cell is the expression itself, written as it stands in the question. ``parse_number`` and ``same_number`` grade a model's answer exactly.
+whose solution cell is the expression itself, written as it stands in the question.
+``parse_number`` and ``same_number`` grade a model's answer exactly.
 """
 
 from __future__ import annotations
@@ -375,13 +376,14 @@ def _expression(r: _Draw, d: int) -> _Made:
     # has no sign to drop.
     factors = sorted(([r.int(11, 99) for _ in range(1 + (k == 0 or d == 3))] for k in range(d + 1)),
                      key=math.prod, reverse=True)
-    signs = [r.pick((1, -1)) for _ in factors[1:]]
-    if math.prod(factors[0]) + sum(s * math.prod(f) for s, f in zip(signs, factors[1:])) <= 0:
-        signs = [1] * len(signs)
+    terms = [math.prod(f) for f in factors]
+    signs = [r.pick((1, -1)) for _ in terms[1:]]
+    value = terms[0] + sum(s * t for s, t in zip(signs, terms[1:]))
+    if value <= 0:
+        signs, value = [1] * len(signs), sum(terms)
     expression = " * ".join(map(str, factors[0]))
     for sign, term in zip(signs, factors[1:]):
         expression += f" {'+' if sign > 0 else '-'} " + " * ".join(map(str, term))
-    value = math.prod(factors[0]) + sum(s * math.prod(f) for s, f in zip(signs, factors[1:]))
     return f"Compute {expression}. Give the exact value.", Fraction(value), expression
 
 
