@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,openenv,ray,lora,accelerate,dev
 
-.PHONY: setup demo serve-demo test clean
+.PHONY: setup demo serve-demo test test-slow clean
 
 setup: $(STAMP)
 
@@ -34,7 +34,11 @@ serve-demo: setup
 	$(BIN)/python -m agentgym.http.demo
 
 test: setup
-	$(BIN)/python -m pytest -m "not gpu" --doctest-modules agentgym tests
+	$(BIN)/python -m pytest -m "not gpu and not slow" --doctest-modules agentgym tests
+
+# The learning runs and the fresh-venv wheel build: minutes each, so CI runs them in a step of their own.
+test-slow: setup
+	$(BIN)/python -m pytest -m "slow and not gpu" tests
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,4 +1,10 @@
-"""Shared settings and check of the end-to-end learning tests of the algorithms and options."""
+"""Shared settings and check of the end-to-end learning tests of the algorithms and options.
+
+The learning tests are marked ``slow`` (CI runs them in their own step: ``make test-slow``). Each trains one
+seed, the one its numbers were measured on, so it pins that run against regressions; it is named
+``test_regression_pin_...`` and is no evidence that the method learns on other seeds. The seeds 0-2 numbers
+are in benchmarks/README.md (``python benchmarks/algorithms.py``).
+"""
 
 from __future__ import annotations
 

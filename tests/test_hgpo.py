@@ -281,7 +281,8 @@ def test_registered_with_its_defaults() -> None:
 # --- end to end ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_hgpo_learns_the_quickstart_maze(tmp_path: Path) -> None:
+def test_regression_pin_hgpo_learns_the_quickstart_maze_seed0(tmp_path: Path) -> None:
     report = train(load_config(ROOT / "configs" / "quickstart_maze_hgpo.yaml", LEARN), tmp_path)
     assert_learns(report)

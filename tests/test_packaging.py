@@ -77,6 +77,7 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
         assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_wheel_installs_into_fresh_venv(tmp_path: Path) -> None:
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", ROOT)

@@ -210,8 +210,9 @@ def test_resume_is_exact(tmp_path: Path) -> None:
     assert a["plugins"]["plan"] == b["plugins"]["plan"] and a["plugins"]["plan"]["ratios"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_seeupo_learns_the_quickstart_maze(tmp_path: Path) -> None:
+def test_regression_pin_seeupo_learns_the_quickstart_maze_seed0(tmp_path: Path) -> None:
     """SeeUPO's advantage is GRPO's (no step groups), and learns the maze about as slowly as GRPO does
     (benchmarks/results/algorithms.json: GRPO 27% -> 39% on seed 0 in 60 iterations)."""
     with one_torch_thread():  # as measured: the margin is a few points

@@ -99,8 +99,9 @@ def test_missing_config_file_lists_presets() -> None:
         load_config("no/such/file.yaml")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_quickstart_learns(tmp_path: Path) -> None:
+def test_regression_pin_quickstart_learns_seed0(tmp_path: Path) -> None:
     """The main job: GiGPO raises held-out success by at least 25 points over the SFT policy."""
     report = train(load_config(None), tmp_path)
     before, after = report["eval"]["before"]["success_rate"], report["eval"]["after"]["success_rate"]
