@@ -8,9 +8,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+# Help text is plain text: brackets are optional syntax (`RUN[/checkpoint.pt]`), not markup, and rich
+# markup mode (the default when rich is installed) fails on them; Markdown mode would eat `*` and `_`.
+# Subcommand groups (sandbox, retrieval) inherit this mode from the root app.
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,
     help="agentgym: text and tool environments and turn-level RL trainers for LLM agents.",
 )
 console = Console()
