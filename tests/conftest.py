@@ -110,7 +110,12 @@ class CrashyEnv(CounterEnv):
 
 
 class SlowEnv(CounterEnv):
-    """``step("sleep")`` blocks for ``delay_s`` seconds (a stuck or slow env)."""
+    """``step("sleep")`` blocks for ``delay_s`` seconds (a stuck or slow env).
+
+    Tests of in-process servers wait on ``wait_for_sleeps`` to know that a slow step is running."""
+
+    _sleeps_started = 0
+    _sleep_started = threading.Condition()
 
     def __init__(self, span: int = 4, delay_s: float = 1.0) -> None:
         super().__init__(span)
@@ -118,8 +123,23 @@ class SlowEnv(CounterEnv):
             raise ConfigError(f"delay_s must be >= 0, got {delay_s}")
         self.delay_s = delay_s
 
+    @classmethod
+    def sleeps_started(cls) -> int:
+        """How many ``step("sleep")`` calls have begun in this process so far."""
+        with cls._sleep_started:
+            return cls._sleeps_started
+
+    @classmethod
+    def wait_for_sleeps(cls, count: int, timeout_s: float = 30.0) -> bool:
+        """Block until ``count`` sleeping steps have begun (False when ``timeout_s`` passed first)."""
+        with cls._sleep_started:
+            return cls._sleep_started.wait_for(lambda: cls._sleeps_started >= count, timeout_s)
+
     def step(self, action: str):
         if action == "sleep":
+            with SlowEnv._sleep_started:
+                SlowEnv._sleeps_started += 1
+                SlowEnv._sleep_started.notify_all()
             time.sleep(self.delay_s)
             action = "inc"
         return super().step(action)

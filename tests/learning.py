@@ -30,3 +30,20 @@ def assert_learns(report: dict[str, Any], min_gain: float = 0.15) -> None:
     """Held-out success (greedy, 64 episodes on seeds training never sees) rose by ``min_gain``."""
     before, after = report["eval"]["before"]["success_rate"], report["eval"]["after"]["success_rate"]
     assert after - before >= min_gain, f"held-out success {before:.0%} -> {after:.0%}"
+
+
+#: Overrides for a short run that exercises every phase (SFT, collect, update, held-out eval) in seconds.
+SMALL = ["iterations=4", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
+         "eval.num_episodes=4", "sft.num_episodes=4", "sft.num_epochs=2", "env.max_turns=4"]
+
+
+def small(*overrides: str) -> list[str]:
+    """``SMALL`` with ``key=value`` overrides: a key already in it takes the new value in place, others are added.
+
+    >>> small("iterations=2", "model.device=cpu")[:2], small("model.device=cpu")[-1]
+    (['iterations=2', 'checkpoint_every=0'], 'model.device=cpu')
+    """
+    values = {item.split("=", 1)[0]: item for item in SMALL}
+    for item in overrides:
+        values[item.split("=", 1)[0]] = item
+    return list(values.values())

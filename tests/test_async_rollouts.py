@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from learning import small
 
 from agentgym.rollout.records import Turn
 from agentgym.training.loading import load_config
@@ -16,8 +17,7 @@ from agentgym.training.offpolicy import importance_weights
 from agentgym.training.packing import pack_turns
 from agentgym.training.plan import TurnIndex
 
-SMALL = ["iterations=3", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
-         "eval.num_episodes=2", "sft.enabled=false", "env.max_turns=4", "model.device=cpu"]
+SMALL = small("iterations=3", "eval.num_episodes=2", "sft.enabled=false", "model.device=cpu")
 
 
 def _trajectories(folder: Path) -> list[str]:

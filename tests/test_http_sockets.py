@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import SlowEnv
 
 import agentgym
 from agentgym.errors import AuthenticationError, EpisodeFinished, UnknownSession
@@ -75,17 +76,15 @@ def test_a_slow_step_does_not_block_other_sessions(live_server: Callable[..., An
         slow.reset(seed=0)
         fast.reset(seed=0)
         events: list[tuple[str, float]] = []
-        started = threading.Event()
+        sleeps = SlowEnv.sleeps_started()
 
         def slow_step() -> None:
-            started.set()
             slow.step("sleep")
             events.append(("slow done", time.monotonic()))
 
         thread = threading.Thread(target=slow_step)
         thread.start()
-        started.wait()
-        time.sleep(0.3)  # the slow step is now running in the service's pool
+        assert SlowEnv.wait_for_sleeps(sleeps + 1)  # the slow step is now running in the service's pool
         for index in range(20):
             fast.step("inc" if index % 2 == 0 else "dec")
             events.append(("fast", time.monotonic()))
@@ -107,9 +106,10 @@ def test_health_answers_while_env_code_runs(live_server: Callable[..., Any]) -> 
         slow = RemoteEnv("test/http-slow-v0", client=client, delay_s=2.0)
         slow.reset(seed=0)
         done = threading.Event()
+        sleeps = SlowEnv.sleeps_started()
         thread = threading.Thread(target=lambda: (slow.step("sleep"), done.set()))
         thread.start()
-        time.sleep(0.2)
+        assert SlowEnv.wait_for_sleeps(sleeps + 1)  # env code is running in the pool now
         for _ in range(5):
             assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
         assert not done.is_set()

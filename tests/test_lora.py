@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from learning import small
 
 from agentgym.backends.builder import make_policy
 from agentgym.backends.config import LoraConfig, ModelConfig, TinyModelConfig
@@ -20,9 +21,7 @@ from agentgym.training.loading import load_config
 from agentgym.training.loop import Trainer, flatten, train, turn_index
 from agentgym.training.packing import pack_turns, sequence_logprobs
 
-SMALL = ["iterations=3", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
-         "eval.num_episodes=4", "sft.num_episodes=4", "sft.num_epochs=2", "env.max_turns=4",
-         "model.lora.r=4", "optim.lr=0.01"]
+SMALL = small("iterations=3", "model.lora.r=4", "optim.lr=0.01")
 
 
 def _batch(tokenizer_vocab: int = 256) -> object:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from learning import LEARN, LEARN_FULL, ON_GIGPO, ROOT, assert_learns
+from learning import LEARN, LEARN_FULL, ON_GIGPO, ROOT, SMALL, assert_learns
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext
@@ -24,9 +24,6 @@ from agentgym.training.loop import Trainer, train
 from agentgym.training.packing import pack_turns
 from agentgym.training.recipe import Recipe
 from agentgym.training.terms import ForwardOutputs
-
-SMALL = ["iterations=4", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
-         "eval.num_episodes=4", "sft.num_episodes=4", "sft.num_epochs=2", "env.max_turns=4"]
 
 
 def preset(name: str) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from learning import small
 
 import agentgym
 from agentgym.backends import TinyModelConfig
@@ -33,8 +34,7 @@ from agentgym.training.losses import aggregate
 from agentgym.training.options import HOOK_OPTIONS
 from agentgym.training.terms import LOSS_TERMS, LossTerm, register_loss_term
 
-SMALL = ["iterations=3", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=3",
-         "eval.num_episodes=2", "sft.num_episodes=4", "sft.num_epochs=2", "env.max_turns=4"]
+SMALL = small("iterations=3", "rollout.group_size=3", "eval.num_episodes=2")
 
 
 @pytest.fixture(scope="module")

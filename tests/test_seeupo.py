@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import one_torch_thread
-from learning import LEARN_FULL, ROOT, assert_learns
+from learning import LEARN_FULL, ROOT, SMALL, assert_learns
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
@@ -21,8 +21,6 @@ from agentgym.training.loop import Trainer, flatten, train, turn_index
 from agentgym.training.plan import TurnIndex
 
 PRESET = ROOT / "configs" / "quickstart_maze_seeupo.yaml"
-SMALL = ["iterations=4", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
-         "eval.num_episodes=4", "sft.num_episodes=4", "sft.num_epochs=2", "env.max_turns=4"]
 
 
 def traj(*rewards: float, tid: str = "", invalid: tuple[int, ...] = ()) -> Trajectory:

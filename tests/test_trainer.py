@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from learning import SMALL
 
 from agentgym.errors import ConfigError
 from agentgym.training.loading import load_config
@@ -16,8 +17,6 @@ from agentgym.training.quickstart import QUICKSTART
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SMALL = ["iterations=4", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
-         "eval.num_episodes=4", "sft.num_episodes=4", "sft.num_epochs=2", "env.max_turns=4"]
 
 
 def test_preset_file_equals_embedded_quickstart() -> None:

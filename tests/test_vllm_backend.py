@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import LiveServer
+from learning import small
 
 from agentgym.backends.builder import make_policy
 from agentgym.backends.config import LoraConfig, ModelConfig, TinyModelConfig
@@ -29,8 +30,7 @@ from agentgym.rollout.policy import SamplingParams
 from agentgym.training.loading import load_config
 from agentgym.training.loop import train
 
-SMALL = ["iterations=2", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=4",
-         "eval.num_episodes=2", "sft.enabled=false", "env.max_turns=3", "model.device=cpu"]
+SMALL = small("iterations=2", "eval.num_episodes=2", "sft.enabled=false", "env.max_turns=3", "model.device=cpu")
 
 
 # --- a stand-in for the vllm module: SamplingParams, TokensPrompt, LLM ---------------------------------
