@@ -1,8 +1,11 @@
-"""Starting a local service and knowing when it answers: ``free_port``, ``wait_healthy``, ``start_service``, ``stop_service``.
+"""Starting local processes and knowing when they answer: ``python_command``, ``free_port``, ``wait_healthy``,
+``start_service``, ``stop_service``.
 
 Every agentgym service (env, sandbox, retrieval) answers ``GET /health`` with 200 and a JSON body
 once it is ready. ``make serve-demo``, the tests that start real servers and the benchmarks use
-these helpers to start one on 127.0.0.1 and wait for it, bounded in time.
+these helpers to start one on 127.0.0.1 and wait for it, bounded in time. Every Python child the
+project starts is built with ``python_command``, so it imports the installed package whatever its
+working directory holds.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +22,44 @@ from typing import Any
 import httpx
 
 from agentgym.errors import RemoteEnvError
+
+# Python 3.10 has no -P: the child drops the unsafe sys.path[0] itself, then runs what -m or -c would.
+_SAFE_PATH_BOOTSTRAP = (
+    "import runpy, sys; del sys.path[0]; mode, target = sys.argv[1:3]; del sys.argv[1:3]\n"
+    "if mode == '-m':\n    runpy.run_module(target, run_name='__main__', alter_sys=True)\n"
+    "else:\n    sys.argv[0] = '-c'; exec(compile(target, '<string>', 'exec'), {'__name__': '__main__'})"
+)
+
+
+def python_command(mode: str, target: str, *args: str, safe_path_flag: bool | None = None) -> list[str]:
+    """The argv of a child ``python -m MODULE`` or ``python -c CODE`` that imports the installed packages.
+
+    Plain ``python -m``/``-c`` put the working directory first on ``sys.path``, so a child started
+    from a folder holding an ``agentgym/`` directory (the repository root, or the env image's
+    ``WORKDIR /src``) would import that source tree instead of what is installed (and fail: the
+    tree has no ``agentgym.envs``). The child gets ``-P`` (Python 3.11+) or, on 3.10, a bootstrap
+    that removes that entry; ``PYTHONPATH``, user site-packages and the environment stay as they are.
+
+    Args:
+        mode: ``"-m"`` or ``"-c"``.
+        target: the module name or the code.
+        args: the child's arguments (its ``sys.argv[1:]``).
+        safe_path_flag: use ``-P`` (default: when this Python has it).
+
+    Raises:
+        ValueError: ``mode`` is neither ``-m`` nor ``-c``.
+
+    Example:
+        >>> python_command("-m", "agentgym", "version", safe_path_flag=True)[1:]
+        ['-P', '-m', 'agentgym', 'version']
+    """
+    if mode not in ("-m", "-c"):
+        raise ValueError(f"mode must be '-m' or '-c', got {mode!r}")
+    if safe_path_flag is None:
+        safe_path_flag = sys.version_info >= (3, 11)
+    if safe_path_flag:
+        return [sys.executable, "-P", mode, target, *args]
+    return [sys.executable, "-c", _SAFE_PATH_BOOTSTRAP, mode, target, *args]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -7,13 +7,24 @@ the worker with the fewest sessions; a batch (``/batch/step|reset|fork``) is spl
 parts run at once, and the answers come back merged in the request's order. ``GET /health`` sums
 the workers' sessions and lists the workers; ``GET /metrics`` is every worker's, labelled
 ``worker="<index>"``. Routes the router does not know (``/envs``, ``/docs``...) go to any worker.
+
+Bounded waits on a frozen worker (one that stops answering while its process lives, e.g. SIGSTOP):
+``/health`` and ``/metrics`` ask every worker at once and wait ``health_timeout_s`` at most; a
+worker that does not answer is listed with ``"responding": false`` and the status is ``degraded``
+(``unavailable``, HTTP 503, when no worker answers). ``POST /sessions`` goes to responding workers
+only; a create already waiting on a worker that then stays silent for ``silent_after_s`` goes to
+another worker, and the session the silent one may still create is deleted when it answers. A step
+or reset on a frozen worker's session waits up to ``timeout_s`` (504): it may have run, so it is
+never sent twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import time
 from typing import Any
 
 import agentgym
@@ -73,42 +84,81 @@ class WorkerRouter:
         max_body_bytes: larger request bodies get 413 here, before any worker sees them.
         timeout_s: longest wait for a worker's answer (a frozen process answers nothing; the
             workers' own step timeout answers a slow env long before). Past it: 504.
+        health_timeout_s: longest wait for a worker's ``/health`` or ``/metrics`` answer; a worker
+            that does not answer within it is reported as not responding.
     """
 
     def __init__(self, workers: WorkerSet, *, max_body_bytes: int = 8 * 1024 * 1024,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, health_timeout_s: float = 2.0) -> None:
         self.workers = workers
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
+        self.health_timeout_s = health_timeout_s
+        self._withdrawn: set[asyncio.Task[None]] = set()
 
     # --- talking to one worker ----------------------------------------------------------------
 
+    def _pooled(self, worker: Worker) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A pooled connection safe to reuse, or ``None``.
+
+        The worker closes a connection idle for ``keep_alive_s``; reusing one it has closed (or is
+        closing at that moment) would fail the request although the worker is fine. So connections
+        idle for ``reuse_within_s`` (half of it) are closed here first, and so is any the worker has
+        closed anyway.
+        """
+        cutoff = time.monotonic() - self.workers.reuse_within_s
+        while worker.idle and worker.idle[0][2] < cutoff:  # oldest first
+            worker.idle.pop(0)[1].close()
+        while worker.idle:
+            reader, writer, _ = worker.idle.pop()
+            if not (reader.at_eof() or writer.is_closing()):
+                return reader, writer
+            writer.close()
+        return None
+
     async def forward(self, worker: Worker, method: str, target: str, headers: list[tuple[bytes, bytes]],
-                      body: bytes) -> Answer:
-        """Send one request to ``worker`` and return its answer (status, headers, body)."""
+                      body: bytes, *, timeout_s: float | None = None) -> Answer:
+        """Send one request to ``worker`` and return its answer (status, headers, body).
+
+        Args:
+            timeout_s: longest wait for the answer (default: the router's ``timeout_s``).
+
+        Raises:
+            WorkerGone: the connection broke (the process died, or was killed while handling it).
+            RemoteTimeout: no answer within the timeout.
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
-            reader, writer = worker.idle.pop() if worker.idle else await asyncio.open_unix_connection(
+            reader, writer = self._pooled(worker) or await asyncio.open_unix_connection(
                 worker.socket_path, limit=2**24)
         except OSError as exc:
             raise WorkerGone(str(exc)) from exc
         request = [f"{method} {target} HTTP/1.1\r\nhost: worker\r\ncontent-length: {len(body)}\r\n".encode()]
         request += [name + b": " + value + b"\r\n" for name, value in headers if name in _FORWARDED]
-        writer.write(b"".join(request) + b"\r\n" + body)
         try:
-            answer, keep = await asyncio.wait_for(_read_response(reader), self.timeout_s)
+            writer.write(b"".join(request) + b"\r\n" + body)
+            answer, keep = await asyncio.wait_for(self._exchange(reader, writer), timeout_s)
         except asyncio.TimeoutError:
             writer.close()
             assert worker.process is not None
             raise RemoteTimeout(f"env-worker process {worker.index} (pid {worker.process.pid}) did not answer "
-                                f"{method} {target.split('?')[0]} within {self.timeout_s:g} s") from None
+                                f"{method} {target.split('?')[0]} within {timeout_s:g} s") from None
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             writer.close()
             raise WorkerGone(f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:  # cancelled mid-exchange: the connection's state is unknown
+            writer.close()
+            raise
         if keep and worker.ready:
-            worker.idle.append((reader, writer))
+            worker.idle.append((reader, writer, time.monotonic()))
         else:
             writer.close()
         return answer
+
+    @staticmethod
+    async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[Answer, bool]:
+        await writer.drain()
+        return await _read_response(reader)
 
     # --- ASGI ---------------------------------------------------------------------------------
 
@@ -142,6 +192,8 @@ class WorkerRouter:
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                for task in list(self._withdrawn):
+                    task.cancel()
                 await self.workers.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -176,19 +228,7 @@ class WorkerRouter:
         if path == "/metrics" and method == "GET":
             return await self._metrics(headers)
         if path == "/sessions" and method == "POST":
-            for _ in range(self.workers.num_workers):  # a worker found dead here: the next one
-                worker = self.workers.least_loaded()
-                try:
-                    answer = await self.forward(worker, method, target, headers, body)
-                except WorkerGone:
-                    self._check_alive(worker)
-                    continue
-                if answer[0] == 201:
-                    worker.sessions += 1
-                    return _with_public_id(answer, worker)
-                return answer
-            raise SessionCapacityError("every env-worker process failed to create the session (they are "
-                                       "restarting); retry in a second")
+            return await self._create(target, headers, body)
         if path.startswith("/sessions/"):
             public_id, _, verb = path[len("/sessions/"):].partition("/")
             worker, inner = self.workers.owner(public_id)
@@ -205,12 +245,70 @@ class WorkerRouter:
             return await self._batch(path, headers, body)
         return await self._send(self.workers.least_loaded(), None, method, target, headers, body)
 
+    async def _create(self, target: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer:
+        """``POST /sessions`` on the least loaded responding worker; on another one when that one died
+        or went silent before answering."""
+        tried: set[Worker] = set()
+        while len(tried) < self.workers.num_workers:
+            try:
+                worker = self.workers.least_loaded(excluding=tried)
+            except SessionCapacityError:
+                if not tried:
+                    raise
+                break
+            tried.add(worker)
+            pending = asyncio.ensure_future(self.forward(worker, "POST", target, headers, body))
+            try:
+                answer = await self._unless_silent(worker, pending)
+            except WorkerGone:
+                self._check_alive(worker)
+                continue
+            except asyncio.CancelledError:
+                self._withdraw(worker, pending, headers)
+                raise
+            if answer is None:  # the worker went silent: its late session, if any, is deleted
+                self._withdraw(worker, pending, headers)
+                continue
+            if answer[0] == 201:
+                worker.sessions += 1
+                return _with_public_id(answer, worker)
+            return answer
+        raise SessionCapacityError("every env-worker process failed to create the session (they are "
+                                   "restarting or not answering); retry in a second")
+
+    async def _unless_silent(self, worker: Worker, pending: asyncio.Future[Answer]) -> Answer | None:
+        """``pending``'s answer, or ``None`` once ``worker`` has answered no health check for ``silent_after_s``."""
+        while True:
+            left = self.workers.silent_after_s - worker.silent_s()
+            done, _ = await asyncio.wait({pending}, timeout=max(left, 0.0) + 0.05)
+            if done:
+                return pending.result()
+            if not self.workers.responding(worker):
+                return None
+
+    def _withdraw(self, worker: Worker, pending: asyncio.Future[Answer], headers: list[tuple[bytes, bytes]]) -> None:
+        """Let a create nobody waits for finish in the background, and delete the session it makes."""
+        async def delete_late_session() -> None:
+            with contextlib.suppress(WorkerGone, RemoteTimeout):
+                status, _, payload = await pending
+                if status == 201:
+                    inner = json.loads(payload)["session_id"]
+                    await self.forward(worker, "DELETE", f"/sessions/{inner}", headers, b"")
+
+        task = asyncio.get_running_loop().create_task(delete_late_session())
+        self._withdrawn.add(task)
+        task.add_done_callback(self._withdrawn.discard)
+
     async def _send(self, worker: Worker, public_id: str | None, method: str, target: str,
                     headers: list[tuple[bytes, bytes]], body: bytes) -> Answer:
         try:
             return await self.forward(worker, method, target, headers, body)
         except WorkerGone as exc:
             self._check_alive(worker)
+            if method == "GET" and worker.ready:  # reads change nothing: one more try on a new connection
+                with contextlib.suppress(WorkerGone):
+                    return await self.forward(worker, method, target, headers, body)
+                self._check_alive(worker)
             assert worker.process is not None
             where = f"env-worker process {worker.index} (pid {worker.process.pid})"
             if public_id is None:
@@ -274,31 +372,51 @@ class WorkerRouter:
             return rejected.answer
         return 200, [(b"content-type", b"application/json")], dumps({"results": results})
 
-    async def _health(self, headers: list[tuple[bytes, bytes]]) -> Answer:
-        active = 0
-        for worker in self.workers.ready():
+    async def _ask_all(self, target: str, headers: list[tuple[bytes, bytes]]) -> list[tuple[Worker, Answer | None]]:
+        """``GET target`` of every ready, responding worker at once, each bounded by ``health_timeout_s``;
+        ``None`` for a worker that broke the connection or did not answer in time."""
+        async def ask(worker: Worker) -> Answer | None:
+            if not (worker.ready and self.workers.responding(worker)):
+                return None
             try:
-                status, _, payload = await self.forward(worker, "GET", "/health", headers, b"")
-            except WorkerGone:
-                continue
-            if status == 200:
-                worker.sessions = json.loads(payload)["active_sessions"]
-                active += worker.sessions
+                return await self.forward(worker, "GET", target, headers, b"", timeout_s=self.health_timeout_s)
+            except (WorkerGone, RemoteTimeout):
+                return None
+
+        slots = list(self.workers.slots)
+        return list(zip(slots, await asyncio.gather(*(ask(w) for w in slots))))
+
+    async def _health(self, headers: list[tuple[bytes, bytes]]) -> Answer:
+        active, listed, statuses = 0, [], []
+        for worker, answer in await self._ask_all("/health", headers):
+            described = worker.describe(self.workers.silent_after_s)
+            if answer is not None and answer[0] in (200, 503):
+                health = json.loads(answer[2])
+                worker.sessions = health["active_sessions"]
+                statuses.append(health["status"])
+            else:  # restarting, silent for a while, or silent within health_timeout_s just now
+                described["responding"] = False
+                statuses.append("unavailable")
+            active += worker.sessions
+            listed.append(described)
+        if all(s == "ok" for s in statuses):
+            status = "ok"
+        else:
+            status = "unavailable" if all(s == "unavailable" for s in statuses) else "degraded"
         served = self.workers.app_kwargs.get("env_ids") or [s.id for s in agentgym.list_envs()]
-        return 200, [(b"content-type", b"application/json")], dumps({
-            "status": "ok", "version": agentgym.__version__, "active_sessions": active,
+        return 503 if status == "unavailable" else 200, [(b"content-type", b"application/json")], dumps({
+            "status": status, "version": agentgym.__version__, "active_sessions": active,
             "max_sessions": self.workers.app_kwargs["max_sessions"] * self.workers.num_workers, "envs": served,
-            "workers": [w.describe() for w in self.workers.slots], "worker_restarts": self.workers.restarts,
+            "workers": listed, "worker_restarts": self.workers.restarts,
         })
 
     async def _metrics(self, headers: list[tuple[bytes, bytes]]) -> Answer:
         lines: list[str] = []
         seen: set[str] = set()
-        for worker in self.workers.ready():
-            try:
-                status, _, payload = await self.forward(worker, "GET", "/metrics", headers, b"")
-            except WorkerGone:
+        for worker, answer in await self._ask_all("/metrics", headers):
+            if answer is None:
                 continue
+            status, _, payload = answer
             if status != 200:
                 return status, [(b"content-type", b"application/json")], payload
             for line in payload.decode().splitlines():
