@@ -70,6 +70,25 @@ def test_exception_gives_exit_1_and_a_clean_traceback(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", backends())
+def test_a_shadowing_working_directory_changes_nothing_inside(name: str, tmp_path, monkeypatch) -> None:
+    # The host's working directory holds modules named like the framework and the standard library.
+    (tmp_path / "agentgym").mkdir()
+    (tmp_path / "agentgym" / "__init__.py").write_text("raise SystemExit('shadow agentgym imported')\n")
+    for module in ("json", "resource", "types"):
+        (tmp_path / f"{module}.py").write_text(f"raise SystemExit('shadow {module} imported')\n")
+    monkeypatch.chdir(tmp_path)
+    result = make(name).run("import json, types\nprint(json.dumps([1]), types.__name__)\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "[1] types\n", "")
+
+
+@pytest.mark.parametrize("name", backends())
+def test_the_worker_command_line_shows_no_framework_source(name: str) -> None:
+    result = make(name).run("print(repr(open('/proc/self/cmdline', 'rb').read().decode()))\n")
+    assert result.exit_code == 0, result.stderr
+    assert "setrlimit" not in result.stdout and "def main" not in result.stdout and len(result.stdout) < 1024
+
+
+@pytest.mark.parametrize("name", backends())
 def test_output_cap_truncates_and_flags(name: str) -> None:
     result = make(name).run("while True:\n    print('y' * 1000)\n", limits=Limits(output_bytes=5000))
     assert result.truncated and result.killed_reason == "output_limit"

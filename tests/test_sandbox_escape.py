@@ -122,6 +122,21 @@ def test_proc_of_the_test_process_is_not_readable(bwrap: BwrapBackend, monkeypat
     assert max(pids) < 10  # only the sandbox's own PID namespace is visible
 
 
+def test_command_lines_inside_show_no_framework_source(bwrap: BwrapBackend) -> None:
+    # PID 1 (bwrap's reaper) keeps the worker's command line; the worker's own is the same program.
+    code = ("import os\nfor pid in ('1', 'self'):\n"
+            "    print(repr(open(f'/proc/{pid}/cmdline', 'rb').read().decode()))\n")
+    result = bwrap.run(code, limits=FAST)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    for cmdline in lines:
+        assert "-I" in cmdline  # it is the worker's command line
+        for framework in ("agentgym", "setrlimit", "setuid", "def main", "scratch", "rlimits", "code_bytes"):
+            assert framework not in cmdline, (framework, cmdline)
+        assert len(cmdline) < 1024, cmdline
+
+
 def test_fork_bomb_is_bounded_and_host_stays_responsive(bwrap: BwrapBackend) -> None:
     ticks: list[float] = []
     stop = threading.Event()

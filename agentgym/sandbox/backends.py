@@ -31,7 +31,8 @@ What bounds what, on the ``bwrap`` backend (measured in ``tests/test_sandbox_esc
   namespace and the per-namespace process count (Linux >= 5.14) does the same job.
 - what the code can read of the host: no host dir but ``/usr`` and the Python install; bwrap's
   arguments reach it through a file descriptor (``--args``), so the sandbox's PID 1 command line
-  names no host path; the hostname is ``sandbox``.
+  names no host path; the bootstrap program arrives on stdin behind a short loader (``LOADER``), so
+  that command line holds no framework source either; the hostname is ``sandbox``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,22 @@ from agentgym.sandbox.worker import Worker, encode_request, make_scratch_dir
 SANDBOX_SCRATCH = "/scratch"
 #: The sandbox's hostname (bwrap): nothing of the host's name gets in.
 SANDBOX_HOSTNAME = "sandbox"
-_BOOTSTRAP_SOURCE = (Path(__file__).with_name("bootstrap.py")).read_text(encoding="utf-8")
+_BOOTSTRAP_SOURCE = (Path(__file__).with_name("bootstrap.py")).read_text(encoding="utf-8").encode("utf-8")
+#: What a worker reads first on stdin: the bootstrap's length (8 decimal digits), then its source.
+BOOTSTRAP_FRAME = b"%08d" % len(_BOOTSTRAP_SOURCE) + _BOOTSTRAP_SOURCE
+#: The worker's whole program on its command line, which sandboxed code can read (``/proc/1/cmdline``
+#: under bwrap, ``ps`` elsewhere): a loader that runs the bootstrap it reads from stdin, so the command
+#: line shows neither the framework's source nor its module layout.
+LOADER = ("import os\n"
+          "def read(count):\n"
+          "    data = b''\n"
+          "    while len(data) < count:\n"
+          "        chunk = os.read(0, count - len(data))\n"
+          "        if not chunk:\n"
+          "            os._exit(70)\n"
+          "        data += chunk\n"
+          "    return data\n"
+          "exec(compile(read(int(read(8))), '<sandbox>', 'exec'))\n")
 #: Fresh uids for sandboxes run by root: far above any real account, never two live at once.
 _UID_RANGE = (1_500_000, 1_999_999)
 
@@ -151,12 +167,19 @@ class _BackendBase:
         if cgroup is not None:
             argv = cgroup.wrap(argv)
         try:
-            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env, cwd=cwd, start_new_session=True, close_fds=True, pass_fds=pass_fds)
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()
             raise
+        # The bootstrap goes ahead of the request; a few KiB, so the pipe's buffer takes it at once.
+        try:
+            proc.stdin.write(BOOTSTRAP_FRAME)  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+        except OSError:
+            pass  # the worker died at start-up: its run reports the exit
+        return proc
 
 
 def _fd_with(data: bytes) -> int:
@@ -256,7 +279,7 @@ class BwrapBackend(_BackendBase):
 
     def command(self) -> list[str]:
         """The worker's command inside the sandbox (after bwrap's options)."""
-        return ["--", self.python, "-I", "-c", _BOOTSTRAP_SOURCE]
+        return ["--", self.python, "-I", "-c", LOADER]
 
     def spawn(self, limits: Limits | None = None) -> Worker:
         disk_mb = int((limits or Limits()).disk_mb)
@@ -303,7 +326,7 @@ class SubprocessBackend(_BackendBase):
         scratch = make_scratch_dir(self.scratch_root, None)
         cgroup = self._new_cgroup()
         try:
-            proc = self._popen([self.python, "-I", "-c", _BOOTSTRAP_SOURCE], env=_scrubbed_env(str(scratch)),
+            proc = self._popen([self.python, "-I", "-c", LOADER], env=_scrubbed_env(str(scratch)),
                                cwd=str(scratch), cgroup=cgroup)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -354,7 +377,7 @@ class DockerBackend(_BackendBase):
                 "--tmpfs", f"{SANDBOX_SCRATCH}:size={disk_mb}m,mode=1777", "-w", SANDBOX_SCRATCH]
         for key, value in _scrubbed_env(SANDBOX_SCRATCH).items():
             argv += ["-e", f"{key}={value}"]
-        argv += [self.image, self.python, "-I", "-c", _BOOTSTRAP_SOURCE]
+        argv += [self.image, self.python, "-I", "-c", LOADER]
         proc = self._popen(argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         return Worker(proc, None, SANDBOX_SCRATCH, 65534, self.name, memory_guard="docker", disk_mb=disk_mb)
 

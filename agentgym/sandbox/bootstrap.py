@@ -1,11 +1,14 @@
 """The program a sandboxed Python worker runs first: read one request on stdin, lock down, run it.
 
-This file is passed to the sandbox's interpreter as ``python -I -c <source>``, so it uses the
-standard library only and must run unchanged on every Python the sandbox may use.
+The sandbox's interpreter starts as ``python -I -c <loader>`` (``agentgym.sandbox.backends.LOADER``),
+which reads this file's source from fd 0 and runs it: the command line, readable by the sandboxed
+code, then holds no source of the framework. So this file uses the standard library only and must
+run unchanged on every Python the sandbox may use.
 
-Wire format on fd 0 (written once by the host, see ``agentgym.sandbox.backends.encode_request``)::
+Wire format on fd 0 (written by the host: the bootstrap when the worker is spawned, the request
+later, see ``agentgym.sandbox.backends.BOOTSTRAP_FRAME`` and ``encode_request``)::
 
-    <JSON header>\\n<code bytes><stdin bytes>
+    <8-digit length><this file's source><JSON header>\\n<code bytes><stdin bytes>
 
 The header holds ``code_bytes``, ``stdin_bytes``, ``scratch`` (the working directory),
 ``rlimits`` (``[[name, soft, hard], ...]``), and ``uid``/``gid`` (``null``: keep the current ids).
