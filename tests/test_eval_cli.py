@@ -111,6 +111,97 @@ def test_eval_command_errors_are_one_line(tmp_path: Path, args: list[str], messa
     assert len(lines) == 1 and message in " ".join(result.output.split()), result.output
 
 
+def _run_folder(tmp: Path, *, config: str | None = None, checkpoint: bytes | None = None) -> Path:
+    """An `agentgym train` run folder (a tiny model on maze-v0), with the given config.json or checkpoint.pt bytes."""
+    import io
+
+    import torch
+
+    run = tmp / "run"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(config if config is not None else json.dumps(
+        {"model": {"tiny": {"num_layers": 1, "hidden_size": 32, "intermediate_size": 64}}, "env": {"id": "maze-v0"},
+         "seed": 0}))
+    if checkpoint is None:
+        buffer = io.BytesIO()
+        torch.save({"model": {"weight": torch.zeros(4096)}, "iteration": 1}, buffer)
+        checkpoint = buffer.getvalue()
+    (run / "checkpoint.pt").write_bytes(checkpoint)
+    return run
+
+
+def _whole_checkpoint_cut_in_half(tmp: Path) -> bytes:
+    whole = _run_folder(tmp / "whole").joinpath("checkpoint.pt").read_bytes()
+    return whole[:len(whole) // 2]
+
+
+def _damaged(case: str, tmp: Path) -> tuple[list[str], Path, str]:
+    """(eval arguments, the file the error must name, what it must say) for one damaged input."""
+    out = tmp / "eval"
+    if case == "out is a file":
+        (tmp / "taken").write_text("a file\n")
+        return ["--policy", "random", "--envs", "maze-v0", "--out", str(tmp / "taken")], tmp / "taken", \
+            "is a file, not a folder; give --out a folder"
+    if case in ("plan.json is not JSON", "plan.json is {}"):
+        out.mkdir()
+        (out / "plan.json").write_text("{\"policies\": [" if case == "plan.json is not JSON" else "{}")
+        said = "is not JSON" if case == "plan.json is not JSON" else "is not an evaluation plan (no 'policies')"
+        return ["--out", str(out), "--resume"], out / "plan.json", said
+    if case == "run config.json is not JSON":
+        run = _run_folder(tmp, config='{"model": {')
+        return ["--policy", str(run), "--envs", "maze-v0", "--out", str(out)], run / "config.json", \
+            "is not a run config"
+    if case.startswith("checkpoint.pt is"):
+        content = {"checkpoint.pt is empty": b"", "checkpoint.pt is text": b"iteration 3, loss 0.25\n",
+                   "checkpoint.pt is truncated": None}[case]
+        run = _run_folder(tmp, checkpoint=_whole_checkpoint_cut_in_half(tmp) if content is None else content)
+        said = "is empty (0 bytes" if content == b"" else "is not a readable checkpoint"
+        return ["--policy", str(run), "--out", str(out)], run / "checkpoint.pt", said
+    assert case == "model config.json is not JSON"
+    from agentgym.backends.tiny import TinyModelConfig, build_tiny_model, save_tiny
+
+    model = tmp / "model"
+    save_tiny(*build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64)), model)
+    (model / "config.json").write_text((model / "config.json").read_text()[:40])  # a copy cut short
+    return ["--policy", str(model), "--envs", "maze-v0", "--out", str(out)], model / "config.json", "is not JSON"
+
+
+@pytest.mark.parametrize("case", ["out is a file", "plan.json is not JSON", "plan.json is {}",
+                                  "run config.json is not JSON", "checkpoint.pt is empty", "checkpoint.pt is text",
+                                  "checkpoint.pt is truncated", "model config.json is not JSON"])
+def test_damaged_inputs_get_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
+    args, named, said = _damaged(case, tmp_path)
+    result = runner.invoke(app, ["eval", *args])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1, result.output
+    assert str(named) in output and said in output, result.output
+
+
+def test_a_backwards_seed_range_says_so() -> None:
+    result = runner.invoke(app, ["eval", "--policy", "random", "--envs", "maze-v0", "--seeds", "5-1"])
+    assert result.exit_code == 2
+    assert "--seeds '5-1': the range 5-1 runs backwards; write it low-high (1-5)" in " ".join(result.output.split())
+    with pytest.raises(ConfigError, match="lists no seed"):
+        parse_seeds(",")
+
+
+def test_tables_are_whole_when_output_is_not_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    label = "a-policy-label-longer-than-the-column-rich-would-give-it"
+    result = runner.invoke(app, ["eval", "--policy", f"random,name={label}", "--policy", "expert", "--envs", "maze-v0",
+                                 "--env-arg", "maze-v0:size=2", "--seeds", "0-3", "--out", str(tmp_path / "e")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(line for line in lines if "policy" in line and "episodes" in line)
+    assert all(name in header for name in ("success", "95% CI", "return", "invalid", "wall s")), header
+    row = next(line for line in lines if label in line and "│" in line)
+    assert "maze-v0" in row and "0%–" in row and "…" not in row, row
+    listing = runner.invoke(app, ["envs"]).output.splitlines()
+    for spec in agentgym.list_envs():
+        assert any(spec.id in line and spec.description in line for line in listing), spec.id
+
+
 def test_resume_needs_the_folder() -> None:
     result = runner.invoke(app, ["eval", "--resume"])
     assert result.exit_code == 2 and "--resume needs --out DIR" in result.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 # Help text is plain text: brackets are optional syntax (`RUN[/checkpoint.pt]`), not markup, and rich
@@ -17,8 +17,28 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="agentgym: text and tool environments and turn-level RL trainers for LLM agents.",
 )
-console = Console()
-err_console = Console(stderr=True)
+#: Columns of a console that writes to a pipe or a file: wide enough that no table is cut.
+UNCUT_WIDTH = 4096
+
+
+class StreamConsole(Console):
+    """A rich ``Console`` that, writing to a pipe or a file, lays lines out ``UNCUT_WIDTH`` wide.
+
+    rich assumes 80 columns (or the width of a terminal on another stream) when its stream is not a
+    terminal, and squeezes tables into that (``poli…``, ``succ…``): output kept in a log or piped to
+    ``grep`` would lose cells. An explicit ``COLUMNS`` still wins.
+    """
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or self._width is not None or "COLUMNS" in self._environ:
+            return size
+        return ConsoleDimensions(max(size.width, UNCUT_WIDTH), size.height)
+
+
+console = StreamConsole()
+err_console = StreamConsole(stderr=True)
 
 
 def fail(exc: Exception) -> NoReturn:

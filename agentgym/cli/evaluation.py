@@ -9,15 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.errors import AgentGymError, ConfigError
+from agentgym.eval.store import NO_SPACE, EvalStore
 from agentgym.registry import load_env_creator
 
 
 def parse_seeds(text: str) -> list[int]:
     """``--seeds``: ``0-19``, ``1,5,9`` or a mix (``0-4,100``).
+
+    Raises:
+        ConfigError: a part that is not a seed or a range, a range that runs backwards, or no seed at all.
 
     Example:
         >>> parse_seeds("0-3,10")
@@ -27,9 +32,14 @@ def parse_seeds(text: str) -> list[int]:
     for part in (p.strip() for p in text.split(",") if p.strip()):
         low, sep, high = part.partition("-")
         try:
-            seeds += list(range(int(low), int(high) + 1)) if sep else [int(part)]
+            first, last = (int(low), int(high)) if sep else (int(part), int(part))
         except ValueError:
             raise ConfigError(f"--seeds {text!r}: {part!r} is not a seed or a range like 0-19") from None
+        if last < first:
+            raise ConfigError(f"--seeds {text!r}: the range {part} runs backwards; write it low-high ({last}-{first})")
+        seeds += range(first, last + 1)
+    if not seeds:
+        raise ConfigError(f"--seeds {text!r} lists no seed; give seeds like 0-19 or 1,5,9")
     return seeds
 
 
@@ -64,6 +74,11 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
     if envs is None:
         if not runs:
             raise ConfigError("give the envs to evaluate: --envs ID[,ID...] (or --envs all); `agentgym envs` lists them")
+        for spec in (p for p in policies if p.kind == "run"):
+            env = spec.run_config.get("env")
+            if not isinstance(env, dict) or not isinstance(env.get("id"), str):
+                raise ConfigError(f"policy {spec.text!r}: the run's config.json names no env (env.id); restore it, "
+                                  "or give the envs with --envs ID[,ID...]")
         ids = list(dict.fromkeys(r["env"]["id"] for r in runs))
         for run in runs:  # the run's own env settings: what its held-out evaluation played
             defaults.setdefault(run["env"]["id"], (dict(run["env"].get("kwargs") or {}), run["env"].get("max_turns")))
@@ -106,6 +121,26 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
             kwargs[env_id]["split"] = split
     return [EnvEntry(i, kwargs[i], max_turns if max_turns is not None else defaults.get(i, ({}, None))[1],
                      urls.get(i)) for i in ids]
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be a folder, or a path where one can be made."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise ConfigError(f"--out {out}: {path} is a file, not a folder; give --out a folder (a new one, "
+                                  "or an evaluation's folder with --resume)")
+            return
+
+
+def _saved_plan(out: Path, concurrency: int) -> Any:
+    """The plan saved in ``out`` (``--resume`` without ``--policy``), run at ``concurrency``."""
+    from agentgym.eval.plan import EvalPlan
+
+    data = EvalStore(out).read_plan()
+    plan = EvalPlan.from_json(data, source=str(out / "plan.json"))
+    return EvalPlan(plan.policies, plan.envs, plan.seeds, plan.samples, plan.temperature, plan.sampling_seed,
+                    concurrency)
 
 
 def _print_results(results: dict[str, Any], out: Path) -> None:
@@ -163,15 +198,12 @@ def evaluate(
     try:
         if resume and out is None:
             raise ConfigError("--resume needs --out DIR, the folder of the evaluation to complete")
+        if out is not None:
+            _check_out(Path(out))
+        if resume:  # checked even when --policy restates the plan: a damaged plan.json is named here
+            saved_plan = _saved_plan(Path(out), concurrency)  # type: ignore[arg-type]
         if resume and not policy:
-            import json
-
-            saved = Path(out) / "plan.json"  # type: ignore[arg-type]
-            if not saved.is_file():
-                raise ConfigError(f"--resume {out}: no plan.json there; start the evaluation without --resume")
-            plan = EvalPlan.from_json(json.loads(saved.read_text()))
-            plan = EvalPlan(plan.policies, plan.envs, plan.seeds, plan.samples, plan.temperature,
-                            plan.sampling_seed, concurrency)
+            plan = saved_plan
         else:
             specs = [parse_policy(p) for p in policy]
             if not specs:
@@ -195,6 +227,12 @@ def evaluate(
     err_console.print(f"[bold]agentgym eval[/] {count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
                       f"{count(len(plan.envs), 'env')} × {count(total, 'episode')} → {out_dir}")
     command = shlex.join(["agentgym", *sys.argv[1:]])
+    note = lambda text: err_console.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True, highlight=False)
+    if resume:
+        try:
+            EvalStore(out_dir, on_notice=note).mend()  # cut last lines set aside before anything is appended
+        except AgentGymError as exc:
+            fail(exc)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console) as progress:
         bars: dict[tuple[str, str], Any] = {}
@@ -207,14 +245,29 @@ def evaluate(
 
         evaluation = Evaluation(plan, out_dir, resume=resume, env_token=env_token, on_progress=on_progress,
                                 command=command)
+        evaluation.store.on_notice = note
         try:
             results = evaluation.run()
         except AgentGymError as exc:
             progress.stop()
             fail(exc)
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            progress.stop()  # a report file, written after the episodes, met the full disk
+            fail(evaluation.store.write_error(Path(exc.filename) if exc.filename else None, exc))
         except KeyboardInterrupt:
             progress.stop()
             err_console.print(f"[yellow]interrupted[/]: finished episodes are saved in {out_dir}; "
                               f"`agentgym eval --out {out_dir} --resume` plays the rest")
             raise typer.Exit(code=130) from None
     _print_results(results, out_dir)
+    missing = [row for row in results["results"] if row.get("missing")]
+    for row in missing:
+        shown = ", ".join(f"{m['seed']}" + (f" (sample {m['sample']})" if plan.samples > 1 else "")
+                          for m in row["missing"])
+        err_console.print(f"[bold red]incomplete:[/] {row['env']} × {row['policy']}: {len(row['missing'])} of "
+                          f"{len(plan.seeds) * plan.samples} episodes missing, task seeds {shown}; "
+                          f"`agentgym eval --out {out_dir} --resume` plays them", soft_wrap=True, highlight=False)
+    if missing:
+        raise typer.Exit(code=1)

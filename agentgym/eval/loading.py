@@ -1,11 +1,14 @@
 """Turning a ``PolicySpec`` into something that plays: a token-level ``Policy`` (local models, endpoint
 completions), a chat endpoint, or nothing to load (``random``, ``expert``). Checks what it can
-before any episode: files, tokenizer and chat template, that an endpoint answers and serves the model.
+before any episode: files (a model's ``config.json`` is JSON, a checkpoint is a whole ``agentgym train``
+checkpoint), tokenizer and chat template, that an endpoint answers and serves the model.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgym.errors import ConfigError
@@ -41,19 +44,66 @@ def _model_config(spec: PolicySpec, path: str | None, model: dict[str, Any] | No
                        device=spec.device)  # type: ignore[arg-type]
 
 
-def _load_checkpoint(spec: PolicySpec, location: str) -> Policy:
-    """A run's checkpoint: the model the run's config describes, with the checkpoint's weights."""
+def check_model_config(spec: PolicySpec, model_dir: str | Path) -> None:
+    """Check that a model directory's ``config.json`` is a JSON object, before a loader trips on it.
+
+    Raises:
+        ConfigError: it is not JSON, or not an object (one line naming the file and what to do).
+    """
+    path = Path(model_dir) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return  # the loader says what a model directory needs
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"policy {spec.text!r}: {path} is not JSON ({_first_line(exc)}); restore the model "
+                          "directory (copy or save the model again)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"policy {spec.text!r}: {path} holds {type(data).__name__}, not a model config; restore "
+                          "the model directory (copy or save the model again)")
+
+
+def read_checkpoint(spec: PolicySpec, location: str | Path) -> dict[str, Any]:
+    """The state of an ``agentgym train`` checkpoint file, checked to be one.
+
+    Raises:
+        ConfigError: the file is empty, cut short, not a torch file, or has no ``model`` entry (one line
+            naming the file and what to do).
+    """
     import torch
 
+    path = Path(location)
+    redo = ("evaluate the run's model/ folder or another checkpoint, or train the run again (a checkpoint is "
+            "rewritten at every checkpoint interval)")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"policy {spec.text!r}: {path} is empty (0 bytes: cut short while it was written); {redo}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)  # our own checkpoint (RNG states too)
+    except Exception as exc:  # a damaged file fails deep in zipfile or pickle, with any of a dozen types
+        raise ConfigError(f"policy {spec.text!r}: {path} is not a readable checkpoint (cut short or not a torch "
+                          f"file: {type(exc).__name__}: {_first_line(exc)}); {redo}") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise ConfigError(f"policy {spec.text!r}: {path} is not an `agentgym train` checkpoint (no 'model' "
+                          f"entry); {redo}")
+    return state
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or ["no message"])[0]
+
+
+def _load_checkpoint(spec: PolicySpec, location: str) -> Policy:
+    """A run's checkpoint: the model the run's config describes, with the checkpoint's weights."""
     from agentgym.backends.builder import make_policy
 
+    state = read_checkpoint(spec, location)  # checked first: a damaged file fails before a model is built
     config = spec.run_config or {}
     model_section = config.get("model") or {}
+    if not isinstance(model_section, dict):
+        raise ConfigError(f"policy {spec.text!r}: the 'model' section of the run's config.json is "
+                          f"{type(model_section).__name__}, not a mapping; restore config.json from the run")
     policy = make_policy(_model_config(spec, model_section.get("path"), model_section),
                          seed=int(config.get("seed", 0)))
-    state = torch.load(location, map_location="cpu", weights_only=False)  # our own checkpoint (RNG states too)
-    if not isinstance(state, dict) or "model" not in state:
-        raise ConfigError(f"policy {spec.text!r}: {location} is not an `agentgym train` checkpoint (no 'model' entry)")
     try:
         policy.model.load_state_dict(state["model"])  # type: ignore[attr-defined]
     except RuntimeError as exc:
@@ -66,8 +116,9 @@ def load_policy(spec: PolicySpec, plan: EvalPlan) -> LoadedPolicy:
     """Load or connect to ``spec``'s policy.
 
     Raises:
-        ConfigError: a model directory without weights, tokenizer or chat template; a checkpoint that
-            does not fit; an endpoint model the server does not serve.
+        ConfigError: a model directory without weights, tokenizer or chat template, or whose config.json
+            is damaged; a checkpoint that is damaged or does not fit; an endpoint model the server does
+            not serve.
         PolicyEndpointError: an endpoint that cannot be reached or answers with an error.
     """
     if spec.kind in ("random", "expert"):
@@ -88,4 +139,5 @@ def load_policy(spec: PolicySpec, plan: EvalPlan) -> LoadedPolicy:
     location = spec.location or ""
     if spec.kind == "run" and location.endswith(".pt"):
         return LoadedPolicy(spec, _load_checkpoint(spec, location))
+    check_model_config(spec, location)
     return LoadedPolicy(spec, make_policy(_model_config(spec, location), seed=plan.sampling_seed))

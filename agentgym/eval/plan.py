@@ -8,7 +8,7 @@ from typing import Any
 
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.eval.policies import PolicySpec, unique_names
-from agentgym.eval.store import slug
+from agentgym.eval.store import PLAN, slug
 
 
 class EvalError(AgentGymError):
@@ -27,6 +27,13 @@ class EnvEntry:
     """Override of the spec's turn budget."""
     url: str | None = None
     """An env service holding this env (``--env-url``); None plays it in-process."""
+
+
+#: plan.json's fields and their JSON types (what ``EvalPlan.from_json`` needs).
+_PLAN_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "policies": list, "envs": list, "seeds": list, "samples": int, "temperature": (int, float),
+    "sampling_seed": int, "concurrency": int,
+}
 
 
 @dataclass(frozen=True)
@@ -76,11 +83,41 @@ class EvalPlan:
                 "sampling_seed": self.sampling_seed, "concurrency": self.concurrency}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EvalPlan:
-        """Inverse of ``to_json``."""
-        return cls(tuple(PolicySpec.from_json(p) for p in data["policies"]),
-                   tuple(EnvEntry(**e) for e in data["envs"]), tuple(data["seeds"]), data["samples"],
-                   data["temperature"], data["sampling_seed"], data["concurrency"])
+    def from_json(cls, data: dict[str, Any], *, source: str = PLAN) -> EvalPlan:
+        """Inverse of ``to_json``.
+
+        Args:
+            data: what ``to_json`` wrote.
+            source: the file it came from, named in errors.
+
+        Raises:
+            ConfigError: ``data`` is not a whole plan (a damaged or foreign plan.json), naming ``source``.
+
+        Example:
+            >>> EvalPlan.from_json({})
+            Traceback (most recent call last):
+            ...
+            agentgym.errors.ConfigError: plan.json is not an evaluation plan (no 'policies'), so the evaluation cannot be resumed; start it again with another --out
+        """
+        def broken(why: str) -> ConfigError:
+            return ConfigError(f"{source} is not an evaluation plan ({why}), so the evaluation cannot be resumed; "
+                               "start it again with another --out")
+
+        if not isinstance(data, dict):
+            raise broken(f"it holds {type(data).__name__}")
+        for key, kind in _PLAN_FIELDS.items():
+            if key not in data:
+                raise broken(f"no {key!r}")
+            if not isinstance(data[key], kind) or isinstance(data[key], bool):
+                raise broken(f"{key!r} is {type(data[key]).__name__}")
+        try:
+            policies = tuple(PolicySpec.from_json(p) for p in data["policies"])
+            envs = tuple(EnvEntry(**e) for e in data["envs"])
+            seeds = tuple(int(s) for s in data["seeds"])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise broken(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        return cls(policies, envs, seeds, data["samples"], float(data["temperature"]), data["sampling_seed"],
+                   data["concurrency"])
 
     def same_episodes(self, other: EvalPlan) -> bool:
         """True when ``other`` plays the same episodes (concurrency may differ)."""

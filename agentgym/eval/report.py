@@ -30,9 +30,20 @@ def _task_scores(records: list[dict[str, Any]], key: str) -> dict[int, float]:
     return {task: sum(s) / len(s) for task, s in by_task.items()}
 
 
+def _missing(plan: EvalPlan, records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(task index, sample) of the planned episodes ``records`` lacks (it holds only planned ones)."""
+    saved = {(int(r["task_index"]), int(r["sample"])) for r in records}
+    return [(t, k) for t in range(len(plan.seeds)) for k in range(plan.samples) if (t, k) not in saved]
+
+
 def build_results(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *,
                   command: str | None = None) -> dict[str, Any]:
-    """The results dict (what ``results.json`` holds)."""
+    """The results dict (what ``results.json`` holds).
+
+    Each row counts only the episodes the plan asks for; ``complete`` says whether all of them are
+    there and ``missing`` lists the rest (task index, seed, sample), so results never silently count
+    fewer episodes than planned.
+    """
     rows, comparisons = [], []
     for entry in plan.envs:
         scores: dict[str, dict[int, float]] = {}
@@ -45,11 +56,13 @@ def build_results(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *
             summary = summarize(groups_of(records))
             # Tool calls are counted from info["tool_calls"]; an env that never reports them shows "—", not 0.
             reported = any("tool_calls" in (t.get("info") or {}) for r in records for t in r["turns"])
+            missing = [{"task_index": task, "seed": plan.seeds[task], "sample": sample}
+                       for task, sample in _missing(plan, records)]
             rows.append({"env": entry.id, "policy": spec.name, **summary, "wall_s": wall,
                          "episodes_per_s": summary["episodes"] / wall if wall > 0 else None,
                          "has_tools": infos[entry.id].has_tools if entry.id in infos else None,
                          "tool_calls_reported": reported,
-                         "complete": summary["episodes"] == len(plan.seeds) * plan.samples})
+                         "complete": not missing, "missing": missing})
             scores[spec.name] = _task_scores(records, "success")
             returns[spec.name] = _task_scores(records, "return")
             return_differs |= any(float(r["return"]) != float(bool(r["success"])) for r in records)
@@ -126,6 +139,13 @@ def markdown_report(results: dict[str, Any]) -> str:
     table = results_table(results)
     lines += ["| " + " | ".join(table[0]) + " |", "|" + "|".join("---" for _ in table[0]) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
+    for r in results["results"]:
+        if r.get("missing"):
+            listed = ", ".join(str(m["seed"]) + (f" (sample {m['sample']})" if config["samples"] > 1 else "")
+                               for m in r["missing"])
+            lines += ["", f"**Incomplete:** {r['env']} × {r['policy']} lacks {len(r['missing'])} of "
+                      f"{len(seeds) * config['samples']} episodes (task seeds {listed}); "
+                      "`agentgym eval --out DIR --resume` plays them."]
     lines += ["", ("Success: share of episodes the env marked solved, with a Wilson 95% interval. Return: mean "
               "episode return. Turns: mean turns per episode. Tokens: generated tokens, all episodes. Invalid: "
               "share of turns whose action could not be parsed or applied. Tool calls/ep: tools the env ran per "

@@ -10,23 +10,47 @@ Layout of ``DIR``::
 An episode line holds the task (index, seed, sample), outcome, and every turn's prompt text,
 response text, parsed action, observation, reward, ``state_key``, invalid flag, tool calls, tokens
 and info, plus the episode's first observation and info, so any episode can be replayed and audited.
-Lines are written whole and flushed; a line cut short by a crash is ignored when reading, so
-``--resume`` simply plays that episode again.
+
+Nothing finished is lost, whatever stops an evaluation:
+
+- lines are written whole, flushed and synced; a write that fails half-way (a full disk) is undone,
+  so the file ends on a whole line and the error names the folder (``EvalFolderError``);
+- a last line cut short by a crash is mended before the next append: completed when it is a whole
+  episode lacking only its line end, otherwise moved to ``POLICY.jsonl.cut`` (and reported), so the
+  replayed episode never lands on the cut line;
+- ``plan.json`` and ``timing.json`` are replaced atomically (a temporary file, then a rename); an
+  unreadable ``timing.json`` only resets the wall times;
+- only the episodes the saved plan asks for count (task index in range, its seed, sample in range),
+  so a stray line can never stand in for a planned episode.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agentgym.errors import AgentGymError, ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 PLAN = "plan.json"
 TIMING = "timing.json"
+CUT_SUFFIX = ".cut"
+"""Suffix of the file beside a trajectory log that keeps the cut-short last lines set aside from it."""
+
+_log = logging.getLogger(__name__)
+NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+"""The ``errno`` values of a full disk (or a full quota)."""
+
+
+class EvalFolderError(AgentGymError):
+    """The evaluation folder cannot be written (a full disk, a quota, no permission); what finished stays saved."""
 
 
 def slug(name: str) -> str:
@@ -90,11 +114,19 @@ def groups_of(records: list[dict[str, Any]]) -> list[EpisodeGroup]:
 
 
 class EvalStore:
-    """Reads and writes one evaluation folder (thread-safe appends)."""
+    """Reads and writes one evaluation folder (thread-safe appends; see the module docstring).
 
-    def __init__(self, out_dir: str | Path) -> None:
+    Args:
+        out_dir: the evaluation folder.
+        on_notice: told, in one line, about a repair the store made (a cut line set aside, an unreadable
+            ``timing.json``); default: a warning on the ``agentgym.eval.store`` logger.
+    """
+
+    def __init__(self, out_dir: str | Path, *, on_notice: Callable[[str], None] | None = None) -> None:
         self.root = Path(out_dir)
+        self.on_notice = on_notice or _log.warning
         self._lock = threading.Lock()
+        self._timing_reported = False
 
     # --- plan and timing --------------------------------------------------------------------------
 
@@ -102,22 +134,56 @@ class EvalStore:
         return (self.root / PLAN).is_file()
 
     def read_plan(self) -> dict[str, Any]:
-        return json.loads((self.root / PLAN).read_text())
+        """The saved plan as plain data (``EvalPlan.from_json`` checks its fields).
+
+        Raises:
+            ConfigError: no plan.json, or one that is not a JSON object (naming the file and what to do).
+        """
+        path = self.root / PLAN
+        if not path.is_file():
+            raise ConfigError(f"--resume {self.root}: no {PLAN} there; start the evaluation without --resume")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path} is not JSON ({_first_line(exc)}), so the evaluation cannot be resumed; "
+                              f"start it again with another --out") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} holds {type(data).__name__}, not an evaluation plan, so the evaluation "
+                              "cannot be resumed; start it again with another --out")
+        return data
 
     def write_plan(self, plan: dict[str, Any]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / PLAN).write_text(json.dumps(plan, indent=2) + "\n")
+        """Save the plan (atomically: a cut write never leaves a half plan.json behind)."""
+        self._replace(self.root / PLAN, json.dumps(plan, indent=2) + "\n")
 
     def timing(self) -> dict[str, float]:
+        """Wall seconds per ``"ENV\\tPOLICY"``; an unreadable timing.json counts as none (and is reported)."""
         path = self.root / TIMING
-        return json.loads(path.read_text()) if path.is_file() else {}
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError, OSError):
+            data = None
+        if not isinstance(data, dict):
+            if not self._timing_reported:
+                self._timing_reported = True
+                self.on_notice(f"{path} is unreadable (a write cut short); wall times count from 0 again, "
+                               "episodes are unaffected")
+            return {}
+        return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
 
     def add_time(self, env: str, policy: str, seconds: float) -> None:
+        """Add ``seconds`` to the wall time of (env, policy).
+
+        Raises:
+            EvalFolderError: timing.json cannot be written (the previous one stays as it was).
+        """
         with self._lock:
             timing = self.timing()
             key = f"{env}\t{policy}"
             timing[key] = timing.get(key, 0.0) + seconds
-            (self.root / TIMING).write_text(json.dumps(timing, indent=2) + "\n")
+            self._replace(self.root / TIMING, json.dumps(timing, indent=2) + "\n")
 
     def wall_s(self, env: str, policy: str) -> float:
         return float(self.timing().get(f"{env}\t{policy}", 0.0))
@@ -128,34 +194,191 @@ class EvalStore:
         return self.root / "trajectories" / slug(env) / f"{slug(policy)}.jsonl"
 
     def append(self, env: str, policy: str, records: list[dict[str, Any]]) -> None:
-        """Append finished episodes (each a whole line, flushed before returning)."""
+        """Append finished episodes, each a whole line, synced before returning.
+
+        A cut last line is mended first (see ``mend``). A write that fails half-way is undone, so
+        the file still ends on the last whole episode.
+
+        Raises:
+            EvalFolderError: the folder cannot be written (a full disk names it, and how to go on).
+        """
         if not records:
             return
         path = self.path(env, policy)
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
         with self._lock:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise self.write_error(path.parent, exc) from None
+            notice = self._mend(path)
+            if notice:
+                self.on_notice(notice)
+            with open(path, "ab", buffering=0) as fh:
+                start = fh.tell()
+                try:
+                    _write_all(fh, data)
+                    os.fsync(fh.fileno())
+                except OSError as exc:
+                    try:
+                        fh.truncate(start)  # a partial line would hide the next episode appended after it
+                    except OSError:
+                        pass  # the next append's mend sets it aside
+                    raise self.write_error(path, exc) from None
+
+    def mend(self) -> list[str]:
+        """Mend the cut last line of every trajectory log in the folder (what ``append`` does per file).
+
+        Returns:
+            One line per file mended, saying what was done (each also goes to ``on_notice``).
+        """
+        with self._lock:
+            notices = [n for n in map(self._mend, sorted((self.root / "trajectories").glob("*/*.jsonl"))) if n]
+        for notice in notices:
+            self.on_notice(notice)
+        return notices
 
     def records(self, env: str, policy: str) -> list[dict[str, Any]]:
-        """The episodes saved for (env, policy), one per (task, sample): a repeated key keeps its first
-        line, and an unreadable line (cut short by a crash) is skipped."""
+        """The planned episodes saved for (env, policy), one per (task, sample), in order.
+
+        A repeated key keeps its first line; an unreadable line (cut short by a crash) is skipped; with
+        a plan saved, a line the plan does not ask for (task index or sample out of range, or a seed
+        other than the plan's for that task) is not counted, so it cannot stand in for a planned episode.
+        """
+        planned = self._planned()
         found: dict[tuple[int, int], dict[str, Any]] = {}
         for record in self._lines(self.path(env, policy)):
-            found.setdefault(episode_key(record), record)
+            try:
+                key, seed = episode_key(record), int(record["seed"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if planned is not None:
+                seeds, samples = planned
+                if not (0 <= key[0] < len(seeds) and 0 <= key[1] < samples and seeds[key[0]] == seed):
+                    continue
+            found.setdefault(key, record)
         return [found[k] for k in sorted(found)]
+
+    # --- files --------------------------------------------------------------------------------------
+
+    def _planned(self) -> tuple[list[int], int] | None:
+        """The saved plan's task seeds and samples; None without a readable plan (nothing to filter by)."""
+        try:
+            plan = self.read_plan()
+            return [int(s) for s in plan["seeds"]], int(plan["samples"])
+        except (ConfigError, KeyError, TypeError, ValueError):
+            return None
+
+    def _mend(self, path: Path) -> str | None:
+        """Leave ``path`` ending on a whole line: complete a whole episode that lacks only its line end,
+        otherwise move the cut tail to ``path + CUT_SUFFIX``. Returns what it did (None: nothing to do).
+        Caller holds the lock."""
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None
+        if size == 0:
+            return None
+        with open(path, "rb+") as fh:
+            fh.seek(size - 1)
+            if fh.read(1) == b"\n":
+                return None
+            start = _last_line_start(fh, size)
+            fh.seek(start)
+            tail = fh.read()
+            try:
+                whole = _is_episode(json.loads(tail))
+            except (ValueError, UnicodeDecodeError):
+                whole = False
+            shown = path.relative_to(self.root) if path.is_relative_to(self.root) else path
+            try:
+                if whole:
+                    fh.seek(size)
+                    fh.write(b"\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    return f"{shown}: its last episode lacked its line end (the write was cut short); completed"
+                aside = path.with_name(path.name + CUT_SUFFIX)
+                with open(aside, "ab") as out:  # kept before the log is cut back, so no byte is lost
+                    out.write(tail + b"\n")
+                    out.flush()
+                    os.fsync(out.fileno())
+                fh.truncate(start)
+            except OSError as exc:
+                raise self.write_error(path, exc) from None
+        return (f"{shown}: its last line was cut short ({len(tail)} bytes, the episode being written when the "
+                f"evaluation stopped); set aside in {aside.name}, and that episode is played again")
+
+    def _replace(self, path: Path, text: str) -> None:
+        """Write ``path`` atomically: a temporary file beside it, synced, then renamed over it."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb", buffering=0) as fh:
+                _write_all(fh, text.encode("utf-8"))
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            raise self.write_error(path, exc) from None
+
+    def write_error(self, path: Path | None, exc: OSError) -> EvalFolderError:
+        """The one-line error for ``exc``, raised while writing ``path`` (None: unknown) in this folder."""
+        if exc.errno in NO_SPACE:
+            writing = f" (writing {path.name})" if path is not None else ""
+            return EvalFolderError(f"no space left on the device of {self.root}{writing}; every finished episode "
+                                   f"is kept there: free some space, then `agentgym eval --out {self.root} "
+                                   "--resume` plays the rest")
+        path = path or self.root
+        if exc.errno == errno.ENOTDIR or (exc.errno == errno.EEXIST and not path.is_dir()):
+            return EvalFolderError(f"cannot write {path}: a file stands where a folder is needed; "
+                                   "give --out a folder")
+        return EvalFolderError(f"cannot write {path}: {exc.strerror or exc}; make {self.root} writable, then "
+                               f"`agentgym eval --out {self.root} --resume` plays the rest")
 
     @staticmethod
     def _lines(path: Path) -> Iterator[dict[str, Any]]:
         if not path.is_file():
             return
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 try:
                     record = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(record, dict) and "task_index" in record and "turns" in record:
+                if _is_episode(record):
                     yield record
+
+
+def _is_episode(record: Any) -> bool:
+    return isinstance(record, dict) and "task_index" in record and "turns" in record
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def _write_all(fh: Any, data: bytes) -> None:
+    """Write every byte of ``data`` to an unbuffered file (a raw write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        written = fh.write(view)
+        if not written:
+            raise OSError(errno.EIO, "the file took no bytes")
+        view = view[written:]
+
+
+def _last_line_start(fh: Any, size: int, block: int = 1 << 16) -> int:
+    """Offset just after the last newline of a file of ``size`` bytes (0 if it has none)."""
+    end = size
+    while end > 0:
+        begin = max(0, end - block)
+        fh.seek(begin)
+        found = fh.read(end - begin).rfind(b"\n")
+        if found >= 0:
+            return begin + found + 1
+        end = begin
+    return 0
