@@ -134,17 +134,44 @@ def select_cache_rows(cache: Any, rows: torch.Tensor) -> Any | None:
     return None
 
 
+def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The parameters of the model's ``forward`` (of the base model under PEFT, which passes them on)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    try:
+        return inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
 def _logits_to_keep_name(model: torch.nn.Module) -> str | None:
     """Name of the forward argument that limits the logits to the last n positions, if any."""
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # PEFT passes it on
-    try:
-        parameters = inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
-        return None
+    parameters = _forward_parameters(model)
     for name in ("logits_to_keep", "num_logits_to_keep"):  # renamed in transformers 4.50
         if name in parameters:
             return name
     return None
+
+
+def _cache_argument_name(model: torch.nn.Module) -> str:
+    """Name under which ``forward`` takes and returns the KV cache.
+
+    transformers 5.x renamed ``past_key_values`` to ``cache`` and warns on every call that uses the
+    old name; earlier releases know only ``past_key_values``.
+    """
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+
+
+def new_kv_cache(model: torch.nn.Module) -> Any:
+    """An empty ``DynamicCache`` laid out for ``model`` (per-layer types from its config where supported).
+
+    Passing a ``Cache`` object, rather than None or the legacy tuples, is what every transformers
+    release since 4.36 expects; it is filled in place by each forward pass.
+    """
+    from transformers import DynamicCache
+
+    if "config" in inspect.signature(DynamicCache.__init__).parameters:
+        return DynamicCache(config=model.config)
+    return DynamicCache()
 
 
 class TransformersPolicy:
@@ -227,6 +254,7 @@ class TransformersPolicy:
         self.pad_token_id: int = int(pad)
         """Id written into padding (always masked out)."""
         self._logits_to_keep = _logits_to_keep_name(model)
+        self._cache_name = _cache_argument_name(model)
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
         self._pieces: dict[int, str] | None = None  # token texts, for constrained decoding
@@ -454,17 +482,17 @@ class TransformersPolicy:
         entropies: list[list[float]] = [[] for _ in prompts]
         reasons: list[str] = ["length"] * len(prompts)
         forced: list[list[int]] = [[] for _ in prompts]  # positions where the constraint allowed one token
-        cache = None
+        cache = new_kv_cache(self.model)
         for _ in range(params.max_new_tokens):
             out, logits = self._forward(
                 1,
                 input_ids=step_ids,
                 attention_mask=attention_mask,
                 position_ids=step_positions,
-                past_key_values=cache,
                 use_cache=True,
+                **{self._cache_name: cache},
             )
-            cache = out.past_key_values
+            cache = getattr(out, self._cache_name)
             logits = logits[:, -1, :]
             if mask is not None:
                 allowed = mask.step([i if a else None for i, a in zip(rows, active)])
