@@ -2,39 +2,41 @@
 which plays every episode, saves each as it finishes, resumes, and writes the reports.
 
 Every policy plays the *same* tasks: task ``i`` of every env is ``reset(seed=seeds[i])`` for every
-policy and sample, so policies compare task by task. Token-level local models (a model directory,
-a run folder or checkpoint, an endpoint's ``completions`` API with a local tokenizer) run through
-the ``Collector`` with generation batched across ``concurrency`` live episodes; ``random``,
-``expert`` and chat endpoints run ``concurrency`` episodes at once in threads (concurrent
-requests). Episodes are appended to the folder as they finish (local models: as each batch of
-episodes finishes), so an interrupted or failed evaluation keeps them and ``resume=True`` plays
-only the rest.
+policy and sample, so policies compare task by task. Every policy plays through the ``Collector``,
+``concurrency`` episodes at a time, as the actor that fits it: token-level models (a model
+directory, a run folder or checkpoint, an endpoint's ``completions`` API with a local tokenizer)
+generate in one batch across the live episodes; a chat endpoint gets one concurrent request per
+live episode (``agentgym.eval.chat``); ``random`` and ``expert`` pick moves
+(``agentgym.rollout.actors``). Episodes are appended to the folder as each chunk of episodes
+finishes, so an interrupted or failed evaluation keeps them and ``resume=True`` plays only the rest.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 import agentgym
 from agentgym.core import Env
 from agentgym.errors import AgentGymError, AuthenticationError, ConfigError, RemoteEnvError, RequestRejected
-from agentgym.eval.episodes import ChatActor, ExpertActor, Interrupted, RandomActor, play
 from agentgym.eval.html import html_report
 from agentgym.eval.loading import LoadedPolicy, load_policy
-from agentgym.eval.local import InfoRecorder, collect_episodes
+from agentgym.eval.local import collect_episodes
 from agentgym.eval.plan import EnvEntry, EnvInfo, EvalError, EvalPlan
 from agentgym.eval.policies import PolicySpec
 from agentgym.eval.report import build_results, markdown_report
 from agentgym.eval.store import EvalStore, episode_record
+from agentgym.rollout.actors import Actor, ExpertActor, RandomActor
 from agentgym.rollout.collector import Collector
-from agentgym.rollout.policy import SamplingParams
+from agentgym.rollout.policy import Policy, SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
+from agentgym.rollout.records import EpisodeGroup, Trajectory
+
+#: Turns after which an episode of an env without a turn limit of its own is cut (truncated).
+MAX_TURNS = 1000
 
 #: Seeds of evaluation tasks start here by default: the range training's held-out evaluations use
 #: (``eval.seed_offset``) and training never samples, so `agentgym eval` numbers match report.json's.
@@ -171,10 +173,7 @@ class Evaluation:
             return
         started = time.perf_counter()
         try:
-            if policy.token_policy is not None:
-                self._run_collector(entry, info, spec, policy, done)
-            else:
-                self._run_threads(entry, info, spec, policy, done)
+            self._run_collector(entry, info, spec, policy, done)
         finally:
             self.store.add_time(entry.id, spec.name, time.perf_counter() - started)
 
@@ -200,128 +199,85 @@ class Evaluation:
                               system_prompt=p.system_prompt, show_admissible_actions=p.show_admissible_actions,
                               include_instructions=p.include_instructions, tool_messages=p.tool_messages)
 
+    def _actor(self, info: EnvInfo, spec: PolicySpec,
+               policy: LoadedPolicy) -> tuple[Policy | Actor, PromptRenderer | None, int | None]:
+        """Who plays ``spec`` on this env: the actor (or token policy), its renderer and prompt budget."""
+        fmt = spec.prompt.action_format or info.action_format
+        if spec.kind == "random":
+            return RandomActor(self.plan.sampling_seed), None, None
+        if spec.kind == "expert":
+            return ExpertActor(), None, None
+        if policy.token_policy is not None:
+            renderer = self._renderer(spec, policy.token_policy.tokenizer, fmt)
+            return policy.token_policy, renderer, spec.prompt.max_prompt_tokens
+        from agentgym.eval.chat import ChatActor
+        from agentgym.eval.messages import MessageCodec
+
+        # The endpoint reports its own context limit; the codec's ids are characters, not tokens.
+        actor = ChatActor(policy.endpoint, fmt, send_tools=spec.send_tools,  # type: ignore[arg-type]
+                          concurrency=self.plan.concurrency)
+        return actor, self._renderer(spec, MessageCodec(), fmt), None
+
     def _run_collector(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy,
                        done: set[tuple[int, int]]) -> None:
-        plan, token_policy = self.plan, policy.token_policy
-        assert token_policy is not None
+        plan = self.plan
+        actor, renderer, budget = self._actor(info, spec, policy)
         fmt = spec.prompt.action_format or info.action_format
-        tokenizer = token_policy.tokenizer
-        make = self.env_factory(entry)
-        recorders: list[InfoRecorder] = []
-
-        def make_env() -> InfoRecorder:
-            recorder = InfoRecorder(make())
-            recorders.append(recorder)
-            return recorder
-
-        collector = Collector(make_env, token_policy, self._renderer(spec, tokenizer, fmt),
-                              action_format=fmt, env_workers=16 if entry.url else 0,  # type: ignore[arg-type]
-                              max_prompt_tokens=spec.prompt.max_prompt_tokens)
+        collector = Collector(self.env_factory(entry), actor, renderer, action_format=fmt,  # type: ignore[arg-type]
+                              env_workers=16 if entry.url else 0, max_prompt_tokens=budget, max_turns=MAX_TURNS)
         todo = [i for i in range(len(plan.seeds)) if any((i, k) not in done for k in range(plan.samples))]
         total = len(plan.seeds) * plan.samples
         finished = [len(done)]
         chunk = max(1, plan.concurrency // plan.samples)
+        saved_tasks = [0]
 
-        def save(start: int, groups: list[Any]) -> None:
+        def save(start: int, groups: list[EpisodeGroup]) -> None:
             records = []
             for g_index, group in enumerate(groups):
                 task = todo[start + g_index]
                 for k, trajectory in enumerate(group.trajectories):
-                    seed, obs, first, infos = recorders[g_index * plan.samples + k].episode()
-                    matches = seed == trajectory.seed and len(infos) == len(trajectory.turns)
-                    texts = [(tokenizer.decode(t.prompt_ids, skip_special_tokens=False),
-                              tokenizer.decode(t.response_ids, skip_special_tokens=True)) for t in trajectory.turns]
-                    records.append(episode_record(entry.id, spec.name, task, k, trajectory, observation=obs,
-                                                  info=first, turn_texts=texts, infos=infos if matches else None))
+                    if (task, k) not in done:  # a resumed task replays only the samples it lacks
+                        records.append(self._record(entry, spec, task, k, trajectory, renderer))
             self.store.append(entry.id, spec.name, records)
-            finished[0] = min(total, finished[0] + sum(len(g.trajectories) for g in groups))
+            saved_tasks[0] = start + len(groups)
+            finished[0] = min(total, finished[0] + len(records))
             self.on_progress(entry.id, spec.name, finished[0], total)
 
         try:
             collect_episodes(collector, [plan.seeds[i] for i in todo], plan.samples, self._sampling(spec),
-                             chunk_tasks=chunk, on_chunk=save)
+                             chunk_tasks=chunk, on_chunk=save,
+                             group_ids=[f"{entry.id}/{i}" for i in todo])
         except Exception as exc:
-            raise self._fail(entry, spec, f"tasks with seeds {plan.seeds[todo[0]]}..{plan.seeds[todo[-1]]}", exc) from exc
+            failed = [plan.seeds[i] for i in todo[saved_tasks[0]:saved_tasks[0] + chunk]]
+            samples = "sample 0" if plan.samples == 1 else f"samples 0..{plan.samples - 1}"
+            where = f"task seed {failed[0]}, {samples}" if len(failed) == 1 else \
+                f"tasks with seeds {failed[0]}..{failed[-1]}"
+            raise self._fail(entry, spec, where, exc) from exc
         finally:
             collector.close()
+            closer = getattr(actor, "close", None)
+            if policy.token_policy is None and callable(closer):
+                closer()
 
-    def _actor(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy) -> Any:
-        if spec.kind == "random":
-            return RandomActor(self.plan.sampling_seed)
-        if spec.kind == "expert":
-            return ExpertActor()
-        from agentgym.eval.messages import MessageCodec
-
-        fmt = spec.prompt.action_format or info.action_format
-        return ChatActor(policy.endpoint, self._renderer(spec, MessageCodec(), fmt), fmt,  # type: ignore[arg-type]
-                         self._sampling(spec), send_tools=spec.send_tools)
-
-    def _run_threads(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy,
-                     done: set[tuple[int, int]]) -> None:
-        plan = self.plan
-        actor = self._actor(entry, info, spec, policy)
-        make = self.env_factory(entry)
-        todo = [(i, k) for i in range(len(plan.seeds)) for k in range(plan.samples) if (i, k) not in done]
-        total = len(plan.seeds) * plan.samples
-        stop = threading.Event()
-        local = threading.local()
-        envs: list[Env] = []
-        lock = threading.Lock()
-        finished = [len(done)]
-
-        def work(item: tuple[int, int]) -> None:
-            if stop.is_set():
-                return
-            try:
-                run_one(item)
-            except BaseException:
-                stop.set()  # no new episode starts; the ones in flight stop at their next turn
-                raise
-
-        def run_one(item: tuple[int, int]) -> None:
-            task, sample = item
-            env = getattr(local, "env", None)
-            if env is None:
-                env = local.env = make()
-                with lock:
-                    envs.append(env)
-            t0 = time.perf_counter()
-            try:
-                played = play(env, actor, plan.seeds[task], f"{entry.id}/{task}/{sample}", stop=stop)
-            except Interrupted:
-                return
-            except Exception as exc:
-                raise self._fail(entry, spec, f"task seed {plan.seeds[task]}, sample {sample}", exc) from exc
-            record = episode_record(entry.id, spec.name, task, sample, played.trajectory,
-                                    observation=played.observation, info=played.info, turn_texts=played.turn_texts,
-                                    infos=played.infos, wall_s=time.perf_counter() - t0)
-            if played.note:
-                record["note"] = played.note
-            self.store.append(entry.id, spec.name, [record])
-            with lock:
-                finished[0] += 1
-                self.on_progress(entry.id, spec.name, finished[0], total)
-
-        pool = ThreadPoolExecutor(max_workers=min(plan.concurrency, len(todo)), thread_name_prefix="agentgym-eval")
-        futures: list[Any] = []
-        try:
-            futures += [pool.submit(work, item) for item in todo]
-            pending: Any = futures
-            while pending:
-                # A timed wait: the main thread wakes up regularly, so Ctrl-C is handled at once.
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    if future.exception() is not None:
-                        raise future.exception()  # type: ignore[misc]
-        except BaseException:
-            stop.set()
-            for future in futures:
-                future.cancel()
-            raise
-        finally:
-            pool.shutdown(wait=True)
-            for env in envs:
-                env.close()
+    @staticmethod
+    def _record(entry: EnvEntry, spec: PolicySpec, task: int, sample: int, trajectory: Trajectory,
+                renderer: PromptRenderer | None) -> dict[str, Any]:
+        """An episode's log line: the prompt and response text of every turn, every step's info, the note."""
+        texts = []
+        for turn in trajectory.turns:
+            if "prompt_text" in turn.extras:  # a chat endpoint: the messages as sent, the reply as received
+                texts.append((str(turn.extras["prompt_text"]), str(turn.extras.get("response_text", ""))))
+            elif renderer is not None:
+                tokenizer = renderer.tokenizer
+                texts.append((tokenizer.decode(turn.prompt_ids, skip_special_tokens=False),
+                              tokenizer.decode(turn.response_ids, skip_special_tokens=True)))
+            else:  # random and expert: the move is the response
+                texts.append(("", turn.action))
+        record = episode_record(entry.id, spec.name, task, sample, trajectory, observation=trajectory.first_observation,
+                                info=trajectory.first_info, turn_texts=texts, infos=[t.info for t in trajectory.turns])
+        if trajectory.note:
+            record["note"] = trajectory.note
+        return record
 
 
 def write_reports(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *,

@@ -1,4 +1,5 @@
-"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector, env pools, hooks, demos.
+"""Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector and its
+actors, env pools, hooks, demos.
 
 Example:
     >>> from agentgym.rollout import Turn, Trajectory, EpisodeGroup
@@ -10,6 +11,7 @@ Example:
 from __future__ import annotations
 
 from agentgym.rollout.actions import ACTION_FORMATS, ActionFormat, ParsedAction, parse_action
+from agentgym.rollout.actors import Actor, ActorTurn, ExpertActor, RandomActor, TokenActor, TurnRequest
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.constraints import (
     DecodingConstraint,
@@ -26,9 +28,10 @@ from agentgym.rollout.prompt import Conversation, PromptMode, PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 __all__ = [
-    "ACTION_FORMATS", "ActionFormat", "ChatTokenizer", "CollectContext", "CollectStats", "Collector",
-    "Conversation", "DecodingConstraint", "EnvPool", "EpisodeGroup", "EpisodeView", "Fork", "Generation",
-    "HookChain", "LocalEnvPool", "ParsedAction", "Policy", "PoolEnv", "PromptMode", "PromptRenderer",
-    "RolloutHooks", "SamplingParams", "Scorer", "TagSpans", "Trajectory", "Turn", "collect_demos",
-    "format_action", "list_constraints", "make_constraint", "parse_action", "register_constraint",
+    "ACTION_FORMATS", "ActionFormat", "Actor", "ActorTurn", "ChatTokenizer", "CollectContext", "CollectStats",
+    "Collector", "Conversation", "DecodingConstraint", "EnvPool", "EpisodeGroup", "EpisodeView", "ExpertActor",
+    "Fork", "Generation", "HookChain", "LocalEnvPool", "ParsedAction", "Policy", "PoolEnv", "PromptMode",
+    "PromptRenderer", "RandomActor", "RolloutHooks", "SamplingParams", "Scorer", "TagSpans", "TokenActor",
+    "Trajectory", "Turn", "TurnRequest", "collect_demos", "format_action", "list_constraints", "make_constraint",
+    "parse_action", "register_constraint",
 ]

@@ -1,10 +1,13 @@
-"""``Collector``: runs B tasks × G group members through envs with one policy and records turns.
+"""``Collector``: the only place that plays episodes; runs B tasks × G group members through envs and records turns.
 
-Every turn it renders the prompts of all live episodes, makes one batched ``generate`` call,
-parses the actions and steps all live envs in one call on its ``EnvPool``
+Every turn it renders the prompts of all live episodes, asks its actor (``agentgym.rollout.actors``) for
+all of their turns in one call, and steps all live envs in one call on its ``EnvPool``
 (``agentgym.rollout.pool``): in-process envs, per-session ``RemoteEnv``s, a fleet of env services
-stepped through their batched routes, or Ray actors alike. Rollout hooks (``agentgym.rollout.hooks``) may adjust sampling, ask for forks after a turn — the
-collector performs them — and annotate or filter the finished groups.
+stepped through their batched routes, or Ray actors alike. The actor is a batched token policy in
+training and evaluation, a chat endpoint, or the env's expert or a random player (SFT demos and
+baselines); every turn keeps the step's ``info``. Rollout hooks (``agentgym.rollout.hooks``) may adjust
+sampling, ask for forks after a turn — the collector performs them — and annotate or filter the
+finished groups.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError
-from agentgym.rollout.actions import ActionFormat, parse_action
+from agentgym.rollout.actions import ActionFormat
+from agentgym.rollout.actors import Actor, ActorTurn, TokenActor, TurnRequest
 from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, RolloutHooks
 from agentgym.rollout.policy import Policy, SamplingParams, Scorer
 from agentgym.rollout.pool import EnvPool, as_pool
@@ -30,12 +34,19 @@ class _Episode:
     slot: Any
     """The episode's env: a slot of the collector's ``EnvPool``."""
     group: int
+    group_id: str
     trajectory_id: str
-    conv: Conversation
+    member: int
+    """Index in the group (the ``t`` number of the trajectory id)."""
+    conv: Conversation | None
     state_key: str
     task_id: str
+    observation: str
+    """The env's latest observation."""
     info: dict[str, Any]
     """The env's latest info."""
+    first_observation: str
+    first_info: dict[str, Any]
     answer: str | list[str] | None = None
     """The privileged ``info["answer"]`` (from reset, or the latest step that carried one)."""
     turns: list[Turn] = field(default_factory=list)
@@ -46,6 +57,10 @@ class _Episode:
     fork_turn: int | None = None
     owns_slot: bool = False
     """Forks and top-ups get a slot of their own, released when the collection ends."""
+    note: str | None = None
+    """Why the collector or the actor ended the episode, when the env did not."""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """The actor's per-episode state (``TurnRequest.memory``)."""
 
     def view(self) -> EpisodeView:
         return EpisodeView(self.trajectory_id, self.group, tuple(self.turns), self.info, self.over,
@@ -79,26 +94,47 @@ class Collector:
             or an ``EnvPool`` (``agentgym.http.fleet.EnvFleet`` for env services, ``RayEnvPool``).
             Envs are opened once and reused by later collections; the collector owns the pool and
             closes it in ``close``.
-        policy: the generation backend.
-        renderer: prompt rendering (mode, window, action format).
-        action_format: how responses are parsed into actions.
+        policy: who acts: a token-level ``Policy`` (wrapped in a ``TokenActor``) or any ``Actor``
+            (``ExpertActor``, ``RandomActor``, a chat endpoint's ``ChatActor``).
+        renderer: prompt rendering (mode, window, action format); None for actors that read no
+            prompt (expert and random baselines).
+        action_format: how a ``Policy``'s responses are parsed into actions.
         env_workers: for a factory only: threads stepping its envs concurrently; 0 steps them in the
             calling thread (best for cheap in-process envs), ``None`` picks 0 for local envs and 16 otherwise.
-        max_prompt_tokens: an episode whose next prompt would be longer is truncated there.
+        max_prompt_tokens: an episode whose next prompt would be longer is truncated there (noted);
+            None: no budget (a chat endpoint reports its own context limit).
+        max_turns: an episode still going after this many turns is truncated there (noted); a guard
+            for envs without a turn limit of their own. None: the env decides.
+
+    Example:
+        >>> import agentgym
+        >>> from agentgym.rollout.actors import ExpertActor
+        >>> collector = Collector(lambda: agentgym.make("maze-v0", size=2), ExpertActor(), None)
+        >>> [group] = collector.collect([3], 2, SamplingParams())
+        >>> [t.success for t in group.trajectories], group.trajectories[0].turns[-1].info["success"]
+        ([True, True], True)
+        >>> collector.close()
     """
 
-    def __init__(self, make_env: Callable[[], Env] | EnvPool, policy: Policy, renderer: PromptRenderer, *,
-                 action_format: ActionFormat = "plain", env_workers: int | None = None,
-                 max_prompt_tokens: int = 4096) -> None:
+    def __init__(self, make_env: Callable[[], Env] | EnvPool, policy: Policy | Actor,
+                 renderer: PromptRenderer | None, *, action_format: ActionFormat = "plain",
+                 env_workers: int | None = None, max_prompt_tokens: int | None = 4096,
+                 max_turns: int | None = None) -> None:
         self.pool = as_pool(make_env, workers=env_workers)
         self.make_env = make_env
-        self.policy = policy
+        self.actor: Actor = policy if isinstance(policy, Actor) else TokenActor(policy, action_format)
+        self.policy: Policy | None = None if isinstance(policy, Actor) else policy
+        """The token-level policy, when the actor is one (hooks may use it as their scorer)."""
         self.renderer = renderer
         self.action_format = action_format
         self.env_workers = env_workers
         self.max_prompt_tokens = max_prompt_tokens
+        self.max_turns = max_turns
         self._slots: list[Any] = []
         self.last_stats = CollectStats()
+        self.stop_check: Callable[[], None] | None = None
+        """Called before every turn (from the collecting thread); what it raises ends the collection
+        there (a training run's stop on Ctrl-C or SIGTERM)."""
 
     def _ensure_slots(self, count: int) -> list[Any]:
         if len(self._slots) < count:
@@ -106,26 +142,33 @@ class Collector:
         return self._slots[:count]
 
     def context(self, iteration: int = 0) -> CollectContext:
-        """The ``CollectContext`` hooks get: the policy's tokenizer, and the policy as scorer if it is one."""
+        """The ``CollectContext`` hooks get: the renderer's tokenizer, and the policy as scorer if it is one."""
         scorer = self.policy if isinstance(self.policy, Scorer) else None
-        return CollectContext(self.policy.tokenizer, scorer, iteration)
+        tokenizer = self.renderer.tokenizer if self.renderer is not None else getattr(self.policy, "tokenizer", None)
+        return CollectContext(tokenizer, scorer, iteration)  # type: ignore[arg-type]
 
     def collect(self, task_seeds: Sequence[int], group_size: int, sampling: SamplingParams, *,
                 options: dict[str, Any] | None = None, group_prefix: str = "g",
-                hooks: RolloutHooks | None = None, iteration: int = 0) -> list[EpisodeGroup]:
+                hooks: RolloutHooks | None = None, iteration: int = 0,
+                group_ids: Sequence[str] | None = None) -> list[EpisodeGroup]:
         """Run ``len(task_seeds)`` groups of ``group_size`` episodes (plus any forks) to the end.
 
         The members of group ``b`` are ``group_size`` resets with ``task_seeds[b]`` (and ``options``).
         Generation is seeded from ``sampling.seed`` (per turn: ``seed + turn``) so a run is
         reproducible; the group members still differ because they sample different tokens.
         ``hooks`` (see ``agentgym.rollout.hooks``) may change the sampling parameters, fork episodes
-        after any turn and annotate or filter the groups returned.
+        after any turn and annotate or filter the groups returned. Group ``b`` is named
+        ``group_ids[b]`` (default ``{group_prefix}{b}``), its members ``{group id}-t{k}``.
 
         Raises:
-            ConfigError: ``group_size`` < 1, or a hook asked for a fork the collector cannot make.
+            ConfigError: ``group_size`` < 1, ``group_ids`` of the wrong length, or a hook asked for a
+                fork the collector cannot make.
         """
         if group_size < 1:
             raise ConfigError(f"rollout.group_size must be >= 1, got {group_size}")
+        names = [f"{group_prefix}{b}" for b in range(len(task_seeds))] if group_ids is None else list(group_ids)
+        if len(names) != len(task_seeds):
+            raise ConfigError(f"collect got {len(names)} group ids for {len(task_seeds)} task seeds")
         hooks = hooks or RolloutHooks()
         context = self.context(iteration)
         hooks.before_collect(len(task_seeds))
@@ -138,8 +181,7 @@ class Collector:
         t0 = time.perf_counter()
         resets = self.pool.reset(slots, seeds, options)
         stats.env_s += time.perf_counter() - t0
-        episodes = [self._start(slot, i // group_size, f"{group_prefix}{i // group_size}-t{i % group_size}",
-                                seed, obs, info)
+        episodes = [self._start(slot, i // group_size, names[i // group_size], i % group_size, seed, obs, info)
                     for i, (slot, seed, (obs, info)) in enumerate(zip(slots, seeds, resets))]
         members = [group_size] * len(task_seeds)  # trajectory ids handed out per group so far
 
@@ -149,12 +191,14 @@ class Collector:
                 live = [e for e in episodes if not e.over]
                 if not live:
                     break
+                if self.stop_check is not None:
+                    self.stop_check()
                 self._turn(live, sampling, turn, stats)
                 turn += 1
                 t0 = time.perf_counter()
                 forks = hooks.after_turn([e.view() for e in episodes], context)
                 if forks:
-                    episodes += self._fork(forks, episodes, members, task_seeds, group_prefix, options, stats)
+                    episodes += self._fork(forks, episodes, members, task_seeds, names, options, stats)
                 stats.hooks_s += time.perf_counter() - t0
         finally:
             owned = [episode.slot for episode in episodes if episode.owns_slot]
@@ -163,13 +207,13 @@ class Collector:
 
         groups = []
         for b, seed in enumerate(task_seeds):
-            gid = f"{group_prefix}{b}"
             mine = [e for e in episodes if e.group == b]
             trajectories = [Trajectory(e.turns, e.task_id, seed, success=e.success, truncated=e.truncated,
                                        trajectory_id=e.trajectory_id, parent_id=e.parent_id,
-                                       fork_turn=e.fork_turn, answer=e.answer)
+                                       fork_turn=e.fork_turn, answer=e.answer, first_observation=e.first_observation,
+                                       first_info=e.first_info, note=e.note)
                             for e in mine]
-            groups.append(EpisodeGroup(gid, mine[0].task_id, seed, trajectories))
+            groups.append(EpisodeGroup(names[b], mine[0].task_id, seed, trajectories))
         t0 = time.perf_counter()
         groups = hooks.after_collect(groups, context)
         stats.hooks_s += time.perf_counter() - t0
@@ -178,69 +222,89 @@ class Collector:
         self.last_stats = stats
         return groups
 
-    def _start(self, slot: Any, group: int, trajectory_id: str, seed: int, obs: str, info: dict[str, Any],
+    def _start(self, slot: Any, group: int, group_id: str, member: int, seed: int, obs: str, info: dict[str, Any],
                *, owns_slot: bool = False) -> _Episode:
-        return _Episode(slot, group, trajectory_id, self.renderer.start(obs, info), info["state_key"],
-                        str(info.get("task_id", f"seed:{seed}")), info, info.get("answer"), owns_slot=owns_slot)
+        conv = self.renderer.start(obs, info) if self.renderer is not None else None
+        return _Episode(slot, group, group_id, f"{group_id}-t{member}", member, conv, info["state_key"],
+                        str(info.get("task_id", f"seed:{seed}")), obs, info, obs, info, info.get("answer"),
+                        owns_slot=owns_slot)
+
+    def _request(self, episode: _Episode, prompt: list[int]) -> TurnRequest:
+        env = episode.slot if isinstance(episode.slot, Env) else None
+        return TurnRequest(episode.trajectory_id, episode.group_id, episode.member,
+                           len(episode.turns), prompt, episode.observation, episode.info, env, episode.memory)
 
     def _turn(self, live: list[_Episode], sampling: SamplingParams, turn: int, stats: CollectStats) -> None:
-        """One batched generate over the live episodes, then one step of each env."""
+        """One actor call over the live episodes, then one step of each env that got an action."""
+        if self.max_turns is not None:
+            for episode in live:
+                if len(episode.turns) >= self.max_turns:
+                    episode.over, episode.truncated = True, True
+                    episode.note = f"the episode reached the collector's limit of {self.max_turns} turns"
+            live = [e for e in live if not e.over]
         t0 = time.perf_counter()
-        prompts = [self.renderer.prompt_ids(e.conv) for e in live]
+        prompts = [self.renderer.prompt_ids(e.conv) if e.conv is not None and self.renderer is not None else []
+                   for e in live]
         stats.render_s += time.perf_counter() - t0
+        budget = self.max_prompt_tokens
         for episode, prompt in zip(live, prompts):
-            if len(prompt) > self.max_prompt_tokens:
+            if budget is not None and len(prompt) > budget:
                 episode.over, episode.truncated = True, True
+                episode.note = f"the prompt outgrew max_prompt_tokens ({budget})"
         pairs = [(e, p) for e, p in zip(live, prompts) if not e.over]
         if not pairs:
             return
         params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + turn)
         t0 = time.perf_counter()
-        generations = self.policy.generate([p for _, p in pairs], params)
+        answers = self.actor.act([self._request(e, p) for e, p in pairs], params)
         stats.generate_s += time.perf_counter() - t0
-        texts = [self.policy.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
-        parsed = [parse_action(text, self.action_format) for text in texts]
+        if len(answers) != len(pairs):
+            raise ConfigError(f"{type(self.actor).__name__}.act answered {len(answers)} turns for {len(pairs)} "
+                              "episodes; an actor must answer every request, in order")
+        acting: list[tuple[_Episode, list[int], ActorTurn]] = []
+        for (episode, prompt), answer in zip(pairs, answers):
+            if answer.cut is not None:
+                episode.over, episode.truncated, episode.note = True, True, answer.cut
+            else:
+                acting.append((episode, prompt, answer))
+        if not acting:
+            return
         t0 = time.perf_counter()
-        results = self.pool.step([e.slot for e, _ in pairs], [a.action for a in parsed])
+        results = self.pool.step([e.slot for e, _, _ in acting], [a.action for _, _, a in acting])
         stats.env_s += time.perf_counter() - t0
-        for (episode, prompt), generation, action, result in zip(pairs, generations, parsed, results):
+        for (episode, prompt, answer), result in zip(acting, results):
             obs, reward, terminated, truncated, info = result
-            extras: dict[str, Any] = {}
-            if generation.entropies is not None:
-                extras["entropies"] = generation.entropies
-            if generation.top_logprobs is not None:
-                extras["top_logprobs"] = [[list(pair) for pair in position] for position in generation.top_logprobs]
-            if "forced_positions" in generation.extras:
-                extras["forced_positions"] = list(generation.extras["forced_positions"])
             tool_calls = int(info.get("tool_calls", 0) or 0)
             episode.turns.append(Turn(
-                prompt_ids=list(prompt), response_ids=list(generation.token_ids),
-                response_logprobs=list(generation.logprobs), reward=float(reward),
-                state_key=episode.state_key, invalid=(not action.valid) or bool(info.get("invalid_action")),
-                action=action.action, observation=obs, tool_calls=tool_calls, extras=extras,
+                prompt_ids=list(prompt) if answer.prompt_ids is None else list(answer.prompt_ids),
+                response_ids=list(answer.response_ids), response_logprobs=list(answer.response_logprobs),
+                reward=float(reward), state_key=episode.state_key,
+                invalid=(not answer.valid) or bool(info.get("invalid_action")), action=answer.action,
+                observation=obs, tool_calls=tool_calls, extras=dict(answer.extras), info=info,
             ))
-            stats.generated_tokens += len(generation.token_ids)
+            stats.generated_tokens += len(answer.response_ids)
             stats.prompt_tokens += len(prompt)
             stats.tool_calls += tool_calls
             stats.tool_call_reports += "tool_calls" in info
             episode.state_key = info["state_key"]
-            episode.info = info
+            episode.observation, episode.info = obs, info
             episode.answer = info.get("answer", episode.answer)
             if terminated or truncated:
                 episode.over, episode.truncated = True, bool(truncated and not terminated)
                 episode.success = bool(info.get("success", False))
-            else:
+            elif self.renderer is not None and episode.conv is not None:
                 t0 = time.perf_counter()
-                self.renderer.record(episode.conv, list(generation.token_ids), action.action, obs, info)
+                history = answer.response_ids if answer.history_ids is None else answer.history_ids
+                self.renderer.record(episode.conv, list(history), answer.action, obs, info)
                 stats.render_s += time.perf_counter() - t0
 
     def _fork(self, forks: Sequence[Fork], episodes: list[_Episode], members: list[int],
-              task_seeds: Sequence[int], group_prefix: str, options: dict[str, Any] | None,
+              task_seeds: Sequence[int], names: Sequence[str], options: dict[str, Any] | None,
               stats: CollectStats) -> list[_Episode]:
         """Perform the hooks' fork requests (all forks in one pool call, all top-ups in another);
         returns the new episodes in the order asked."""
         by_id = {e.trajectory_id: e for e in episodes}
-        planned: list[tuple[Fork, str, _Episode | None]] = []
+        planned: list[tuple[Fork, int, _Episode | None]] = []
         for fork in forks:
             if not 0 <= fork.group_index < len(task_seeds):
                 raise ConfigError(f"a rollout hook asked for a fork in group {fork.group_index}, but this "
@@ -252,7 +316,7 @@ class Collector:
                     state = "unknown" if source is None else ("over" if source.over else "in another group")
                     raise ConfigError(f"a rollout hook asked to fork trajectory {fork.source_id!r}, which is "
                                       f"{state}; only live episodes of the fork's group can be forked")
-            planned.append((fork, f"{group_prefix}{fork.group_index}-t{members[fork.group_index]}", source))
+            planned.append((fork, members[fork.group_index], source))
             members[fork.group_index] += 1
         t0 = time.perf_counter()
         branches = [p for p in planned if p[2] is not None]
@@ -267,16 +331,17 @@ class Collector:
             self.pool.release(branch_slots + top_slots)
             raise
         stats.env_s += time.perf_counter() - t0
-        for (_, trajectory_id, source), slot in zip(branches, branch_slots):
+        for (fork, member, source), slot in zip(branches, branch_slots):
             assert source is not None
-            made[trajectory_id] = replace(source, slot=slot, trajectory_id=trajectory_id,
-                                          conv=copy.deepcopy(source.conv), turns=list(source.turns),
-                                          parent_id=source.trajectory_id, fork_turn=len(source.turns),
-                                          owns_slot=True)
-        for (fork, trajectory_id, _), slot, seed, (obs, info) in zip(tops, top_slots, top_seeds, resets):
-            made[trajectory_id] = self._start(slot, fork.group_index, trajectory_id, seed, obs, info, owns_slot=True)
+            made[member, fork.group_index] = replace(
+                source, slot=slot, trajectory_id=f"{names[fork.group_index]}-t{member}", member=member,
+                conv=copy.deepcopy(source.conv), turns=list(source.turns), memory=copy.deepcopy(source.memory),
+                parent_id=source.trajectory_id, fork_turn=len(source.turns), owns_slot=True)
+        for (fork, member, _), slot, seed, (obs, info) in zip(tops, top_slots, top_seeds, resets):
+            made[member, fork.group_index] = self._start(slot, fork.group_index, names[fork.group_index], member,
+                                                         seed, obs, info, owns_slot=True)
         stats.forks += len(made)
-        return [made[trajectory_id] for _, trajectory_id, _ in planned]
+        return [made[member, fork.group_index] for fork, member, _ in planned]
 
     def close(self) -> None:
         """Close the envs and the pool."""

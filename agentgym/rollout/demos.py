@@ -1,4 +1,4 @@
-"""Expert demonstrations: run an env's expert and record prompt/response turns for SFT."""
+"""Expert demonstrations for SFT: the env's expert played through the ``Collector`` (``collect_demos``)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,17 @@ from collections.abc import Callable, Sequence
 from agentgym.core import Env
 from agentgym.errors import ConfigError
 from agentgym.rollout.actions import ActionFormat
+from agentgym.rollout.actors import ExpertActor, format_action
+from agentgym.rollout.collector import Collector
+from agentgym.rollout.policy import SamplingParams
+from agentgym.rollout.pool import LocalEnvPool
 from agentgym.rollout.prompt import PromptRenderer
 from agentgym.rollout.records import Turn
 
+__all__ = ["DEMO_BATCH", "collect_demos", "format_action"]
 
-def format_action(action: str, fmt: ActionFormat) -> str:
-    """The response text a policy should produce for ``action`` in the given format."""
-    return f"<action>{action}</action>" if fmt == "tag" else action
+#: Expert episodes played side by side (envs open at once).
+DEMO_BATCH = 16
 
 
 def collect_demos(make_env: Callable[[], Env], renderer: PromptRenderer, seeds: Sequence[int], *,
@@ -23,35 +27,42 @@ def collect_demos(make_env: Callable[[], Env], renderer: PromptRenderer, seeds: 
     Response ids are the formatted action followed by the end-of-turn token, so the policy learns
     to stop. Returns the turns and the expert's success rate over the seeds.
 
+    Args:
+        make_env: a zero-argument env factory; an ``EnvPool`` works too, through the stand-alone envs
+            it makes (the expert is asked through the env itself).
+        renderer: the rollouts' prompt renderer.
+        seeds: one episode per seed.
+        action_format: how the action is written in the response.
+
     Raises:
         ConfigError: the env has no expert.
+
+    Example:
+        >>> import agentgym
+        >>> from agentgym.backends.tiny import TinyModelConfig, build_tiny_model
+        >>> _, tokenizer = build_tiny_model(TinyModelConfig(num_layers=1))
+        >>> turns, stats = collect_demos(lambda: agentgym.make("maze-v0", size=2), PromptRenderer(tokenizer), [3])
+        >>> stats["expert_success_rate"], turns[0].response_ids[-1] == tokenizer.eos_token_id
+        (1.0, True)
     """
-    env = make_env()
-    if not getattr(env, "has_expert", False):
-        env.close()
-        raise ConfigError("sft.enabled needs an env with an expert; set sft.enabled=false for this env")
-    tokenizer = renderer.tokenizer
-    turns: list[Turn] = []
-    successes = 0
+    probe = make_env()
     try:
-        for seed in seeds:
-            obs, info = env.reset(seed=seed)
-            conv = renderer.start(obs, info)
-            while True:
-                action = env.expert_action()
-                if action is None:
-                    break
-                prompt = renderer.prompt_ids(conv)
-                text = format_action(action, action_format)
-                response = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
-                state_key = info["state_key"]
-                obs, reward, terminated, truncated, info = env.step(action)
-                turns.append(Turn(prompt, response, [0.0] * len(response), float(reward), state_key,
-                                  action=action, observation=obs))
-                if terminated or truncated:
-                    successes += bool(info.get("success", False))
-                    break
-                renderer.record(conv, response, action, obs, info)
+        has_expert = bool(getattr(probe, "has_expert", False))
     finally:
-        env.close()
+        probe.close()
+    if not has_expert:
+        raise ConfigError("sft.enabled needs an env with an expert; set sft.enabled=false for this env")
+    # A pool's own slots may live elsewhere (Ray actors, batched services); the expert needs envs it can ask.
+    collector = Collector(LocalEnvPool(make_env), ExpertActor(renderer.tokenizer, action_format), renderer,
+                          max_prompt_tokens=None)
+    trajectories = []
+    try:
+        for start in range(0, len(seeds), DEMO_BATCH):  # bounded: an env service caps its sessions
+            groups = collector.collect(list(seeds[start:start + DEMO_BATCH]), 1, SamplingParams(),
+                                       group_prefix=f"demo{start}-")
+            trajectories += [t for g in groups for t in g.trajectories]
+    finally:
+        collector.close()
+    turns = [turn for t in trajectories for turn in t.turns]
+    successes = sum(t.success for t in trajectories)
     return turns, {"expert_success_rate": successes / max(len(seeds), 1), "demo_turns": float(len(turns))}

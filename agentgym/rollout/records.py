@@ -34,6 +34,11 @@ class Turn:
     """Tool calls the env executed for this action (``info["tool_calls"]``; 0 for envs without tools)."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Algorithm data: entropies, top-k log-probs, IGPO scores... (JSON-safe values only)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """The env's ``info`` of this step, privileged keys included (the policy never sees it).
+
+    Changed in v0.1: added, because evaluation logs and hooks need every step's info and the
+    collector is the only place that sees it."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,13 @@ class Trajectory:
     answer: str | list[str] | None = None
     """The env's privileged ground truth (``info["answer"]``), for trainers that read it (IGPO);
     never shown to the policy."""
+    first_observation: str = ""
+    """The observation of the reset."""
+    first_info: dict[str, Any] = field(default_factory=dict)
+    """The ``info`` of the reset."""
+    note: str | None = None
+    """Why the episode ended before the env ended it, when it did: the prompt outgrew the budget or
+    the model's context, the expert had no move."""
 
     @property
     def episode_return(self) -> float:
