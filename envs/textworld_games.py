@@ -14,7 +14,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 from agentgym.core import Env
 from agentgym.envs import game_cache
 from agentgym.errors import ConfigError
+from agentgym.http.launcher import python_command
 
 #: Bump when the cached files or the way they are generated change; old entries are then ignored.
 CACHE_FORMAT = 1
@@ -254,8 +254,8 @@ def ensure_game(challenge: str, settings: dict[str, Any], game_seed: int, cache_
         code = ("import json, sys; from agentgym.envs.textworld_games import _build_game; "
                 "_build_game(*json.loads(sys.argv[1]))")
         env = {**os.environ, "PYTHONHASHSEED": "0"}
-        proc = subprocess.run(
-            [sys.executable, "-c", code, json.dumps([challenge, full, game_seed, str(tmp)])],
+        proc = subprocess.run(  # a safe-path child: a source tree in the working directory must not shadow us
+            python_command("-c", code, json.dumps([challenge, full, game_seed, str(tmp)])),
             capture_output=True, text=True, env=env, timeout=900, check=False,
         )
         if proc.returncode != 0 or not (tmp / "game.z8").is_file():

@@ -144,3 +144,45 @@ def test_a_frozen_worker_times_out_its_own_sessions_only() -> None:
         if frozen is not None:
             os.kill(frozen, signal.SIGCONT)
         server.stop()
+
+
+def test_a_frozen_worker_stalls_neither_health_nor_creates() -> None:
+    from conftest import LiveServer
+
+    from agentgym.http.router import WorkerRouter
+    from agentgym.http.workers import WorkerSet
+
+    # Steps on a frozen worker may wait the whole timeout_s (they may have run, so they are not resent);
+    # /health answers within health_timeout_s and creates move on after silent_after_s.
+    router = WorkerRouter(WorkerSet(2, {"env_ids": ["maze-v0"], "max_sessions": 8}, silent_after_s=2.0),
+                          timeout_s=300.0, health_timeout_s=1.0)
+    server = LiveServer(router, startup_timeout_s=120)
+    frozen = None
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:  # far below timeout_s: a stall fails here
+            first = http.post("/sessions", json={"env_id": "maze-v0"}).json()["session_id"]
+            assert first.startswith("w0g0-")
+            frozen = workers(server.url)[1]["pid"]
+            os.kill(frozen, signal.SIGSTOP)
+            health = http.get("/health")  # before the heartbeat notices: this request's own bound
+            assert health.status_code == 200 and health.json()["status"] == "degraded"
+            assert [w["responding"] for w in health.json()["workers"]] == [True, False]
+            # Worker 1 has fewer sessions, so the create goes there first, then to worker 0 once 1 is silent.
+            created = http.post("/sessions", json={"env_id": "maze-v0"})
+            assert created.status_code == 201 and created.json()["session_id"].startswith("w0g0-"), created.text
+            assert http.get("/envs/maze-v0").status_code == 200  # unknown routes skip the silent worker too
+            assert http.post(f"/sessions/{first}/reset", json={"seed": 0}).status_code == 200
+            silent = http.get("/health").json()["workers"][1]
+            assert not silent["responding"] and silent["silent_s"] >= 2.0
+            os.kill(frozen, signal.SIGCONT)
+            frozen = None
+            # The create worker 1 received while frozen runs now; the router deletes the session it makes.
+            deadline = time.monotonic() + 30
+            while (router._withdrawn or http.get("/health").json()["status"] != "ok") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            health = http.get("/health").json()
+        assert health["status"] == "ok" and [w["sessions"] for w in health["workers"]] == [2, 0], health
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        server.stop()

@@ -11,7 +11,7 @@ import sys
 
 from rich.console import Console
 
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.http.launcher import free_port, python_command, start_service, stop_service
 
 console = Console()
 
@@ -24,7 +24,7 @@ def main(env_ids: tuple[str, ...] = ("maze-v0", "sokoban-v0"), seed: int = 0) ->
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    agentgym = [sys.executable, "-m", "agentgym"]
+    agentgym = python_command("-m", "agentgym")
     console.print(f"[bold]$ agentgym serve {' '.join(env_ids)} --port {port}[/]")
     service = start_service([*agentgym, "serve", *env_ids, "--port", str(port)], url)
     try:
