@@ -19,7 +19,7 @@ from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.report import build_results, markdown_report
-from agentgym.eval.store import EvalStore
+from agentgym.eval.store import EvalFolderError, EvalStore
 
 ENV = "maze-v0"
 TASKS = 40
@@ -188,3 +188,13 @@ def test_a_full_disk_stops_with_one_line_and_keeps_every_finished_episode(
     assert resumed.exit_code == 0, resumed.output
     assert _seeds(out) == list(range(TASKS))
     assert json.loads((out / "results.json").read_text())["results"][0]["episodes"] == TASKS
+
+
+def test_a_folder_file_is_replaced_whole_or_not_at_all(small_disk: tuple[Path, Callable[[], None]]) -> None:
+    disk, _ = small_disk
+    store = EvalStore(disk / "eval")
+    store.write_file("report.md", "# first\n")
+    with pytest.raises(EvalFolderError, match=f"no space left on the device of {disk / 'eval'} \\(writing report.md\\)"):
+        store.write_file("report.md", "x" * 100_000)  # twice the disk
+    assert (disk / "eval" / "report.md").read_text() == "# first\n"
+    assert sorted(p.name for p in (disk / "eval").iterdir()) == ["report.md"]  # no temporary file left behind

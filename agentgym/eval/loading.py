@@ -79,7 +79,7 @@ def read_checkpoint(spec: PolicySpec, location: str | Path) -> dict[str, Any]:
         raise ConfigError(f"policy {spec.text!r}: {path} is empty (0 bytes: cut short while it was written); {redo}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)  # our own checkpoint (RNG states too)
-    except Exception as exc:  # a damaged file fails deep in zipfile or pickle, with any of a dozen types
+    except Exception as exc:  # noqa: BLE001 - a damaged file fails deep in zipfile or pickle, with many types
         raise ConfigError(f"policy {spec.text!r}: {path} is not a readable checkpoint (cut short or not a torch "
                           f"file: {type(exc).__name__}: {_first_line(exc)}); {redo}") from None
     if not isinstance(state, dict) or "model" not in state:

@@ -143,9 +143,9 @@ def markdown_report(results: dict[str, Any]) -> str:
         if r.get("missing"):
             listed = ", ".join(str(m["seed"]) + (f" (sample {m['sample']})" if config["samples"] > 1 else "")
                                for m in r["missing"])
-            lines += ["", f"**Incomplete:** {r['env']} × {r['policy']} lacks {len(r['missing'])} of "
-                      f"{len(seeds) * config['samples']} episodes (task seeds {listed}); "
-                      "`agentgym eval --out DIR --resume` plays them."]
+            lines += ["", (f"**Incomplete:** {r['env']} × {r['policy']} lacks {len(r['missing'])} of "
+                           f"{len(seeds) * config['samples']} episodes (task seeds {listed}); "
+                           "`agentgym eval --out DIR --resume` plays them.")]
     lines += ["", ("Success: share of episodes the env marked solved, with a Wilson 95% interval. Return: mean "
               "episode return. Turns: mean turns per episode. Tokens: generated tokens, all episodes. Invalid: "
               "share of turns whose action could not be parsed or applied. Tool calls/ep: tools the env ran per "

@@ -26,6 +26,7 @@ Nothing finished is lost, whatever stops an evaluation:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -188,6 +189,14 @@ class EvalStore:
     def wall_s(self, env: str, policy: str) -> float:
         return float(self.timing().get(f"{env}\t{policy}", 0.0))
 
+    def write_file(self, name: str, text: str) -> None:
+        """Write a file of the folder (a report) atomically.
+
+        Raises:
+            EvalFolderError: it cannot be written (the previous version, if any, stays whole).
+        """
+        self._replace(self.root / name, text)
+
     # --- episodes ---------------------------------------------------------------------------------
 
     def path(self, env: str, policy: str) -> Path:
@@ -214,17 +223,20 @@ class EvalStore:
             notice = self._mend(path)
             if notice:
                 self.on_notice(notice)
-            with open(path, "ab", buffering=0) as fh:
-                start = fh.tell()
-                try:
-                    _write_all(fh, data)
-                    os.fsync(fh.fileno())
-                except OSError as exc:
+            try:
+                with open(path, "ab", buffering=0) as fh:  # unbuffered: a failed write is seen here, not at close
+                    start = fh.tell()
                     try:
-                        fh.truncate(start)  # a partial line would hide the next episode appended after it
+                        _write_all(fh, data)
+                        os.fsync(fh.fileno())
                     except OSError:
-                        pass  # the next append's mend sets it aside
-                    raise self.write_error(path, exc) from None
+                        # A partial line would hide the next episode appended after it; if even the cut
+                        # fails, the next append's mend sets the partial line aside.
+                        with contextlib.suppress(OSError):
+                            fh.truncate(start)
+                        raise
+            except OSError as exc:
+                raise self.write_error(path, exc) from None
 
     def mend(self) -> list[str]:
         """Mend the cut last line of every trajectory log in the folder (what ``append`` does per file).
@@ -319,10 +331,8 @@ class EvalStore:
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         except OSError as exc:
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             raise self.write_error(path, exc) from None
 
     def write_error(self, path: Path | None, exc: OSError) -> EvalFolderError:
