@@ -350,3 +350,20 @@ def test_hard_attribution_trains_shared_turns_once_in_a_real_run(tmp_path: Path)
     assert soft["arpo/branches"] == hard["arpo/branches"] > 0
     assert soft["arpo/shared_turn_frac"] == hard["arpo/shared_turn_frac"] > 0
     assert hard["perf/train_tokens"] < soft["perf/train_tokens"]
+
+
+def test_needs_follow_the_arguments() -> None:
+    """The top-k log-probs ARPO asks the sampler for, and the start-up check, use ``args.top_logprobs``."""
+    from agentgym.training.recipe import Recipe
+
+    cfg = load_config(ROOT / "configs" / "search_qa_arpo_tiny.yaml", ["algorithm.args.top_logprobs=20"])
+    recipe = Recipe.from_config(cfg)
+    assert recipe.needs.top_logprobs == 20
+    assert recipe.sampling(SamplingParams(max_new_tokens=4)).num_top_logprobs == 20
+    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32, seed=0))
+    policy = TransformersPolicy(model, tokenizer)
+    policy.max_top_logprobs = 12  # a backend that returns at most 12: enough for the default 10, not for 20
+    with pytest.raises(ConfigError, match="top 20 log-probs"):
+        recipe.check_needs(policy, "search-qa-v0", {"answer": "x"})
+    Recipe.from_config(load_config(ROOT / "configs" / "search_qa_arpo_tiny.yaml")).check_needs(
+        policy, "search-qa-v0", {"answer": "x"})

@@ -116,3 +116,9 @@ def test_a_run_folders_config_json_loads_back(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config_to_dict(cfg)))
     assert load_config(tmp_path / "config.json") == cfg
     assert load_config(None, ["rollout.stop_strings=[]"]).rollout.stop_strings == ()
+
+
+def test_gspo_has_one_spelling_and_the_old_one_says_which() -> None:
+    assert load_config(None, ["loss.loss_mode=gspo"]).loss.loss_mode == "gspo"
+    with pytest.raises(ConfigError, match=r"'loss.sequence_ratio' no longer exists: .*loss.loss_mode=gspo"):
+        load_config(None, ["loss.sequence_ratio=true"])

@@ -256,7 +256,7 @@ def test_gspo_hand_example():
     _, flipped = gspo_policy_loss(new, OLD, adv.abs(), MASK, cfg)
     assert flipped["loss/clipfrac"] == pytest.approx(2 / 5)
     assert flipped["loss/policy"] == pytest.approx((-1.105171 - 1.2) / 2, abs=1e-5)
-    same, _ = policy_loss(new, OLD, adv, MASK, LossConfig(loss_agg_mode="seq-mean-token-mean", sequence_ratio=True))
+    same, _ = policy_loss(new, OLD, adv, MASK, LossConfig(loss_agg_mode="seq-mean-token-mean"), sequence_ratio=True)
     assert same.item() == loss.item()
 
 

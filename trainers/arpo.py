@@ -151,6 +151,7 @@ class EntropyBranching(RolloutHooks):
         self._counts: list[int] | None = None
 
     def sampling(self, params: SamplingParams) -> SamplingParams:
+        # A collector used without a trainer gets the top-k log-probs from the hook itself.
         return replace(params, num_top_logprobs=max(params.num_top_logprobs, self.args.top_logprobs))
 
     def before_collect(self, num_groups: int) -> None:
@@ -333,6 +334,6 @@ class SharedPrefixOnce(UpdatePlan):
 
 
 register_algorithm("arpo", arpo_advantages, ARPOArgs, hooks=EntropyBranching, update_plan=SharedPrefixOnce,
-                   needs=AlgorithmNeeds(top_logprobs=10),
+                   needs=lambda args: AlgorithmNeeds(top_logprobs=args.top_logprobs),
                    description="ARPO: entropy-driven branching after tool results within a per-task budget; "
                                "soft or hard advantage attribution over the rollout tree")

@@ -84,10 +84,15 @@ class Algorithm:
     """Registered policy loss used unless ``loss.loss_mode`` names another."""
     loss_terms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Registered loss terms (name → arguments) the algorithm adds; ``loss.terms`` may override them."""
-    needs: AlgorithmNeeds = AlgorithmNeeds()
-    """What it needs from the backend and the env."""
+    needs: AlgorithmNeeds | Callable[[Any], AlgorithmNeeds] = AlgorithmNeeds()
+    """What it needs from the backend and the env: fixed, or derived from its arguments (ARPO's top-k
+    log-probs are as many as ``args.top_logprobs`` asks for). Read it through ``needs_for``."""
     min_group_size: int = 2
     """Smallest ``rollout.group_size`` it can work with (group-relative baselines need 2)."""
+
+    def needs_for(self, args: Any) -> AlgorithmNeeds:
+        """What the algorithm needs with these arguments."""
+        return self.needs(args) if callable(self.needs) else self.needs
 
     def make_args(self, values: Mapping[str, Any] | None = None, where: str = "algorithm.args") -> Any:
         """Build validated arguments; every error names the config path (``algorithm.args.gamma``)."""
@@ -101,7 +106,8 @@ def register_algorithm(name: str, estimator: AdvantageEstimator, args_type: type
                        hooks: Callable[[Any], RolloutHooks] | None = None,
                        update_plan: Callable[[Any], UpdatePlan] | None = None, policy_loss: str = "ppo_clip",
                        loss_terms: Mapping[str, Mapping[str, Any]] | None = None,
-                       needs: AlgorithmNeeds = AlgorithmNeeds(), min_group_size: int = 2,
+                       needs: AlgorithmNeeds | Callable[[Any], AlgorithmNeeds] = AlgorithmNeeds(),
+                       min_group_size: int = 2,
                        override: bool = False) -> Algorithm:
     """Register an algorithm under ``name`` (see ``Algorithm`` for the fields).
 

@@ -116,6 +116,9 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
 def build(cls: type, data: dict[str, Any], where: str = "") -> Any:
     """An instance of the dataclass ``cls`` from ``data``; every problem names ``where.field``.
 
+    A dataclass may list fields it no longer has in a ``RETIRED_FIELDS`` class variable (name → what to
+    write instead); a config that still sets one is told the new spelling.
+
     Example:
         >>> from dataclasses import dataclass
         >>> @dataclass
@@ -132,7 +135,10 @@ def build(cls: type, data: dict[str, Any], where: str = "") -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     values = {}
     prefix = f"{where}." if where else ""
+    retired: dict[str, str] = getattr(cls, "RETIRED_FIELDS", {})
     for key, value in data.items():
+        if key in retired:  # a field that had another spelling once: say what replaced it
+            raise ConfigError(f"config field '{prefix}{key}' no longer exists: {retired[key]}")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f" Did you mean {prefix}{close[0]}?" if close else ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 
@@ -182,6 +182,9 @@ class LossConfig:
 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'], got 'token-sum'
     """
 
+    RETIRED_FIELDS: ClassVar[dict[str, str]] = {
+        "sequence_ratio": "GSPO's sequence ratio is its policy loss; set loss.loss_mode=gspo"}
+
     loss_mode: str | None = None
     """Registered policy loss (``ppo_clip``, ``gspo``, ...); None uses the algorithm's (``ppo_clip``
     unless it declares another)."""
@@ -198,9 +201,6 @@ class LossConfig:
     loss_agg_norm_tokens: int | None = None
     """Constant normaliser L of ``seq-mean-token-sum-norm`` in tokens (Dr.GRPO: the max response
     length); None uses the batch's padded width, which changes with the batch."""
-    sequence_ratio: bool = False
-    """GSPO: replace the token ratio by the sequence ratio s_i = exp(mean_t log ratio) in its token
-    form s_{i,t} = sg[s_i]·π/sg[π], so per-token (per-turn) advantages still apply."""
     kl_coef: float = 0.0
     """β of the ``kl`` term (KL to the frozen post-SFT reference policy); 0 turns it off and no
     reference model is kept."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
@@ -197,8 +196,10 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cfg: LossConfig,
+    *,
+    sequence_ratio: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip with asymmetric and dual clip (and GSPO's sequence ratio when ``cfg.sequence_ratio``).
+    """PPO-clip with asymmetric and dual clip (and GSPO's sequence ratio when ``sequence_ratio``).
 
     Per token, with ρ = exp(logπ − logπ_old) and A the advantage:
     ℓ = max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high)); when A < 0 and dual clip is on,
@@ -215,7 +216,9 @@ def policy_loss(
         old_logprobs: ``(rows, seq)`` behaviour log-probs.
         advantages: ``(rows, seq)`` per-token advantages.
         mask: ``(rows, seq)`` response mask.
-        cfg: Loss settings (clip ranges, dual clip, aggregation, sequence ratio).
+        cfg: Loss settings (clip ranges, dual clip, aggregation).
+        sequence_ratio: use GSPO's sequence ratio; the ``gspo`` policy loss (``loss.loss_mode=gspo``) sets it,
+            so GSPO has one spelling in configs.
 
     Returns:
         ``(loss, metrics)``; metrics are python floats over the masked tokens: ``loss/policy``,
@@ -241,7 +244,7 @@ def policy_loss(
     advantages = _masked(advantages, keep)
 
     token_log_ratio = logprobs - old_logprobs  # 0 outside the mask
-    if cfg.sequence_ratio:
+    if sequence_ratio:
         row_tokens = keep.sum(-1, keepdim=True).clamp(min=1)
         sequence_log_ratio = token_log_ratio.sum(-1, keepdim=True) / row_tokens
         log_ratio = sequence_log_ratio.detach() + logprobs - logprobs.detach()
@@ -288,12 +291,12 @@ def gspo_policy_loss(
     mask: torch.Tensor,
     cfg: LossConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GSPO: ``policy_loss`` with ``sequence_ratio=True`` whatever ``cfg`` says.
+    """GSPO (``loss.loss_mode=gspo``): ``policy_loss`` with the sequence ratio.
 
     GSPO's paper pairs it with ``loss_agg_mode="seq-mean-token-mean"``, clip ranges 3e-4/4e-4 and
     no KL; verl's GSPO has no dual clip (set ``dual_clip_c=None`` to match it exactly).
     """
-    return policy_loss(logprobs, old_logprobs, advantages, mask, replace(cfg, sequence_ratio=True))
+    return policy_loss(logprobs, old_logprobs, advantages, mask, cfg, sequence_ratio=True)
 
 
 # --- KL and entropy ---------------------------------------------------------------------------------

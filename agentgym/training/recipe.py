@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import HookChain, RolloutHooks
 from agentgym.rollout.policy import SamplingParams, Scorer
-from agentgym.training.algorithm import Algorithm, get_algorithm
+from agentgym.training.algorithm import Algorithm, AlgorithmNeeds, get_algorithm
 from agentgym.training.options import get_hook_option
 from agentgym.training.plan import UpdatePlan
 
@@ -85,9 +85,14 @@ class Recipe:
         """Some loss term reads the training forward pass's entropies."""
         return any(term.needs_entropy for term in self.terms.values())
 
+    @property
+    def needs(self) -> AlgorithmNeeds:
+        """What the algorithm needs with this run's arguments."""
+        return self.algorithm.needs_for(self.args)
+
     def sampling(self, params: SamplingParams) -> SamplingParams:
         """The sampling parameters with what the algorithm needs from the sampler switched on."""
-        needs = self.algorithm.needs
+        needs = self.needs
         if needs.entropies and not params.return_entropy:
             params = replace(params, return_entropy=True)
         if needs.top_logprobs > params.num_top_logprobs:
@@ -105,7 +110,7 @@ class Recipe:
         Raises:
             ConfigError: naming the missing capability and what to change.
         """
-        needs, name = self.algorithm.needs, self.algorithm.name
+        needs, name = self.needs, self.algorithm.name
         if needs.scorer and not isinstance(policy, Scorer):
             raise ConfigError(f"{name!r} needs teacher-forced scoring (a Scorer), which the "
                               f"{type(policy).__name__} backend does not offer; use model.backend=transformers")
