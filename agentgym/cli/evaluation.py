@@ -128,8 +128,9 @@ def _check_out(out: Path) -> None:
     for path in (out, *out.parents):
         if path.exists():
             if not path.is_dir():
-                raise ConfigError(f"--out {out}: {path} is a file, not a folder; give --out a folder (a new one, "
-                                  "or an evaluation's folder with --resume)")
+                where = f"--out {out}" if path == out else f"--out {out}: {path}"
+                raise ConfigError(f"{where} is a file, not a folder; give --out a folder (a new one, or an "
+                                  "evaluation's folder with --resume)")
             return
 
 

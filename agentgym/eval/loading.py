@@ -73,8 +73,7 @@ def read_checkpoint(spec: PolicySpec, location: str | Path) -> dict[str, Any]:
     import torch
 
     path = Path(location)
-    redo = ("evaluate the run's model/ folder or another checkpoint, or train the run again (a checkpoint is "
-            "rewritten at every checkpoint interval)")
+    redo = "evaluate the run's model/ folder or another checkpoint file instead, or train the run again"
     if path.stat().st_size == 0:
         raise ConfigError(f"policy {spec.text!r}: {path} is empty (0 bytes: cut short while it was written); {redo}")
     try:
