@@ -72,8 +72,8 @@ class Worker:
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = field(default_factory=list)
     """Keep-alive connections to the worker, free for the next request, oldest first, each with the
     ``time.monotonic()`` at which it went idle."""
-    last_answer: float = 0.0
-    """``time.monotonic()`` of the last health check the process answered."""
+    last_answer: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` of the last health check the process answered (at first: when it started)."""
 
     @property
     def prefix(self) -> str:
@@ -159,11 +159,15 @@ class WorkerSet:
             if worker.process.poll() is not None:
                 raise RemoteEnvError(f"env-worker process {worker.index} {how_it_ended(worker.process.returncode)} "
                                      "while starting; run `agentgym serve` without --workers to see why")
-            with contextlib.suppress(OSError):
+            # A process stopped while starting answers nothing: every wait ends by the deadline.
+            with contextlib.suppress(OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
                 reader, writer = await asyncio.open_unix_connection(worker.socket_path)
                 writer.write(b"GET /health HTTP/1.1\r\nHost: worker\r\n\r\n")
-                head = await reader.readuntil(b"\r\n\r\n")
-                writer.close()
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                                  max(0.1, deadline - time.monotonic()))
+                finally:
+                    writer.close()
                 if head.startswith(b"HTTP/1.1 200"):
                     worker.last_answer = time.monotonic()
                     worker.ready = True
