@@ -1,10 +1,11 @@
-"""Property-based fuzzing of the three services' OpenAPI contracts with schemathesis.
+"""Property-based fuzzing of the services' OpenAPI contracts with schemathesis.
 
-    python benchmarks/fuzz.py [--max-examples 100] [--max-time-s 120] [--services env sandbox retrieval]
+    python benchmarks/fuzz.py [--max-examples 100] [--max-time-s 120] [--services env sandbox retrieval viewer]
 
 For each service it starts the real thing as a separate process on 127.0.0.1 and a random port
 (``agentgym serve`` with the built-in envs, ``agentgym sandbox serve`` on bwrap, else the
-subprocess backend, and ``agentgym retrieval serve`` over a small synthetic index), then runs
+subprocess backend, ``agentgym retrieval serve`` over a small synthetic index, and ``agentgym
+view`` over a small evaluation of maze-v0), then runs
 ``schemathesis run URL/openapi.json --checks all`` (examples, coverage, fuzzing and stateful
 phases) bounded by ``--max-examples`` per operation and ``--max-time-s`` per service. Every check
 is on: no 5xx, status codes / content types / headers / bodies as the schema declares, invalid
@@ -50,7 +51,15 @@ def service_commands(workdir: Path) -> dict[str, list[str]]:
         "sandbox": [*AGENTGYM, "sandbox", "serve", "--backend", backend, "--pool-size", "2",
                     "--max-concurrency", "8", "--host", HOST],
         "retrieval": [*AGENTGYM, "retrieval", "serve", str(workdir / "index"), "--host", HOST],
+        "viewer": viewer_command(workdir),
     }
+
+
+def viewer_command(workdir: Path) -> list[str]:
+    """``agentgym view`` over a small real evaluation (random and expert on maze-v0, four tasks)."""
+    subprocess.run([*AGENTGYM, "eval", "--policy", "random", "--policy", "expert", "--envs", "maze-v0",
+                    "--episodes", "4", "--out", str(workdir / "eval")], check=True, capture_output=True)
+    return [*AGENTGYM, "view", str(workdir / "eval"), "--host", HOST]
 
 
 #: Schemathesis's configuration: a body over the service's size limit is rejected with 413, which
@@ -106,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-examples", type=int, default=100, help="examples per operation and phase")
     parser.add_argument("--max-time-s", type=int, default=120, help="time budget per service")
-    parser.add_argument("--services", nargs="+", default=["env", "sandbox", "retrieval"])
+    parser.add_argument("--services", nargs="+", default=["env", "sandbox", "retrieval", "viewer"])
     args = parser.parse_args()
     if shutil.which("schemathesis", path=str(Path(sys.executable).parent)) is None:
         sys.exit("schemathesis is not installed: pip install -e '.[dev]'")

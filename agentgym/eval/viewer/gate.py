@@ -58,10 +58,10 @@ class TokenGate:
         if scope["type"] != "http" or self.token is None or scope["path"] == "/health":
             await self.app(scope, receive, send)
             return
-        if self._signed_in(scope):
+        method, path = scope["method"], scope["path"]
+        if self._signed_in(scope) and path != "/login":
             await self.app(scope, receive, send)
             return
-        method, path = scope["method"], scope["path"]
         if path == "/" and method in ("GET", "HEAD"):
             given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token")
             if given is None:

@@ -19,8 +19,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from prometheus_client import CollectorRegistry, Counter
 
-from agentgym.errors import AgentGymError
-from agentgym.eval.viewer.data import MAX_LIST_PAGE, MAX_TURN_PAGE, FolderChanged, RunFolder
+from agentgym.eval.viewer.data import MAX_LIST_PAGE, MAX_TURN_PAGE, RunFolder
 from agentgym.eval.viewer.gate import TokenGate
 from agentgym.http.responses import (
     TELEMETRY_OFF,
@@ -30,8 +29,14 @@ from agentgym.http.responses import (
     json_response,
     keep_integer_bounds,
 )
+from agentgym.http.wire import ErrorBody
 
 _log = logging.getLogger(__name__)
+#: OpenAPI ``responses=`` for the viewer's own 404 and 409.
+_EPISODE_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "No episode with that id in this folder."},
+    409: {"model": ErrorBody, "description": "The episode's file changed on disk since the viewer started."},
+}
 #: The page's own headers: no framing by other sites, no address (with a ?token=) sent onwards.
 _PAGE_HEADERS = {"x-frame-options": "DENY", "referrer-policy": "no-referrer", "cache-control": "no-store"}
 
@@ -106,19 +111,11 @@ def create_viewer_app(folder: str | Path, *, token: str | None = None) -> Any:
     def tasks(env: str | None = None) -> list[dict[str, Any]]:
         return run.tasks(env)
 
-    @app.get("/api/episode/{eid:path}", responses=error_responses(401, 404, 409, 422))
+    @app.get("/api/episode/{eid:path}", responses={**error_responses(401, 422), **_EPISODE_ERRORS})
     def episode(eid: str, turn_offset: int = Query(0, ge=0, le=2**62),
                 turn_limit: int = Query(50, ge=1, le=MAX_TURN_PAGE)) -> Response:
-        try:
-            found = run.episode(eid, turn_offset=turn_offset, turn_limit=turn_limit)
-        except FolderChanged as exc:
-            return answers.agentgym_error(exc)
-        except AgentGymError:
-            raise
-        except Exception as exc:  # a training run's tokenizer that does not load, most likely
-            _log.exception("viewer: episode %r", eid)
-            return json_response(error_payload("AgentGymError", f"cannot show episode {eid[:200]!r}: "
-                                               f"{type(exc).__name__}; the viewer's log has the details"), 500)
+        # A folder rewritten under the viewer is FolderChanged: a 409 through the AgentGymError handler.
+        found = run.episode(eid, turn_offset=turn_offset, turn_limit=turn_limit)
         if found is None:
             return json_response(error_payload("NotFound", f"no episode {eid[:200]!r} in this folder; "
                                                "GET /api/episodes lists them"), 404)
