@@ -13,6 +13,7 @@ An SFT warm start trains the adapter too; ``merge_into_base`` then folds it into
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -214,17 +215,36 @@ def load_quantized(cfg: Any, device: Any) -> tuple[torch.nn.Module, Any]:
 def merged_from_adapter(model: torch.nn.Module, adapter_dir: str) -> dict[str, torch.Tensor]:
     """The weights of plain ``model`` with the PEFT adapter saved in ``adapter_dir`` folded in.
 
+    Only safetensors weights (``adapter_model.safetensors``, what PEFT's ``save_pretrained`` writes)
+    are read: a pickled ``adapter_model.bin`` can run code when loaded, and the directory may come
+    from a request.
+
     Raises:
-        ConfigError: ``adapter_dir`` holds no adapter, or one for another model.
+        ConfigError: ``adapter_dir`` holds no adapter, a pickled one, or one that does not load or fits
+            another model.
     """
     import copy
     from pathlib import Path
 
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+    folder = Path(adapter_dir)
+    if not (folder / "adapter_config.json").is_file():
         raise ConfigError(f"'{adapter_dir}' is not a LoRA adapter directory (no adapter_config.json)")
+    try:
+        json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"'{adapter_dir}/adapter_config.json' is not valid JSON ({exc})") from None
+    if not (folder / "adapter_model.safetensors").is_file():
+        pickled = (folder / "adapter_model.bin").is_file()
+        why = ("; its adapter_model.bin is a pickle, which is not loaded (it can run code): save the adapter "
+               "with safetensors (PEFT's save_pretrained does by default)") if pickled else ""
+        raise ConfigError(f"'{adapter_dir}' has no adapter_model.safetensors{why}")
     peft = _peft()
     try:
         adapted = peft.PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
     except (ValueError, RuntimeError, KeyError) as exc:
         raise ConfigError(f"the adapter in '{adapter_dir}' does not fit this model: {str(exc)[:200]}") from None
+    except Exception as exc:  # noqa: BLE001 - a malformed config or weights file is the adapter's fault
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"the adapter in '{adapter_dir}' could not be loaded ({type(exc).__name__}: "
+                          f"{first}); save it again with PEFT's save_pretrained") from None
     return merged_state_dict(adapted)

@@ -10,38 +10,65 @@ Supported: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (vLLM extension), 
 ``max_tokens``/``max_completion_tokens``, ``return_token_ids`` (vLLM extension: every choice then
 carries ``token_ids`` — the generated ids, never re-tokenized, including the end-of-turn token when
 one was sampled — and ``prompt_token_ids``), and ``stream``. Streaming is the cheap kind: the answer
-is generated first and then sent as server-sent events, one token per chunk.
+is generated first and then sent as server-sent events, one token per chunk. ``GET /v1/models``
+entries carry ``agentgym.prompt``, the prompt settings of the run the model comes from, when the
+server was given them (``agentgym eval`` reads them, so a served run is evaluated as it trained).
 
 Concurrent requests are batched: requests that arrive while a batch is generating are collected
 and generated together (one batched ``generate`` per distinct set of sampling parameters), so an
 evaluation with 32 concurrent episodes gets batched generation over HTTP too. A request with a
 ``seed`` is generated in a batch of its own, so its result does not depend on other requests.
 
+The app sits behind ``PolicyGuard``, a pure-ASGI gate: the bearer token (every route but
+``/health``), the request-size limit (413 before a large body is read whole), and the last word on
+any exception that escapes the app (a logged 500, after which the connection stays usable).
+Tokenizing, chat templates and building answers run in worker threads, so a large prompt never
+stalls ``/health`` or other requests. One request asks for at most ``max_request_rows`` sequences
+(prompts × n). LoRA adapters load only from under ``adapter_dirs`` and only as safetensors.
+
 Errors use OpenAI's body shape ``{"error": {"message", "type", "param", "code"}}``: 400 for a
-request the server cannot serve (validation, prompt too long, unsupported option), 404 for an
-unknown model.
+request the server cannot serve (validation, prompt too long, too many sequences, unsupported
+option), 401 for a missing or wrong token, 403 for an adapter path the server does not allow, 404
+for an unknown model or route, 405 for a wrong method, 413 for a body over the limit; 500 only for
+the server's own failures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentgym.backends.openai_wire import ChatRequest, CompletionRequest
+from agentgym.backends.openai_wire import ChatRequest, CompletionRequest, ErrorBody
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError
+from agentgym.http.responses import keep_integer_bounds
 from agentgym.rollout.policy import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+#: Defaults of ``create_policy_app`` (``serve-policy --max-body-bytes``, ``--max-request-rows``).
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_REQUEST_ROWS = 256
+#: Each loaded adapter is a full copy of the weights: this many at most.
+DEFAULT_MAX_ADAPTERS = 8
+
+_T = TypeVar("_T")
 
 
 class RequestError(Exception):
@@ -52,20 +79,143 @@ class RequestError(Exception):
         self.status, self.code, self.param = status, code, param
 
 
-def _error_response(message: str, status: int, code: str | None = None, param: str | None = None) -> JSONResponse:
+def error_body(message: str, status: int, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-# --- batching ----------------------------------------------------------------------------------
+def _error_response(message: str, status: int, code: str | None = None, param: str | None = None,
+                    headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, code, param), status_code=status, headers=headers)
+
+
+_ERROR_MEANINGS = {
+    400: "A request this server cannot serve: a value out of range, a prompt too long, too many sequences.",
+    401: "Missing or wrong bearer token (the server was started with --token).",
+    403: "The adapter path is outside the directories the server allows (--adapter-dir).",
+    404: "Unknown model or adapter.",
+    413: "The request body is larger than the server's limit.",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorBody, "description": _ERROR_MEANINGS[status]} for status in statuses}
+
+
+# --- the gate in front of the app ------------------------------------------------------------
+
+
+class PolicyGuard:
+    """Pure-ASGI gate in front of the policy app: bearer token, request-size limit, escaped errors.
+
+    Attributes it does not have (``routes``, ``state``, ``openapi``...) are those of the wrapped app.
+
+    Args:
+        app: the FastAPI app.
+        token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>``.
+        max_body_bytes: larger request bodies get 413, streamed ones as soon as they pass the limit.
+    """
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.token = b"Bearer " + token.encode() if token else None
+        self.max_body_bytes = max_body_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        app = self.__dict__.get("app")
+        if app is None:
+            raise AttributeError(name)
+        return getattr(app, name)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        authorization, length = headers.get(b"authorization"), headers.get(b"content-length")
+        if (self.token is not None and scope["path"] != "/health"
+                and (authorization is None or not hmac.compare_digest(authorization, self.token))):
+            reason = "missing" if authorization is None else "wrong"
+            await _send_error(send, 401, f"{reason} bearer token; send 'Authorization: Bearer <token>' (the "
+                              "OpenAI client's api_key) with the token given to `agentgym serve-policy "
+                              "--token`", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+            return
+        limit = self.max_body_bytes
+        if length is not None and length.isdigit():
+            if int(length) > limit:
+                await _send_error(send, 413, f"request body of {int(length)} bytes exceeds this server's "
+                                  f"limit of {limit} bytes (serve-policy --max-body-bytes)", "request_too_large")
+                return
+        elif scope["method"] not in ("GET", "HEAD"):
+            # A streamed (chunked) body: read it here, up to the limit, then hand it on.
+            body = bytearray()
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client went away
+                body += message.get("body", b"")
+                if len(body) > limit:
+                    await _send_error(send, 413, f"request body exceeds this server's limit of {limit} bytes "
+                                      "(streamed without Content-Length; serve-policy --max-body-bytes)",
+                                      "request_too_large")
+                    return
+                if not message.get("more_body", False):
+                    break
+            receive = _replay(bytes(body), receive)
+        await self._forward(scope, receive, send)
+
+    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            # Starlette answers an unhandled exception and then re-raises it; uvicorn would then close
+            # the connection, and the client's next request on it would be reset. Ending here keeps it.
+            logger.exception("error serving %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                await _send_error(send, 500, "the server failed on this request; its log has the details",
+                                  "internal_error")
+
+
+def _replay(body: bytes, receive: Any) -> Callable[[], Any]:
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _send_error(send: Any, status: int, message: str, code: str,
+                      extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(error_body(message, status, code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --- LoRA adapters -------------------------------------------------------------------------------
 
 
 class LoraAdapterRequest(BaseModel):
     """Body of vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``."""
 
-    lora_name: str
-    lora_path: str | None = None
+    lora_name: str = Field(min_length=1, max_length=256,
+                           description="The model name the adapter is served as.")
+    lora_path: str | None = Field(None, max_length=4096,
+                                  description="Absolute path of the adapter's directory, on the server.")
 
 
 def adapter_policy(policy: TransformersPolicy, adapter_dir: str) -> TransformersPolicy:
@@ -83,6 +233,38 @@ def adapter_policy(policy: TransformersPolicy, adapter_dir: str) -> Transformers
     return TransformersPolicy(model, policy.tokenizer)
 
 
+def allowed_adapter_dir(path: str, allowed: Sequence[str | Path] | None) -> str:
+    """``path`` resolved, when adapters may be loaded from it: under one of ``allowed`` (None: anywhere).
+
+    The files an adapter is loaded from must resolve under the same directory, so a symbolic link
+    inside an allowed directory does not lead out of it.
+
+    Raises:
+        RequestError: 403 when loading is off (``allowed`` empty) or the path is outside; 400 when
+            it is not absolute.
+    """
+    if allowed is not None and not allowed:
+        raise RequestError("loading LoRA adapters is off on this server; start serve-policy with --adapter-dir "
+                           "DIR (the directory adapters are saved under)", 403, "adapter_loading_off", "lora_path")
+    if not Path(path).is_absolute():
+        raise RequestError(f"lora_path {path!r} is not an absolute path; send the adapter directory's "
+                           "absolute path on the server", param="lora_path")
+    resolved = Path(path).resolve()
+    if allowed is None:
+        return str(resolved)
+    roots = [Path(root).resolve() for root in allowed]
+    files = [resolved, resolved / "adapter_config.json", resolved / "adapter_model.safetensors"]
+    for root in roots:
+        if all(f.resolve() == root or root in f.resolve().parents for f in files):
+            return str(resolved)
+    raise RequestError(f"lora_path {path!r} is outside the directories this server loads adapters from "
+                       f"({', '.join(map(str, roots))}; serve-policy --adapter-dir); save the adapter under "
+                       "one of them", 403, "adapter_path_not_allowed", "lora_path")
+
+
+# --- batching ----------------------------------------------------------------------------------
+
+
 @dataclass
 class _Job:
     prompt_ids: list[int]
@@ -96,8 +278,9 @@ class GenerationBatcher:
     """Collects generation jobs from concurrent requests and runs them as few batched ``generate`` calls.
 
     One worker task takes the first job, waits ``batch_wait_s`` for others sent at the same time, takes
-    every job waiting (up to ``max_batch_rows``), groups them by sampling parameters and runs each group in a worker thread (the event loop keeps accepting
-    requests meanwhile). The policy is only ever called from one thread at a time.
+    every job waiting (up to ``max_batch_rows``), groups them by sampling parameters and runs each group
+    in a worker thread (the event loop keeps accepting requests meanwhile). The policy is only ever
+    called from one thread at a time.
     """
 
     def __init__(self, policy: TransformersPolicy, max_batch_rows: int = 64, batch_wait_s: float = 0.005) -> None:
@@ -169,15 +352,39 @@ class GenerationBatcher:
 # --- the app -----------------------------------------------------------------------------------
 
 
+def _longest_token_chars(tokenizer: Any) -> int | None:
+    """Characters of the vocabulary's longest entry (None where the tokenizer cannot list its vocabulary)."""
+    try:
+        return max((len(entry) for entry in tokenizer.get_vocab()), default=0) or None
+    except Exception:  # noqa: BLE001 - the bound is an optimisation; without it every prompt is tokenized
+        return None
+
+
 def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_tokens: int = 512,
-                      max_batch_rows: int = 64) -> FastAPI:
-    """The FastAPI app serving ``policy`` as model ``model_name``.
+                      max_batch_rows: int = 64, token: str | None = None,
+                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                      max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS,
+                      adapter_dirs: Sequence[str | Path] | None = None,
+                      max_adapters: int = DEFAULT_MAX_ADAPTERS,
+                      prompt_settings: dict[str, Any] | None = None) -> PolicyGuard:
+    """The ASGI app serving ``policy`` as model ``model_name`` (a FastAPI app behind ``PolicyGuard``).
 
     Args:
         policy: the backend (its tokenizer must have a chat template for the chat route).
         model_name: the id clients pass as ``model``.
         max_new_tokens: cap on ``max_tokens`` (and the default for chat requests that give none).
         max_batch_rows: most sequences one batched generate call takes.
+        token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>``.
+        max_body_bytes: larger request bodies get 413.
+        max_request_rows: most sequences (prompts × n) one request may ask for; more get 400.
+        adapter_dirs: directories LoRA adapters may be loaded from; empty: adapter loading is off;
+            None: any directory (for in-process use, where the caller is the only client).
+        max_adapters: most adapters loaded at once (each is a copy of the weights).
+        prompt_settings: the prompt settings of the run the model comes from, listed in
+            ``GET /v1/models`` entries as ``agentgym.prompt`` (None: not listed).
+
+    Raises:
+        ConfigError: a limit below 1.
 
     Example:
         >>> from agentgym.backends.tiny import TinyModelConfig
@@ -185,51 +392,95 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         >>> sorted(r.path for r in app.routes if r.path.startswith("/v1"))
         ['/v1/chat/completions', '/v1/completions', '/v1/load_lora_adapter', '/v1/models', '/v1/unload_lora_adapter']
     """
+    for label, value in (("max_body_bytes", max_body_bytes), ("max_request_rows", max_request_rows),
+                         ("max_adapters", max_adapters), ("max_new_tokens", max_new_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{label} must be an integer >= 1, got {value!r}")
     tokenizer = policy.tokenizer
     batcher = GenerationBatcher(policy, max_batch_rows)
     adapters: dict[str, GenerationBatcher] = {}  # LoRA adapters loaded at run time, by name
     created = int(time.time())
     context = int(getattr(policy.model.config, "max_position_embeddings", 0) or 0)
+    # A text prompt longer than this many characters cannot fit the context whatever it says (every
+    # token covers at most the longest vocabulary entry; 4x leaves room for normalisers): refused
+    # without spending seconds of CPU tokenizing it.
+    longest = _longest_token_chars(tokenizer)
+    text_limit = context * longest * 4 if context and longest else None
+    cpu: list[ThreadPoolExecutor] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Two threads for tokenizing and building answers: a large prompt occupies one, never the loop.
+        cpu.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="agentgym-policy-cpu"))
         await batcher.start()
         yield
         for worker in [batcher, *adapters.values()]:
             await worker.stop()
+        cpu.pop().shutdown(wait=False, cancel_futures=True)
+
+    async def off_loop(work: Callable[[], _T]) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(cpu[-1], work)
 
     app = FastAPI(title="agentgym policy server (OpenAI-compatible)", lifespan=lifespan)
     app.state.batcher = batcher
+    keep_integer_bounds(app)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"msg": str(exc), "loc": ()}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return _error_response("the request body is not valid JSON; send a JSON object with "
+                                   "'Content-Type: application/json'", 400, "invalid_json")
+        first = max(errors, key=_telling) if errors else {"msg": str(exc), "loc": ()}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:] if not _is_union_tag(p)) or None
         return _error_response(f"{first.get('msg')} ({param or 'body'})", 400, "invalid_request", param)
 
     @app.exception_handler(RequestError)
     async def _refused(_request: Request, exc: RequestError) -> JSONResponse:
         return _error_response(str(exc), exc.status, exc.code, exc.param)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = {404: "no such route; this server serves /v1/models, /v1/completions, /v1/chat/completions",
+                   405: "this route does not take that method"}.get(exc.status_code, str(exc.detail))
+        return _error_response(message, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _failed(_request: Request, exc: Exception) -> JSONResponse:
+        return _error_response(f"the server failed on this request ({type(exc).__name__}); its log has the "
+                               "details", 500, "internal_error")
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_name, "batches": batcher.batches}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_errors(401))
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "agentgym",
-                                            "max_model_len": context or None,
-                                            "parent": None if name == model_name else model_name}
-                                           for name in [model_name, *adapters]]}
+        entries = []
+        for name in [model_name, *adapters]:
+            entry = {"id": name, "object": "model", "created": created, "owned_by": "agentgym",
+                     "max_model_len": context or None, "parent": None if name == model_name else model_name}
+            if prompt_settings is not None:
+                entry["agentgym"] = {"prompt": prompt_settings}
+            entries.append(entry)
+        return {"object": "list", "data": entries}
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse,
+              responses=_errors(400, 401, 403, 413))
     async def load_lora_adapter(body: LoraAdapterRequest) -> Any:
         """vLLM's run-time LoRA loading: the adapter folded into a copy of the base weights, served as
         model ``lora_name`` from then on (loading a name again replaces it)."""
         if not body.lora_path:
             raise RequestError("lora_path is required", param="lora_path")
+        folder = allowed_adapter_dir(body.lora_path, adapter_dirs)
+        if body.lora_name == model_name:
+            raise RequestError(f"lora_name {body.lora_name!r} is the base model's name; give the adapter "
+                               "another", param="lora_name")
+        if body.lora_name not in adapters and len(adapters) >= max_adapters:
+            raise RequestError(f"this server holds {len(adapters)} adapters, its limit; unload one first "
+                               "(POST /v1/unload_lora_adapter)", param="lora_name")
         try:
-            adapted = await asyncio.to_thread(adapter_policy, policy, body.lora_path)
+            adapted = await asyncio.to_thread(adapter_policy, policy, folder)
         except ConfigError as exc:
             raise RequestError(str(exc), param="lora_path") from None
         worker = GenerationBatcher(adapted, max_batch_rows)
@@ -240,7 +491,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             await old.stop()
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
-    @app.post("/v1/unload_lora_adapter")
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse,
+              responses=_errors(400, 401, 404, 413))
     async def unload_lora_adapter(body: LoraAdapterRequest) -> Any:
         worker = adapters.pop(body.lora_name, None)
         if worker is None:
@@ -256,6 +508,12 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                                404, "model_not_found", "model")
         return batcher
 
+    def check_rows(prompts: int, n: int) -> None:
+        if prompts * n > max_request_rows:
+            raise RequestError(f"this request asks for {prompts} prompt(s) x n={n} = {prompts * n} sequences; "
+                               f"this server generates at most {max_request_rows} per request (serve-policy "
+                               "--max-request-rows): send fewer prompts or a smaller n", param="n")
+
     def sampling(body: CompletionRequest | ChatRequest, cap: int | None, prompt_len: int,
                  top_logprobs: int) -> SamplingParams:
         wanted = max_new_tokens if cap is None else cap
@@ -267,8 +525,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                                f"model's context length of {context} tokens; shorten the prompt or lower max_tokens",
                                param="max_tokens")
         return SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
-                              top_k=max(body.top_k, 0), stop_strings=body.stop_strings,
-                              num_top_logprobs=top_logprobs, seed=body.seed)
+                              top_k=min(max(body.top_k, 0), policy.vocab_size),
+                              stop_strings=body.stop_strings, num_top_logprobs=top_logprobs, seed=body.seed)
 
     async def run(prompts: list[list[int]], params: SamplingParams, n: int, batcher: GenerationBatcher
                   ) -> list[Generation]:
@@ -284,7 +542,14 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             raise RequestError(str(exc)) from None
 
     def prompt_ids(item: str | list[int]) -> list[int]:
-        ids = list(tokenizer.encode(item, add_special_tokens=False)) if isinstance(item, str) else list(item)
+        """Token ids of one prompt (runs in a worker thread: tokenizing a long text takes seconds)."""
+        if isinstance(item, str):
+            if text_limit is not None and len(item) > text_limit:
+                raise RequestError(f"a prompt of {len(item)} characters cannot fit the model's context of "
+                                   f"{context} tokens; shorten it", param="prompt")
+            ids = list(tokenizer.encode(item, add_special_tokens=False))
+        else:
+            ids = list(item)
         if not ids:
             raise RequestError("a prompt is empty; send at least one token", param="prompt")
         vocab = policy.vocab_size
@@ -292,48 +557,72 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             raise RequestError(f"prompt token ids must be in [0, {vocab}) for this model", param="prompt")
         return ids
 
-    @app.post("/v1/completions")
+    completion_responses: dict[int | str, dict[str, Any]] = {
+        200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+              "description": "The completion; server-sent events with stream=true."},
+        **_errors(400, 401, 404, 413)}
+
+    @app.post("/v1/completions", responses=completion_responses)
     async def completions(body: CompletionRequest) -> Any:
         worker = check_model(body.model)
         try:
-            prompts = [prompt_ids(p) for p in body.prompts()]
+            items = body.prompts()
         except ValueError as exc:
             raise RequestError(str(exc), param="prompt") from None
+        check_rows(len(items), body.n)
+        prompts = await off_loop(lambda: [prompt_ids(p) for p in items])
         params = sampling(body, body.max_tokens, max(map(len, prompts)), body.logprobs or 0)
         generations = await run(prompts, params, body.n, worker)
-        choices = [completion_choice(i, prompts[i // body.n], g, body) for i, g in enumerate(generations)]
-        usage = _usage(prompts, generations)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        if body.stream:
-            return _sse(_completion_chunks(rid, created, model_name, choices, usage, body.include_usage_in_stream))
-        return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name,
-                "choices": choices, "usage": usage}
 
-    @app.post("/v1/chat/completions")
+        def answer() -> Any:
+            choices = [completion_choice(i, prompts[i // body.n], g, body) for i, g in enumerate(generations)]
+            usage = _usage(prompts, generations)
+            if body.stream:
+                return _completion_chunks(rid, created, model_name, choices, usage,
+                                          body.include_usage_in_stream)
+            return JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()),
+                                 "model": model_name, "choices": choices, "usage": usage})
+
+        built = await off_loop(answer)
+        return _sse(built) if body.stream else built
+
+    @app.post("/v1/chat/completions", responses=completion_responses)
     async def chat(body: ChatRequest) -> Any:
         worker = check_model(body.model)
+        check_rows(1, body.n)
         try:
             messages = [m.for_template() for m in body.messages]
         except ValueError as exc:
             raise RequestError(str(exc), param="messages") from None
         extra = {"tools": body.tools} if body.tools else {}
-        try:
-            rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, **extra)
-        except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
-            raise RequestError(f"the chat template could not render these messages: {exc}",
-                               param="messages") from None
-        if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
-            rendered = rendered["input_ids"]
-        prompt = prompt_ids(list(rendered))
+
+        def render() -> list[int]:
+            try:
+                rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                         **extra)
+            except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
+                raise RequestError(f"the chat template could not render these messages: {exc}",
+                                   param="messages") from None
+            if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
+                rendered = rendered["input_ids"]
+            return prompt_ids(list(rendered))
+
+        prompt = await off_loop(render)
         params = sampling(body, body.token_cap, len(prompt), (body.top_logprobs or 0) if body.logprobs else 0)
         generations = await run([prompt], params, body.n, worker)
-        choices = [chat_choice(i, prompt, g, body) for i, g in enumerate(generations)]
-        usage = _usage([prompt], generations)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        if body.stream:
-            return _sse(_chat_chunks(rid, created, model_name, choices, usage, body.include_usage_in_stream))
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model_name,
-                "choices": choices, "usage": usage}
+
+        def answer() -> Any:
+            choices = [chat_choice(i, prompt, g, body) for i, g in enumerate(generations)]
+            usage = _usage([prompt], generations)
+            if body.stream:
+                return _chat_chunks(rid, created, model_name, choices, usage, body.include_usage_in_stream)
+            return JSONResponse({"id": rid, "object": "chat.completion", "created": int(time.time()),
+                                 "model": model_name, "choices": choices, "usage": usage})
+
+        built = await off_loop(answer)
+        return _sse(built) if body.stream else built
 
     # --- response pieces (closures over the tokenizer) -------------------------------------------
 
@@ -357,9 +646,9 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         if body.logprobs is not None:
             tokens = [piece(t, as_ids) for t in g.token_ids]
             offsets, at = [], 0
-            for token in tokens:
+            for text_piece in tokens:
                 offsets.append(at)
-                at += len(token)
+                at += len(text_piece)
             choice["logprobs"] = {
                 "tokens": tokens, "token_logprobs": list(g.logprobs), "text_offset": offsets,
                 "top_logprobs": [{piece(t, as_ids): lp for t, lp in pos} for pos in g.top_logprobs]
@@ -376,10 +665,10 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                                   "logprobs": None, "finish_reason": reason}
         if body.logprobs:
             content = []
-            for position, (token, lp) in enumerate(zip(g.token_ids, g.logprobs)):
-                text_piece = piece(token, as_ids)
+            for position, (token_id, lp) in enumerate(zip(g.token_ids, g.logprobs)):
+                text_piece = piece(token_id, as_ids)
                 alternatives = g.top_logprobs[position] if g.top_logprobs is not None else []
-                content.append({"token": text_piece, "logprob": lp, "bytes": list(piece(token).encode()),
+                content.append({"token": text_piece, "logprob": lp, "bytes": list(piece(token_id).encode()),
                                 "top_logprobs": [{"token": piece(t, as_ids), "logprob": v,
                                                   "bytes": list(piece(t).encode())} for t, v in alternatives]})
             choice["logprobs"] = {"content": content}
@@ -387,7 +676,18 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             choice["token_ids"], choice["prompt_token_ids"] = list(g.token_ids), prompt
         return choice
 
-    return app
+    return PolicyGuard(app, token=token, max_body_bytes=max_body_bytes)
+
+
+def _telling(error: Any) -> tuple[int, bool]:
+    """Rank of a validation error: in a union (``prompt``: text, ids, or batches of either) the telling
+    error is the deepest one, and one that broke a bound rather than a member the value never meant to be."""
+    return len(error.get("loc", ())), not str(error.get("type", "")).endswith("_type")
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Whether a location part names a union member (``str``, ``list[int]``), not a field."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "list", "dict"))
 
 
 def _usage(prompts: Sequence[list[int]], generations: Sequence[Generation]) -> dict[str, int]:
@@ -448,25 +748,30 @@ def _chat_chunks(rid: str, created: int, model: str, choices: list[dict[str, Any
     return events
 
 
-def serve_policy(model_dir: str, *, host: str = "127.0.0.1", port: int = 8001, name: str | None = None,
-                 device: str = "auto", dtype: str = "float32", seed: int = 0, max_new_tokens: int = 512,
-                 log_level: str = "warning", sock: Any = None) -> None:
+def load_policy_app(model_dir: str, *, name: str, device: str = "auto", dtype: str = "float32", seed: int = 0,
+                    **app_options: Any) -> PolicyGuard:
     """Load the model in ``model_dir`` (a Hugging Face directory, or an ``agentgym train`` run folder's
-    ``model/``) and serve it until interrupted; on ``sock`` (a listening socket, e.g. from
-    ``agentgym.cli.serving.bind``) when given, else on ``host:port``.
+    ``model/``) and build its app (``create_policy_app`` with ``app_options``), served as model ``name``.
 
     Raises:
-        ConfigError: the directory is not a usable model (missing files, tokenizer or chat template).
+        ConfigError: the directory is not a usable model (missing or malformed files, no tokenizer or
+            chat template), or an unknown dtype or device; one line each.
     """
-    import uvicorn
-
     from agentgym.backends.builder import make_policy
     from agentgym.backends.config import ModelConfig
 
-    policy = make_policy(ModelConfig(path=model_dir, device=device, dtype=dtype), seed=seed)  # type: ignore[arg-type]
-    served = name or model_dir.rstrip("/").split("/")[-1]
-    app = create_policy_app(policy, served, max_new_tokens=max_new_tokens)  # type: ignore[arg-type]
-    if sock is None:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
-    else:
-        uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False)).run(sockets=[sock])
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{model_dir} is not a model directory (no config.json); give a Hugging Face model "
+                          "directory or an `agentgym train` run folder")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{config} is not valid JSON ({exc}); restore the model's config.json") from None
+    try:
+        cfg = ModelConfig(path=model_dir, device=device, dtype=dtype)  # type: ignore[arg-type]
+        policy = make_policy(cfg, seed=seed)
+    except (OSError, ValueError) as exc:  # transformers' own messages for unreadable weights or tokenizers
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"cannot load the model in {model_dir}: {first}") from None
+    return create_policy_app(policy, name, **app_options)  # type: ignore[arg-type]

@@ -5,16 +5,25 @@ Fields follow the OpenAI API; ``top_k``, ``return_token_ids`` (adds ``token_ids`
 ``return_tokens_as_token_ids`` (log-prob tokens written ``token_id:N``) are the vLLM extensions of
 the same names. Fields
 clients commonly send but this server does not implement are accepted only at their neutral value.
+Every number has bounds in the schema (``SEED_LIMIT``, ``MAX_INT32``...), so a value the server could
+not use is a 400 naming the field, never a failure inside generation.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+#: Seeds are below this (torch seeds generators with 64-bit integers; n samples of a seeded request
+#: use seed, seed+1, ...). A power of two, so the OpenAPI schema states it exactly.
+SEED_LIMIT = 2**63
+#: Token ids, ``top_k`` and ``max_tokens`` are 32-bit in every tokenizer and sampler this serves.
+MAX_INT32 = 2**31 - 1
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
 
 
 class _Request(BaseModel):
@@ -24,18 +33,22 @@ class _Request(BaseModel):
     model: str = Field(description="Served model name (GET /v1/models).")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 is greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="vLLM extension; 0 or -1 disables it.")
+    top_k: int = Field(0, ge=-1, le=MAX_INT32, description="vLLM extension; 0 or -1 disables it.")
     n: int = Field(1, ge=1, le=MAX_N, description="Samples per prompt.")
     stop: str | list[str] | None = Field(None, description="Up to 4 stop sequences (excluded from the text).")
-    seed: int | None = Field(None, ge=0, description="Seeds this request's sampling (reproducible).")
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT,
+                             description="Seeds this request's sampling (reproducible).")
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     return_token_ids: bool = Field(False, description="vLLM extension: add token_ids / prompt_token_ids.")
-    include_stop_str_in_output: bool = Field(False, description="vLLM extension: keep the stop string in the text.")
-    return_tokens_as_token_ids: bool = Field(False, description="vLLM extension: log-prob tokens as 'token_id:N'.")
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    include_stop_str_in_output: bool = Field(False,
+                                             description="vLLM extension: keep the stop string in the text.")
+    return_tokens_as_token_ids: bool = Field(False,
+                                             description="vLLM extension: log-prob tokens as 'token_id:N'.")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Not supported: only 0 is accepted.")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Not supported: only 0 is accepted.")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, description="Not supported: only empty is accepted.")
 
     @field_validator("stop")
     @classmethod
@@ -63,17 +76,32 @@ class _Request(BaseModel):
         return bool((self.stream_options or {}).get("include_usage"))
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong, in OpenAI's words."""
+
+    message: str = Field(description="What was wrong and how to fix it.")
+    type: str = Field(description="invalid_request_error (4xx) or server_error (5xx).")
+    param: str | None = Field(None, description="The request field at fault, if one is.")
+    code: str | None = Field(None, description="A machine-readable reason, e.g. model_not_found.")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer of the policy server: OpenAI's ``{"error": {...}}``."""
+
+    error: ErrorDetail
+
+
 class CompletionRequest(_Request):
     """``POST /v1/completions``: a text prompt, a token-id prompt, or a batch of either."""
 
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] = Field(
         description="Text, token ids, or a list of either (a batch).")
-    max_tokens: int | None = Field(16, ge=0)
+    max_tokens: int | None = Field(16, ge=0, le=MAX_INT32)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                  description="Return log-probs, with this many alternatives per position.")
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="Not supported beyond 1 or n.")
 
     @model_validator(mode="after")
     def _completion_only(self) -> CompletionRequest:
@@ -129,8 +157,8 @@ class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=0, le=MAX_INT32)
+    max_completion_tokens: int | None = Field(None, ge=0, le=MAX_INT32)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 

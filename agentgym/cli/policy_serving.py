@@ -2,50 +2,102 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from agentgym.cli.app import app, err_console, fail
-from agentgym.cli.serving import bind, check_range
+from agentgym.cli.serving import bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError, ConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _run_folder(folder: Path) -> tuple[Path, dict[str, Any] | None]:
+    """The model directory to serve and, for an ``agentgym train`` run folder, its prompt settings.
+
+    Raises:
+        ConfigError: a run folder without ``model/`` yet, or with an unreadable ``config.json``.
+    """
+    if not ((folder / "report.json").is_file() or (folder / "checkpoint.pt").is_file()):
+        return folder, None
+    if not (folder / "model" / "config.json").is_file():
+        raise ConfigError(f"run folder {folder} has no model/ yet (the run has not finished); serve a "
+                          "finished run or a model directory, or evaluate the checkpoint with agentgym eval "
+                          f"--policy {folder}/checkpoint.pt")
+    from agentgym.eval.policies import run_prompt_settings
+
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        return folder / "model", None
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{config_path} is not valid JSON ({exc}); serve {folder}/model to go without the "
+                          "run's prompt settings") from None
+    return folder / "model", asdict(run_prompt_settings(config))
 
 
 @app.command("serve-policy")
 def serve_policy(
     model_dir: str = typer.Argument(..., help="A Hugging Face model directory, or an `agentgym train` run folder."),
-    host: str = typer.Option("127.0.0.1", help="Interface to bind; 0.0.0.0 exposes the server to the network."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
     port: int = typer.Option(8001, help="TCP port, 1-65535."),
     name: str | None = typer.Option(None, help="Model name clients pass (default: the directory's name)."),
     device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     max_new_tokens: int = typer.Option(512, help="Largest max_tokens a request may ask for."),
     seed: int = typer.Option(0, help="Seed of unseeded sampling."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_POLICY_TOKEN",
+                                     help="Require this bearer token (clients pass it as their API key)."),
+    allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
+                                        help="Serve on a non-loopback --host without a token (anyone who can "
+                                             "reach it can generate with the model)."),
+    adapter_dir: list[str] = typer.Option([], "--adapter-dir",
+                                          help="A directory LoRA adapters may be loaded from "
+                                               "(/v1/load_lora_adapter; repeatable). None: loading is off."),
+    max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Larger request bodies get 413 (>= 1)."),
+    max_request_rows: int = typer.Option(256, help="Most sequences (prompts x n) one request may ask for "
+                                         "(>= 1)."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
 ) -> None:
     """Serve a model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)."""
     try:
-        from agentgym.backends.openai_server import serve_policy as serve
+        from agentgym.backends.openai_server import load_policy_app
     except ImportError as exc:
         fail(ImportError(f"{exc}; install the server and train extras: pip install 'agentgym-rl[server,train]'"))
-    folder = Path(model_dir)
-    if (folder / "report.json").is_file() or (folder / "checkpoint.pt").is_file():  # a run folder
-        if not (folder / "model" / "config.json").is_file():
-            fail(ConfigError(f"run folder {folder} has no model/ yet (the run has not finished); serve a finished "
-                             "run or a model directory, or evaluate the checkpoint with agentgym eval --policy "
-                             f"{folder}/checkpoint.pt"))
-        folder = folder / "model"
     served = name or Path(model_dir).resolve().name
     try:
+        folder, prompt_settings = _run_folder(Path(model_dir))
         check_range("--max-new-tokens", max_new_tokens, 1)
+        check_range("--max-body-bytes", max_body_bytes, 1)
+        check_range("--max-request-rows", max_request_rows, 1)
+        if dtype not in DTYPES:
+            raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        for allowed in adapter_dir:
+            if not Path(allowed).is_dir():
+                raise ConfigError(f"--adapter-dir {allowed}: not a directory; create it or name the "
+                                  "directory the trainer saves adapters under")
+        check_exposure(host, token, allow_no_token, "generate with this model"
+                       + (" and load adapters from --adapter-dir" if adapter_dir else ""))
         sock = bind(host, port)  # an occupied port is one line, before the model loads
     except AgentGymError as exc:
         fail(exc)
-    err_console.print(f"serving {folder} as model {served!r} on http://{host}:{port}/v1")
     try:
-        serve(str(folder), host=host, port=port, name=served, device=device, dtype=dtype, seed=seed,
-              max_new_tokens=max_new_tokens, log_level=log_level, sock=sock)
+        service = load_policy_app(str(folder), name=served, device=device, dtype=dtype, seed=seed,
+                                  max_new_tokens=max_new_tokens, token=token, max_body_bytes=max_body_bytes,
+                                  max_request_rows=max_request_rows,
+                                  adapter_dirs=[str(Path(d).resolve()) for d in adapter_dir],
+                                  prompt_settings=prompt_settings)
     except AgentGymError as exc:
-        fail(exc)
-    finally:
         sock.close()
+        fail(exc)
+    shown = (("token required", token), ("the run's prompt settings", prompt_settings),
+             (f"adapters from {', '.join(adapter_dir)}", adapter_dir))
+    notes = [note for note, given in shown if given]
+    err_console.print(f"serving {folder} as model {served!r} on http://{host}:{port}/v1"
+                      + (f" ({'; '.join(notes)})" if notes else ""), highlight=False)
+    run_uvicorn(service, sock, log_level=log_level)

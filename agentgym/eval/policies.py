@@ -14,7 +14,9 @@ followed by optional ``,key=value`` options: ``name=LABEL`` (the label in report
 (``prompt_mode``, ``window_turns``, ``action_format``, ``include_instructions``,
 ``show_admissible_actions``, ``tool_messages``, ``system_prompt``, ``max_new_tokens``,
 ``max_prompt_tokens``), endpoint settings (``timeout_s``, ``max_retries``, ``tools=off``) and local
-model settings (``device``, ``dtype``). A run folder brings the prompt settings it trained with.
+model settings (``device``, ``dtype``). A run folder brings the prompt settings it trained with, and
+so does an endpoint serving one (``agentgym serve-policy RUN`` lists them in ``GET /v1/models``);
+options given override them.
 """
 
 from __future__ import annotations
@@ -26,38 +28,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentgym.errors import ConfigError
+from agentgym.rollout.prompt import PromptSettings
 
 PolicyKind = Literal["random", "expert", "endpoint", "model", "run"]
-
-
-@dataclass(frozen=True)
-class PromptSettings:
-    """How prompts are rendered and responses generated for a model policy (``RolloutConfig``'s fields)."""
-
-    prompt_mode: Literal["window", "full", "current"] = "window"
-    """``window``, ``full`` or ``current`` (see ``agentgym.rollout.prompt``)."""
-    window_turns: int = 2
-    """History turns in ``window`` mode."""
-    action_format: Literal["plain", "tag", "raw"] | None = None
-    """How a response becomes an action; None: what the env asks for (``raw`` for tool envs), else ``plain``."""
-    include_instructions: bool = True
-    """Put the env's instructions in the system message."""
-    show_admissible_actions: bool = True
-    """List the admissible actions under each observation."""
-    tool_messages: bool = True
-    """Tool envs: pass tool specs to the chat template; observations as tool messages in ``full`` mode."""
-    system_prompt: str | None = None
-    """Extra system text placed first."""
-    max_new_tokens: int = 256
-    """Generation cap per turn (tokens)."""
-    max_prompt_tokens: int = 4096
-    """An episode whose prompt would be longer is truncated there (local models)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    top_k: int = 0
-    """Top-k sampling (0 disables)."""
-    stop_strings: tuple[str, ...] = ()
-    """End a turn at one of these strings (kept in the response)."""
 
 
 @dataclass(frozen=True)
@@ -183,11 +156,42 @@ def _apply_options(spec: PolicySpec, options: dict[str, str]) -> PolicySpec:
     return spec
 
 
-def _run_prompt_settings(config: dict[str, Any]) -> PromptSettings:
+def run_prompt_settings(config: dict[str, Any]) -> PromptSettings:
+    """The prompt settings of a run, from its ``config.json`` (the ``rollout`` section's prompt fields)."""
     rollout = config.get("rollout") or {}
-    known = {k: v for k, v in rollout.items() if k in _PROMPT_FIELDS}
-    known["stop_strings"] = tuple(known.get("stop_strings") or ())
+    return _known_prompt_settings(rollout if isinstance(rollout, dict) else {})
+
+
+def _known_prompt_settings(values: dict[str, Any]) -> PromptSettings:
+    known = {k: v for k, v in values.items() if k in _PROMPT_FIELDS}
+    known["stop_strings"] = tuple(str(s) for s in known.get("stop_strings") or ())
     return replace(PromptSettings(), **known)
+
+
+def served_prompt_settings(base_url: str, model: str | None, *,
+                           timeout_s: float = 5.0) -> PromptSettings | None:
+    """The prompt settings an endpoint lists for ``model`` (``agentgym.prompt`` in its ``GET /models``
+    entries, as ``agentgym serve-policy`` on a run folder does); None when it lists none or cannot be
+    asked (``eval`` then reports an unreachable server itself). Sends ``OPENAI_API_KEY`` as the
+    endpoint policy does."""
+    import os
+
+    import httpx
+
+    key = os.environ.get("OPENAI_API_KEY")
+    try:
+        answer = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {key}"} if key else {},
+                           timeout=timeout_s)
+        entries = answer.json()["data"] if answer.status_code == 200 else []
+        listed = [(e.get("agentgym") or {}).get("prompt") for e in entries if model in (None, e.get("id"))]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not listed or not isinstance(listed[0], dict) or any(p != listed[0] for p in listed):
+        return None  # several models with different settings and none named: the user must choose
+    try:
+        return _known_prompt_settings(listed[0])
+    except TypeError:
+        return None
 
 
 def _read_run_config(folder: Path, text: str) -> dict[str, Any]:
@@ -195,7 +199,14 @@ def _read_run_config(folder: Path, text: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"policy {text!r}: {folder} has a checkpoint but no config.json; is it an "
                           "`agentgym train` run folder?")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        config = None  # reported below, with every other file that is not a JSON object
+    if not isinstance(config, dict):
+        raise ConfigError(f"policy {text!r}: {path} is not a run config (not a JSON object: a write cut short?); "
+                          "restore it, or evaluate the run's model/ folder as a model directory")
+    return config
 
 
 def parse_policy(text: str) -> PolicySpec:
@@ -221,6 +232,9 @@ def parse_policy(text: str) -> PolicySpec:
     elif head.startswith(("http://", "https://")):
         spec = PolicySpec(text, "endpoint", options.get("model") or head.split("//", 1)[1].split("/", 1)[0],
                           location=head.rstrip("/"))
+        served = served_prompt_settings(head.rstrip("/"), options.get("model"))
+        if served is not None:
+            spec = replace(spec, prompt=served)
     else:
         spec = _parse_path(text, head)
     return _apply_options(spec, options)
@@ -231,7 +245,7 @@ def _parse_path(text: str, head: str) -> PolicySpec:
     if path.is_file() and path.suffix == ".pt":
         config = _read_run_config(path.parent, text)
         return PolicySpec(text, "run", f"{path.parent.name}@{path.stem}", location=str(path),
-                          prompt=_run_prompt_settings(config), run_config=config)
+                          prompt=run_prompt_settings(config), run_config=config)
     if not path.is_dir():
         lead = head.split(",")[0]
         if head.split(":")[0] in ("ftp", "ws", "http", "https") or "://" in head:
@@ -247,7 +261,7 @@ def _parse_path(text: str, head: str) -> PolicySpec:
         if not Path(location).exists():
             raise ConfigError(f"policy {text!r}: run folder {path} has neither model/ nor checkpoint.pt")
         return PolicySpec(text, "run", path.resolve().name, location=location,
-                          prompt=_run_prompt_settings(config), run_config=config)
+                          prompt=run_prompt_settings(config), run_config=config)
     if (path / "config.json").is_file():
         return PolicySpec(text, "model", path.resolve().name, location=str(path))
     raise ConfigError(f"policy {text!r}: directory {path} has neither config.json (a Hugging Face model) nor "
