@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentgym.cli import app
+from agentgym.cli.evaluation import say_missing
 from agentgym.eval import store as store_module
 from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalPlan
@@ -116,7 +117,8 @@ def test_lines_outside_the_plan_never_stand_in_for_planned_episodes(finished: Pa
     assert [(r["task_index"], r["seed"]) for r in planned] == [(i, i) for i in range(TASKS)]
 
 
-def test_results_say_exactly_which_episodes_are_missing(finished: Path, tmp_path: Path) -> None:
+def test_results_say_exactly_which_episodes_are_missing(finished: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     out = _copy(finished, tmp_path)
     lines = _log(out).read_text().splitlines()
     _log(out).write_text("".join(line + "\n" for line in lines if json.loads(line)["task_index"] != 7))
@@ -126,6 +128,11 @@ def test_results_say_exactly_which_episodes_are_missing(finished: Path, tmp_path
     assert row["episodes"] == TASKS - 1 and not row["complete"]
     assert row["missing"] == [{"task_index": 7, "seed": 7, "sample": 0}]
     assert "lacks 1 of 40 episodes (task seeds 7)" in markdown_report(results)
+    assert say_missing(results, out)
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"incomplete: {ENV} × expert: 1 of 40 episodes missing, task seeds 7; `agentgym eval --out {out} --resume`" \
+        in said
+    assert not say_missing(build_results(_plan(), EvalStore(finished), {}), finished)
 
 
 # --- a full disk ------------------------------------------------------------------------------------

@@ -161,6 +161,18 @@ def _print_results(results: dict[str, Any], out: Path) -> None:
                   f"trajectories: {out}/trajectories/ (agentgym view {out})")
 
 
+def say_missing(results: dict[str, Any], out: Path) -> bool:
+    """Print one line per (env, policy) whose saved episodes fall short of the plan; True if any does."""
+    samples = int(results["config"]["samples"])
+    short = [row for row in results["results"] if row.get("missing")]
+    for row in short:
+        seeds = ", ".join(str(m["seed"]) + (f" (sample {m['sample']})" if samples > 1 else "") for m in row["missing"])
+        err_console.print(f"[bold red]incomplete:[/] {row['env']} × {row['policy']}: {len(row['missing'])} of "
+                          f"{len(results['seeds']) * samples} episodes missing, task seeds {seeds}; "
+                          f"`agentgym eval --out {out} --resume` plays them", soft_wrap=True, highlight=False)
+    return bool(short)
+
+
 @app.command("eval")
 def evaluate(
     policy: list[str] = typer.Option([], "--policy", help="random | expert | MODEL_DIR | RUN[/checkpoint.pt] | "
@@ -263,12 +275,5 @@ def evaluate(
                               f"`agentgym eval --out {out_dir} --resume` plays the rest")
             raise typer.Exit(code=130) from None
     _print_results(results, out_dir)
-    missing = [row for row in results["results"] if row.get("missing")]
-    for row in missing:
-        shown = ", ".join(f"{m['seed']}" + (f" (sample {m['sample']})" if plan.samples > 1 else "")
-                          for m in row["missing"])
-        err_console.print(f"[bold red]incomplete:[/] {row['env']} × {row['policy']}: {len(row['missing'])} of "
-                          f"{len(plan.seeds) * plan.samples} episodes missing, task seeds {shown}; "
-                          f"`agentgym eval --out {out_dir} --resume` plays them", soft_wrap=True, highlight=False)
-    if missing:
+    if say_missing(results, out_dir):
         raise typer.Exit(code=1)
