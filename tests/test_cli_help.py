@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-import click
+from typing import Any
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 from agentgym.cli import app
 
 
-def _command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def _command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Every command path of the CLI tree: (), ("train",), ("sandbox",), ("sandbox", "serve"), ..."""
     paths = [path]
     # Typer's groups are not click.Group subclasses in every release: go by the `commands` they hold.
