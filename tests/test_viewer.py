@@ -137,3 +137,83 @@ def test_viewer_refuses_a_folder_that_is_neither(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="holds neither an evaluation .* nor a training run"):
         create_viewer_app(tmp_path)
+
+
+def test_long_lists_and_long_episodes_come_in_pages(tmp_path: Path, page: Any) -> None:
+    plan = EvalPlan((parse_policy("random"), parse_policy("expert")), (EnvEntry("maze-v0", {"size": 2}),),
+                    tuple(range(130)))
+    Evaluation(plan, tmp_path).run()
+    # The first random episode made 45 turns long (from its own turns), so it needs three pages.
+    log = EvalStore(tmp_path).path("maze-v0", "random")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    own = records[0]["turns"]
+    records[0]["turns"] = [{**own[k % len(own)], "action": f"move-{k}", "observation": f"after move {k}"}
+                           for k in range(45)]
+    records[0]["num_turns"] = 45
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    server = open_viewer(page, tmp_path)
+    try:
+        assert page.inner_text("#list-count") == "260 episodes (100 shown)"
+        assert page.locator(".episode-row").count() == 100
+        page.click("#list-more")
+        page.wait_for_function("document.querySelectorAll('.episode-row').length === 200")
+        page.click("#list-more")
+        page.wait_for_function("document.querySelectorAll('.episode-row').length === 260")
+        assert page.locator("#list-more").is_hidden() and page.inner_text("#list-count") == "260 episodes"
+        assert len({row.get_attribute("data-id") for row in page.locator(".episode-row").all()}) == 260
+
+        page.locator(".episode-row").first.click()
+        page.wait_for_selector("#episode:not([hidden])")
+        assert page.inner_text("#turn-pos") == "turn 1 of 45" and "45 turns" in page.inner_text("#episode-head")
+        assert not any("turn_offset=20" in url for url in requested)
+        for _ in range(20):
+            page.click("#turn-next")
+        page.wait_for_function("document.querySelector('#turn-pos').textContent === 'turn 21 of 45'")
+        assert any("turn_offset=20" in url for url in requested)  # the second page, fetched when reached
+        assert page.inner_text(".current .f-action span") == "move-20"
+        assert page.inner_text(".current .f-observation pre") == "after move 19"
+        page.click("#turn-prev")
+        assert page.inner_text(".current .f-action span") == "move-19"
+
+        page.check("#show-all")
+        assert page.locator("#turn-list .turn-card").count() == 40
+        assert page.inner_text("#turns-more") == "more turns (40 of 45 shown)"
+        page.click("#turns-more")
+        page.wait_for_function("document.querySelectorAll('#turn-list .turn-card').length === 45")
+        assert page.locator("#turns-more").is_hidden()
+
+        page.click("#tab-compare")
+        page.select_option("#cmp-task", "0")
+        page.wait_for_function("document.querySelectorAll('#cmp-col-a .turn-card').length === 20")
+        page.click("#cmp-col-a .cmp-more")
+        page.wait_for_function("document.querySelectorAll('#cmp-col-a .turn-card').length === 40")
+        assert page.inner_text("#cmp-col-a .cmp-more") == "more turns (40 of 45 shown)"
+    finally:
+        server.stop()
+
+
+def test_a_token_is_asked_once_and_kept_in_an_httponly_cookie(tmp_path: Path, page: Any) -> None:
+    plan = EvalPlan((parse_policy("expert"),), (EnvEntry("maze-v0", {"size": 2}),), tuple(range(2)))
+    Evaluation(plan, tmp_path).run()
+    server = LiveServer(create_viewer_app(tmp_path, token="open-sesame"))
+    try:
+        page.goto(server.url + "/")
+        page.fill("#token", "wrong")
+        page.click("button[type=submit]")
+        page.wait_for_selector("#problem:has-text('That token is wrong.')")
+        page.fill("#token", "open-sesame")
+        page.click("button[type=submit]")
+        page.wait_for_selector("body[data-ready=true]")
+        assert page.url == server.url + "/" and page.locator(".episode-row").count() == 2
+        cookies = page.context.cookies()
+        assert len(cookies) == 1 and cookies[0]["httpOnly"] and "open-sesame" not in cookies[0]["value"]
+        assert page.evaluate("document.cookie") == ""  # out of reach of any script on the page
+
+        page.context.clear_cookies()
+        page.goto(server.url + "/?token=open-sesame")
+        page.wait_for_selector("body[data-ready=true]")
+        assert page.url == server.url + "/"  # the token does not stay in the address bar
+    finally:
+        server.stop()

@@ -31,10 +31,10 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture(scope="module")
 def evaluation(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real evaluation folder (random and expert on maze-v0, four tasks)."""
+    """A real evaluation folder (random and expert on maze-v0, 300 tasks)."""
     out = tmp_path_factory.mktemp("evaluation")
     plan = EvalPlan((parse_policy("random"), parse_policy("expert")), (EnvEntry("maze-v0", {"size": 2}),),
-                    tuple(range(4)))
+                    tuple(range(300)))
     Evaluation(plan, out).run()
     return out
 
@@ -63,20 +63,15 @@ def write_lines(path: Path, records: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def grow(folder: Path, *, episodes: int, turns: int = 0, padding: int = 0) -> list[dict[str, Any]]:
-    """Rewrite the random policy's log as ``episodes`` copies of its first line (tasks 0, 1, ...); the
-    first copy gets ``turns`` turns, each observation padded to ``padding`` characters."""
-    first = json.loads(random_log(folder).read_text().splitlines()[0])
-    records = []
-    for n in range(episodes):
-        record = copy.deepcopy(first)
-        record["task_index"], record["sample"] = n, 0
-        if n == 0 and turns:
-            record["turns"] = [{**copy.deepcopy(first["turns"][k % len(first["turns"])]),
-                                "action": f"move-{k}", "observation": f"turn {k} " + "x" * padding}
-                               for k in range(turns)]
-            record["num_turns"] = turns
-        records.append(record)
+def lengthen(folder: Path, *, turns: int, padding: int, episodes: int = 1) -> list[dict[str, Any]]:
+    """Give the first ``episodes`` lines of the random policy's log ``turns`` turns each (made from the
+    episode's own), every observation padded to ``padding`` characters; returns every line."""
+    records = [json.loads(line) for line in random_log(folder).read_text().splitlines()]
+    for record in records[:episodes]:
+        own = record["turns"]
+        record["turns"] = [{**copy.deepcopy(own[k % len(own)]), "action": f"move-{k}",
+                            "observation": f"turn {k} " + "x" * padding} for k in range(turns)]
+        record["num_turns"] = turns
     write_lines(random_log(folder), records)
     return records
 
@@ -95,7 +90,7 @@ def test_a_token_guards_every_route_but_health_for_scripts_and_browsers(folder: 
                 assert refused.json()["error"]["type"] == "AuthenticationError"
                 assert refused.headers["www-authenticate"] == "Bearer"
             assert client.get("/api/meta", headers={"Authorization": "Bearer wrong"}).status_code == 401
-            assert client.get("/api/meta", headers={"Authorization": f"Bearer {TOKEN}"}).json()["episodes"] == 8
+            assert client.get("/api/meta", headers={"Authorization": f"Bearer {TOKEN}"}).json()["episodes"] == 600
 
             # A browser without the cookie gets the sign-in form, not the page.
             sign_in = client.get("/")
@@ -199,32 +194,41 @@ def test_a_trajectory_line_lacking_fields_is_one_line_naming_it(folder: Path, tm
     assert viewed.episodes()[0] == 1 and viewed.meta()["skipped_lines"] == 1
 
 
+def test_lines_the_plan_does_not_ask_for_are_skipped_and_counted(folder: Path) -> None:
+    first = json.loads(random_log(folder).read_text().splitlines()[0])
+    strays = [{**first, "task_index": 300}, {**first, "task_index": 1}]  # past the plan; the wrong seed
+    with open(random_log(folder), "a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in strays))
+    viewed = RunFolder(folder)
+    assert viewed.episodes(policy="random")[0] == 300 and viewed.meta()["skipped_lines"] == 2
+    assert viewed.episodes(policy="random", task_index=1)[1][0]["seed"] == 1
+
+
 # --- paging -----------------------------------------------------------------------------------------
 
 
 def test_episode_lists_come_in_pages_with_the_total(folder: Path) -> None:
-    grow(folder, episodes=250)
     server = LiveServer(create_viewer_app(folder))
     try:
         with httpx.Client(base_url=server.url) as client:
             first = client.get("/api/episodes", params={"policy": "random"})
-            assert first.headers["x-total-count"] == "250" and len(first.json()) == 100
+            assert first.headers["x-total-count"] == "300" and len(first.json()) == 100
             seen = []
-            for offset in range(0, 300, 100):
+            for offset in range(0, 400, 100):
                 page = client.get("/api/episodes", params={"policy": "random", "offset": offset, "limit": 100})
-                assert page.headers["x-total-count"] == "250"
+                assert page.headers["x-total-count"] == "300"
                 seen += [s["task_index"] for s in page.json()]
-            assert seen == list(range(250))
+            assert seen == list(range(300))
             assert client.get("/api/episodes", params={"limit": 0}).status_code == 422
             assert client.get("/api/episodes", params={"limit": 5000}).status_code == 422
             tasks = client.get("/api/tasks", params={"env": "maze-v0"}).json()
-            assert [t["task_index"] for t in tasks] == list(range(250))
+            assert [t["task_index"] for t in tasks] == list(range(300))
     finally:
         server.stop()
 
 
 def test_a_big_episode_is_sent_in_pages_of_bounded_size(folder: Path) -> None:
-    records = grow(folder, episodes=2, turns=60, padding=60_000)  # a 3.6 MB episode
+    records = lengthen(folder, turns=60, padding=60_000)  # a 3.6 MB episode
     server = LiveServer(create_viewer_app(folder))
     try:
         with httpx.Client(base_url=server.url) as client:
@@ -249,10 +253,7 @@ def test_a_big_episode_is_sent_in_pages_of_bounded_size(folder: Path) -> None:
 
 
 def test_the_index_holds_no_episode_contents(folder: Path) -> None:
-    records = grow(folder, episodes=300, turns=40, padding=2_000)
-    for record in records:  # every episode as big as the first: a 25 MB log
-        record["turns"], record["num_turns"] = records[0]["turns"], 40
-    write_lines(random_log(folder), records)
+    lengthen(folder, turns=40, padding=2_000, episodes=300)  # a 25 MB log
     size = random_log(folder).stat().st_size
     assert size > 20_000_000
     tracemalloc.start()

@@ -147,7 +147,7 @@ class RunFolder:
         """(line number, byte offset, parsed line) of each readable line of ``path``.
 
         A line that is not JSON (cut short by a crash, or still being written) is skipped and
-        counted, as the evaluation store skips it.
+        counted in ``skipped_lines``, as the evaluation store skips it.
         """
         offset = 0
         with open(path, "rb") as fh:
@@ -178,6 +178,10 @@ class RunFolder:
                 or not all(isinstance(p, dict) and isinstance(p.get("name"), str) for p in policies)):
             raise ConfigError(f"{PLAN} is damaged (it needs 'envs': [{{'id': ...}}] and 'policies': "
                               f"[{{'name': ...}}]); {fix}")
+        seeds, samples = plan.get("seeds"), plan.get("samples")
+        # As the evaluation store counts them: only the episodes the plan asks for, so the viewer
+        # shows what the report counted, and a stray line never stands in for a planned episode.
+        planned = isinstance(seeds, list) and all(_is_int(s) for s in seeds) and _is_int(samples)
         store = EvalStore(self.root)
         for env in envs:
             for policy in policies:
@@ -191,6 +195,10 @@ class RunFolder:
                         entry = self._evaluation_entry(record, len(self.files) - 1, offset, length)
                     except _Damaged as exc:
                         raise self._damaged(path, number, str(exc)) from None
+                    if planned and not (0 <= entry.task_index < len(seeds) and 0 <= entry.sample < samples
+                                        and entry.seed == seeds[entry.task_index]):
+                        self.skipped_lines += 1
+                        continue
                     # The store reads the first line of a repeated (task, sample); so does the viewer.
                     found.setdefault((entry.task_index, entry.sample), entry)
                 self._entries.extend(found[key] for key in sorted(found))
