@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import typer
 
@@ -278,8 +279,24 @@ class PageSession:
         if done.returncode != 0:
             raise AssertionError(f"{block.label}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
+    def open_sessions(self) -> dict[int, float]:
+        """Live sessions on each env service the page started (``agentgym_sessions_active``, all workers)."""
+        counts = {}
+        for page_port, (port, _) in self.services.items():
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("agentgym_sessions_active")]
+            if values:
+                counts[page_port] = sum(values)
+        return counts
+
     def run(self, block: Block) -> None:
+        before = self.open_sessions()
         (self.run_bash if block.language == "bash" else self.run_python)(block)
+        after = self.open_sessions()
+        # An example that leaves a session open teaches readers to leak them on a shared service.
+        left = {port: after[port] - count for port, count in before.items() if after.get(port, 0) > count}
+        assert not left, f"{block.label} left sessions open on the env service(s) of port(s) {sorted(left)}"
         self.ran += 1
 
     def close(self) -> None:
