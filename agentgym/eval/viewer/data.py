@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -221,7 +222,9 @@ class RunFolder:
         seed = record.get("seed")
         task_id = record.get("task_id")
         eid = f"{record['env']}|{record['policy']}|{record['task_index']}|{record['sample']}"
-        return EpisodeEntry(eid, record["env"], record["policy"], None, record["task_index"], record["sample"],
+        # Interned: a folder's thousands of episodes share a handful of env and policy names.
+        return EpisodeEntry(eid, sys.intern(record["env"]), sys.intern(record["policy"]), None, record["task_index"],
+                            record["sample"],
                             seed if _is_int(seed) else None, None if task_id is None else str(task_id),
                             bool(record.get("success")), float(record["return"]), len(record["turns"]),
                             file, offset, length, 0)
