@@ -35,7 +35,7 @@ from typing import Any
 from agentgym.backends.builder import register_backend
 from agentgym.backends.config import ModelConfig
 from agentgym.errors import AgentGymError, ConfigError
-from agentgym.rollout.policy import ChatTokenizer, Generation, Policy, SamplingParams
+from agentgym.rollout.policy import ChatTokenizer, Generation, Policy, PolicyBase, SamplingParams
 
 _CONTEXT = re.compile(r"context length|maximum context|context window", re.IGNORECASE)
 
@@ -315,7 +315,7 @@ def load_chat_tokenizer(path: str | os.PathLike[str]) -> Any:
     return tokenizer
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(PolicyBase):
     """The ``Policy`` protocol over an endpoint's completions API: prompts go out as token ids and
     each prompt of a batch is one request, all sent concurrently.
 
@@ -335,6 +335,9 @@ class OpenAIPolicy:
         policy = OpenAIPolicy(OpenAIEndpoint("http://127.0.0.1:8001/v1"), load_chat_tokenizer("model/"))
         [generation] = policy.generate([prompt_ids], SamplingParams(max_new_tokens=16))
     """
+
+    supports_entropies = False
+    """The API returns no per-position entropies."""
 
     def __init__(self, endpoint: OpenAIEndpoint, tokenizer: ChatTokenizer, *, concurrency: int = 32,
                  allow_retokenize: bool = False) -> None:

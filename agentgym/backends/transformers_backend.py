@@ -9,6 +9,7 @@ batch (and from the cache) and stop growing.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,7 @@ import torch
 from agentgym.backends.constrained import ConstraintMask, token_pieces
 from agentgym.errors import ConfigError
 from agentgym.rollout.constraints import make_constraint
-from agentgym.rollout.policy import Generation, SamplingParams
+from agentgym.rollout.policy import Generation, PolicyBase, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -174,7 +175,7 @@ def new_kv_cache(model: torch.nn.Module) -> Any:
     return DynamicCache()
 
 
-class TransformersPolicy:
+class TransformersPolicy(PolicyBase):
     """``Policy`` over a ``transformers`` causal LM (CPU or CUDA), plus teacher-forced ``score``.
 
     **What the numbers mean.** For sampled decoding (``temperature > 0``), each position's
@@ -336,6 +337,14 @@ class TransformersPolicy:
                 return self._decode(prompts, params, generator)
         finally:
             self.model.train(was_training)
+
+    is_trained_model = True
+    """The trainer trains this policy's own model."""
+
+    def detached_copy(self, seed: int) -> TransformersPolicy:
+        """A policy over a deep copy of the model: it keeps generating with these weights while the
+        trainer updates the original (asynchronous rollouts)."""
+        return TransformersPolicy(copy.deepcopy(self.model), self.tokenizer, seed=seed)
 
     def sync_weights(self, state_dict: Any) -> None:
         """Load trained weights: a state dict, a module, or None.

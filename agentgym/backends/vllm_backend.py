@@ -44,7 +44,7 @@ from typing import Any, Literal
 from agentgym.backends.builder import register_backend, resolve_device
 from agentgym.backends.config import ModelConfig
 from agentgym.errors import ConfigError
-from agentgym.rollout.policy import Generation, SamplingParams
+from agentgym.rollout.policy import Generation, PolicyBase, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def weights_to_sync(model: Any) -> Iterable[tuple[str, Any]]:
 # --- the colocated policy -----------------------------------------------------------------------------
 
 
-class VLLMPolicy:
+class VLLMPolicy(PolicyBase):
     """``Policy`` over an in-process vLLM engine next to the trained model (module docstring).
 
     Args:
@@ -217,6 +217,11 @@ class VLLMPolicy:
     """vLLM returns no per-position entropies (algorithms that need them refuse this backend)."""
     max_top_logprobs = 20
     """vLLM's default cap on ``logprobs`` (``--max-logprobs``)."""
+
+    @property
+    def pauses_for_updates(self) -> bool:  # type: ignore[override]
+        """The engine sleeps during updates when ``settings.sleep`` (``offload``)."""
+        return bool(self.settings.sleep)
 
     def __init__(self, trainer: Any, engine: Any, vllm: Any, settings: VLLMSettings, *, seed: int = 0) -> None:
         self.trainer = trainer

@@ -21,10 +21,10 @@ from agentgym.backends.config import ModelConfig
 from agentgym.backends.openai_backend import OpenAIEndpoint, OpenAIPolicy, PolicyEndpointError
 from agentgym.backends.vllm_backend import VLLMSettings
 from agentgym.errors import ConfigError
-from agentgym.rollout.policy import Generation, SamplingParams
+from agentgym.rollout.policy import Generation, PolicyBase, SamplingParams
 
 
-class VLLMServerPolicy:
+class VLLMServerPolicy(PolicyBase):
     """``Policy`` generating on an OpenAI-compatible vLLM server, with the trained model in this process.
 
     Args:
@@ -38,6 +38,8 @@ class VLLMServerPolicy:
 
     supports_entropies = False
     """Entropies are not available over the OpenAI API."""
+    shared_by_processes = True
+    """Every training process generates on the one server; the main process sends the weights."""
 
     def __init__(self, trainer: Any, endpoint: OpenAIEndpoint, settings: VLLMSettings) -> None:
         self.trainer = trainer

@@ -3,8 +3,8 @@
 A policy turns a batch of prompts (token ids, chat template already applied) into sampled
 continuations with per-token log-probs. A policy that can also compute teacher-forced log-probs of
 given continuations is a ``Scorer`` (IGPO needs one). Backends live in ``agentgym.backends``
-(``TransformersPolicy`` on CPU or CUDA today). This module imports no ML framework, so the env side
-stays torch-free.
+(transformers on CPU or CUDA, vLLM in-process or as a server, any OpenAI-compatible endpoint). This
+module imports no ML framework, so the env side stays torch-free.
 """
 
 from __future__ import annotations
@@ -83,6 +83,10 @@ class Policy(Protocol):
     need. ``tokenizer`` renders chat messages to ids and decodes generated ids.
     ``sync_weights(state_dict)`` loads trained weights (a no-op for a backend that *is* the trained
     model); called after every update so rollouts use the newest policy.
+
+    What a backend can and cannot do beyond this (entropies, a cap on top-k log-probs, whether it is
+    the trained model, pauses for updates or is shared by processes) it declares as the attributes of
+    ``PolicyBase``; the trainer reads them through ``capability``.
     """
 
     tokenizer: ChatTokenizer
@@ -90,6 +94,49 @@ class Policy(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]: ...
 
     def sync_weights(self, state_dict: Any) -> None: ...
+
+
+class PolicyBase:
+    """The capabilities a ``Policy`` declares beyond the protocol, with the defaults of a plain backend.
+
+    The trainer reads these instead of testing a backend's type. Built-in backends inherit this class and
+    override what differs; a policy that does not inherit it is read with these defaults (``capability``).
+    """
+
+    supports_entropies: bool = True
+    """``Generation.entropies`` are returned when asked for (False: algorithms that need them refuse it)."""
+    max_top_logprobs: int | None = None
+    """Most top-k log-probs per position it can return (None: no cap)."""
+    is_trained_model: bool = False
+    """It generates with the trained model's own parameters, so an update changes it mid-collection:
+    asynchronous rollouts generate with ``detached_copy()`` instead."""
+    pauses_for_updates: bool = False
+    """A colocated engine that gives the accelerator back during updates (``offload`` before each): it
+    cannot generate while an update runs, so asynchronous rollouts cannot use it."""
+    shared_by_processes: bool = False
+    """One generator serves every training process (a server): only the main process sends it weights
+    (its ``writer`` attribute says whether this process does)."""
+
+    def offload(self) -> None:
+        """Free the accelerator for an update (called when ``pauses_for_updates``); the next ``generate``
+        takes it back."""
+
+    def detached_copy(self, seed: int) -> Policy:
+        """A policy with a frozen copy of the weights (needed when ``is_trained_model``)."""
+        raise NotImplementedError(f"{type(self).__name__} generates with weights of its own; it has no "
+                                  "detached copy to make")
+
+
+def capability(policy: Any, name: str) -> Any:
+    """The capability ``name`` of ``policy`` (a ``PolicyBase`` attribute), or its default.
+
+    Example:
+        >>> class Plain:  # a third-party policy that declares nothing
+        ...     pass
+        >>> capability(Plain(), "supports_entropies"), capability(Plain(), "max_top_logprobs")
+        (True, None)
+    """
+    return getattr(policy, name, getattr(PolicyBase, name))
 
 
 @runtime_checkable

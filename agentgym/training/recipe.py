@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import HookChain, RolloutHooks
-from agentgym.rollout.policy import SamplingParams, Scorer
+from agentgym.rollout.policy import SamplingParams, Scorer, capability
 from agentgym.training.algorithm import Algorithm, AlgorithmNeeds, get_algorithm
 from agentgym.training.options import get_hook_option
 from agentgym.training.plan import UpdatePlan
@@ -114,10 +114,10 @@ class Recipe:
         if needs.scorer and not isinstance(policy, Scorer):
             raise ConfigError(f"{name!r} needs teacher-forced scoring (a Scorer), which the "
                               f"{type(policy).__name__} backend does not offer; use model.backend=transformers")
-        if needs.entropies and not getattr(policy, "supports_entropies", True):
+        if needs.entropies and not capability(policy, "supports_entropies"):
             raise ConfigError(f"{name!r} needs per-token entropies, which the {type(policy).__name__} backend "
                               "does not return")
-        limit = getattr(policy, "max_top_logprobs", None)
+        limit = capability(policy, "max_top_logprobs")
         if needs.top_logprobs and limit is not None and limit < needs.top_logprobs:
             raise ConfigError(f"{name!r} needs the top {needs.top_logprobs} log-probs per token; the "
                               f"{type(policy).__name__} backend returns at most {limit}")
