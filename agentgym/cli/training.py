@@ -113,6 +113,14 @@ def _print_stop(report: dict[str, Any], folder: RunFolder, cfg: TrainConfig) -> 
     if iteration is None:
         text = (f"Stopped ({signal}) before the first checkpoint: there is no checkpoint to resume. "
                 f"Start the run again with: {folder.restart_command()}")
+    elif report.get("abandoned") is not None:
+        text = (f"Stopped ({signal}) during iteration {report['abandoned']} of {cfg.iterations}; the last checkpoint, "
+                f"{folder.path / 'checkpoint.pt'}, holds iteration {iteration} (a resumed run does iterations "
+                f"{iteration + 1}-{report['abandoned']} again; checkpoint_every=1 saves every iteration). "
+                f"Resume with: {folder.resume_command()}")
+    elif iteration == 0:
+        text = (f"Stopped ({signal}) in iteration 1 of {cfg.iterations}; the warm start is saved in "
+                f"{folder.path / 'checkpoint.pt'}. Resume with: {folder.resume_command()}")
     elif iteration >= cfg.iterations:
         text = (f"Stopped ({signal}) during the final evaluation; all {iteration} iterations are saved in "
                 f"{folder.path / 'checkpoint.pt'}. Finish the run with: {folder.resume_command()}")

@@ -3,9 +3,14 @@
 The first Ctrl-C asks the run to stop after the current iteration (which then saves a checkpoint).
 A second Ctrl-C, or a SIGTERM (a scheduler's or ``kill``'s notice, which may be followed by a kill),
 asks it to stop now: ``StopNow`` is raised where the loop said the iteration may be abandoned
-(while collecting rollouts: the model has not changed since the iteration began), or as soon as
-the loop reaches such a point (an update is never cut in half). Where nothing can be saved anyway
-(the warm start) or everything already is (the final evaluation), any signal stops at once.
+(collecting rollouts, the update, an evaluation between iterations), or as soon as the loop reaches
+such a point. Where nothing can be saved anyway (the warm start) or everything already is (the final
+evaluation), any signal stops at once.
+
+Two ways reach a phase: the handler raises ``StopNow`` in the main thread when it lands inside a
+region, and the long phases call ``poll`` between their steps (SFT and update minibatches, log-prob
+chunks, collection turns), also from other threads (a background collection), where the handler
+cannot raise. So every phase stops within one of its steps.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class StopSignals:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def poll(self) -> None:
+        """Raise ``StopNow`` when a pending stop applies where the run is (a stop at once anywhere, any stop
+        inside an ``immediate`` region). Safe from any thread; long phases call it between their steps."""
+        if self.now or (self._region == "immediate" and self.requested):
+            raise StopNow
+
     @contextmanager
     def region(self, kind: Region) -> Iterator[None]:
         """Mark code a stop may cut short: ``abandonable`` on a second Ctrl-C or a SIGTERM, ``immediate`` on
@@ -86,7 +97,7 @@ class StopSignals:
         if self.now and self._region is not None:
             raise StopNow
         if self.now:
-            self.on_note(f"{self.signal}: stopping as soon as the current update is finished and saved")
+            self.on_note(f"{self.signal}: stopping at once")
         else:
             self.on_note(f"{self.signal}: stopping after this iteration, which is then saved "
                          f"(Ctrl-C again to stop at once, losing only this iteration)")

@@ -15,6 +15,7 @@ collected between updates, or during them with ``rollout.max_staleness: 1``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -94,6 +95,8 @@ class ResumePoint:
     """RNG states at that point; None when that point's checkpoint is already saved."""
     plugins: dict[str, Any] | None = None
     """Plug-in state at that point (with ``rng``)."""
+    abandoned: int | None = None
+    """The iteration a stop at this point abandons, when it is not ``iteration + 1``."""
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -137,6 +140,9 @@ class Trainer:
         self.generator = self.generating_policy()
         self.collector = Collector(self.make_env, self.generator, self.renderer, action_format=fmt,
                                    max_prompt_tokens=r.max_prompt_tokens)
+        # Long phases ask before each of their steps whether to stop (``StopSignals.poll``): the collector
+        # before every turn (in a background thread too), the update between its chunks and minibatches.
+        self.collector.stop_check = self.poll_stop
         self.pipeline = RolloutPipeline(self.collect, r.max_staleness)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -151,8 +157,14 @@ class Trainer:
                                    pad_token_id=self.pad_token_id, seed=cfg.seed,
                                    drop_zero_advantage_turns=cfg.algorithm.drop_zero_advantage_turns,
                                    dist=self.dist, micro_batch_tokens=cfg.optim.micro_batch_tokens,
-                                   tis_cap=cfg.loss.tis_cap)
+                                   tis_cap=cfg.loss.tis_cap,
+                                   # several processes would leave the collectives at different steps
+                                   poll=self.poll_stop if self.dist.world_size == 1 else None)
         self.dist.barrier()  # every process has checked the run folder before the main one writes to it
+
+    def poll_stop(self) -> None:
+        """Raise ``StopNow`` if the run's pending stop applies now (``StopSignals.poll``)."""
+        self.stop.poll()
 
     def generating_policy(self) -> Any:
         """What rollouts sample from: the policy, or, for asynchronous rollouts on the trained model itself,
@@ -258,7 +270,8 @@ class Trainer:
             extra["sft"] = {**demo_stats, **sft_update(
                 self.model, demos, cfg.sft, max_length=self.max_length, pad_token_id=self.pad_token_id,
                 grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
-                on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total))}
+                on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total),
+                poll=self.poll_stop)}
             progress.finish()
         if cfg.sft.enabled:  # every process continues from the main one's weights
             self.dist.broadcast_parameters(self.model)
@@ -331,19 +344,28 @@ class Trainer:
         self.saved_iteration = iteration
         return state["history"], state["extra"], iteration
 
-    def stopped(self, iteration: int | None, history: list[dict[str, Any]]) -> dict[str, Any]:
+    def stopped(self, iteration: int | None, history: list[dict[str, Any]], *,
+                abandoned: int | None = None) -> dict[str, Any]:
         """What ``run`` returns when it stops early (a signal, or ``stop_after``) after ``iteration``
-        (None: before anything was saved)."""
+        (None: before anything was saved); ``abandoned``: the iteration cut short, when it is not
+        ``iteration + 1`` (iterations finished after the last checkpoint are redone on resume)."""
         return {"stopped_after": iteration, "signal": self.stop.signal, "checkpoint": iteration is not None,
-                "history": history}
+                "history": history, "abandoned": abandoned}
+
+    def saved_point(self, history: list[dict[str, Any]]) -> ResumePoint | None:
+        """The resume point of the last checkpoint (None without one)."""
+        if self.saved_iteration is None:
+            return None
+        return ResumePoint(self.saved_iteration, [h for h in history if h["iteration"] <= self.saved_iteration])
 
     def stopped_now(self, point: ResumePoint | None, extra: dict[str, Any] | None) -> dict[str, Any]:
         """The run was cut short (``StopNow``): save its resume point, if it has one not yet saved."""
         if point is None:
             return self.stopped(None, [])
+        self.pipeline.abandon()  # a collection ahead of the point saved is not part of it
         if point.rng is not None and extra is not None:
             self.save(point.iteration, point.history, extra, rng=point.rng, plugins=point.plugins)
-        return self.stopped(point.iteration, point.history)
+        return self.stopped(point.iteration, point.history, abandoned=point.abandoned)
 
     # --- the run --------------------------------------------------------------------------------
 
@@ -371,6 +393,8 @@ class Trainer:
             with stop.region("immediate"):  # nothing can be saved before RL starts: any signal stops at once
                 extra = self.warm_start()
             history, start_iteration = [], 0
+            # Saved as iteration 0, so that a run stopped (or killed) inside an update keeps its warm start.
+            self.save(0, history, extra)
         self.extra = extra
         (out / "trajectories").mkdir(exist_ok=True)
         if recipe.needs_reference:
@@ -381,11 +405,11 @@ class Trainer:
             for iteration in range(start_iteration + 1, cfg.iterations + 1):
                 it_started = time.perf_counter()
                 # --- collect (a stop may abandon it: nothing has changed since the last iteration) ----
+                self.resume_point = self.saved_point(history)  # a background collection may be half done
                 self.pipeline.wait()  # a background collection must not change plug-in state while it is captured
                 self.resume_point = self.capture(iteration - 1, history)
                 with stop.region("abandonable"):
                     (groups, stats, hook_metrics), rollout = self.pipeline.get(iteration)
-                self.resume_point = None
                 asynchronous = self.pipeline.asynchronous
                 if asynchronous:  # the generator catches up with the last update, then collects the next iteration
                     self.sync_generator()
@@ -400,8 +424,19 @@ class Trainer:
                 update_started = time.perf_counter()
                 if not asynchronous and callable(getattr(self.policy, "offload", None)):
                     self.policy.offload()  # a colocated engine frees the accelerator for the update
-                update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration,
-                                             staleness=rollout.staleness)
+                # A stop abandons the update: before its first optimiser step the run still stands at the
+                # end of the last iteration; after it, only the last checkpoint is left to resume from.
+                try:
+                    with stop.region("abandonable") if self.update.poll is not None else contextlib.nullcontext():
+                        update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration,
+                                                     staleness=rollout.staleness)
+                except StopNow:
+                    if self.update.stepped:
+                        self.resume_point = self.saved_point(history)
+                        if self.resume_point is not None and self.resume_point.iteration < iteration - 1:
+                            self.resume_point.abandoned = iteration
+                    raise
+                self.resume_point = None
                 for term in recipe.terms.values():
                     update_metrics.update(term.end_iteration())
                 self.scheduler.step()
@@ -419,10 +454,14 @@ class Trainer:
                 if "perf/train_tokens" in update_metrics and update_s > 0:
                     metrics["perf/train_tokens_per_s"] = update_metrics["perf/train_tokens"] / update_s
                 if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration != cfg.iterations:
-                    if asynchronous:  # the collector is busy with the next iteration: let it finish first
-                        self.pipeline.wait()
-                        self.sync_generator()
-                    metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
+                    try:
+                        with stop.region("abandonable"):  # the iteration is done: a stop saves it without its eval
+                            if asynchronous:  # the collector is busy with the next iteration: let it finish first
+                                self.pipeline.wait()
+                                self.sync_generator()
+                            metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
+                    except StopNow:
+                        self.pipeline.abandon()
                 history.append(metrics)
                 log.log(metrics)
                 progress.update(iteration, iteration_status(metrics))

@@ -20,6 +20,7 @@ from typing import Any
 
 from agentgym.rollout.collector import CollectStats
 from agentgym.rollout.records import EpisodeGroup
+from agentgym.training.interrupt import StopNow
 
 
 @dataclass
@@ -117,11 +118,21 @@ class RolloutPipeline:
         return result, Rollout(self.version - pending.version, time.perf_counter() - began, overlap)
 
     def pending_state(self) -> dict[str, Any] | None:
-        """The finished background collection, for a checkpoint (waits for it); None without one."""
+        """The finished background collection, for a checkpoint (waits for it); None without one, or when a
+        stop cut it short (the resumed run collects that iteration again)."""
         if self._pending is None:
             return None
+        try:
+            result = self._pending.future.result()
+        except StopNow:
+            self._pending = None
+            return None
         return {"iteration": self._pending.iteration, "version_lag": self.version - self._pending.version,
-                "result": self._pending.future.result()}
+                "result": result}
+
+    def abandon(self) -> None:
+        """Forget the background collection (the run stops at a point before it); a stop ends its thread."""
+        self._pending = None
 
     def load_pending_state(self, state: dict[str, Any] | None) -> None:
         """Reinstate ``pending_state()`` (a resumed run trains on the episodes the first run collected)."""

@@ -64,13 +64,15 @@ class PolicyUpdate:
         tis_cap: truncated importance sampling: weight each response token's policy loss by
             min(π_old / π_sampler, tis_cap), the gap between the trainer's recomputed log-probs and the
             sampler's (``agentgym.training.offpolicy``); None: no correction unless the batch is stale.
+        poll: called between log-prob chunks, minibatches and micro-batches; what it raises ends the
+            update there (a run's stop: ``StopSignals.poll``). None: the update always runs to its end.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe, loss: LossConfig,
                  optim: OptimConfig, *, temperature: float, max_length: int, pad_token_id: int, seed: int,
                  drop_zero_advantage_turns: bool = False, ref_model: torch.nn.Module | None = None,
                  dist: Distributed | None = None, micro_batch_tokens: int | None = None,
-                 tis_cap: float | None = None) -> None:
+                 tis_cap: float | None = None, poll: Callable[[], None] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.recipe = recipe
@@ -85,6 +87,14 @@ class PolicyUpdate:
         self.dist = dist or Distributed()
         self.micro_batch_tokens = micro_batch_tokens
         self.tis_cap = tis_cap
+        self.poll = poll
+        self.stepped = False
+        """The last call changed the weights (an optimiser step began): cut short now, it leaves them
+        neither before nor after the update."""
+
+    def _poll(self) -> None:
+        if self.poll is not None:
+            self.poll()
 
     @property
     def device(self) -> torch.device:
@@ -98,6 +108,7 @@ class PolicyUpdate:
         is always importance-corrected (cap ``tis_cap``, or ``offpolicy.DEFAULT_CAP``).
         """
         cap = self.tis_cap if self.tis_cap is not None else (DEFAULT_CAP if staleness > 0 else None)
+        self.stepped = False
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
         plan = self.recipe.plan
         collected: dict[str, list[float]] = {}
@@ -121,6 +132,7 @@ class PolicyUpdate:
             self.model.train()
             for _ in range(self.optim.num_epochs):
                 for mb in minibatches(batch, min(self.optim.num_minibatches, batch.num_rows), generator=generator):
+                    self._poll()
                     for key, value in self._step(mb).items():
                         collected.setdefault(key, []).append(value)
             train_tokens += float(batch.attention_mask.sum()) * self.optim.num_epochs
@@ -144,10 +156,11 @@ class PolicyUpdate:
         self.model.eval()
         mine = batch.select(self.dist.shard(batch.num_rows))
         with torch.no_grad(), self.dist.autocast():
-            chunks = [sequence_logprobs(self.model, mine.select(torch.arange(i, min(i + LOGPROB_CHUNK_ROWS,
-                                                                                  mine.num_rows))).to(self.device),
-                                        temperature=self.temperature)[0].float().cpu()
-                      for i in range(0, mine.num_rows, LOGPROB_CHUNK_ROWS)]
+            chunks = []
+            for i in range(0, mine.num_rows, LOGPROB_CHUNK_ROWS):
+                self._poll()
+                rows = mine.select(torch.arange(i, min(i + LOGPROB_CHUNK_ROWS, mine.num_rows))).to(self.device)
+                chunks.append(sequence_logprobs(self.model, rows, temperature=self.temperature)[0].float().cpu())
         local = torch.cat(chunks) if chunks else torch.zeros((0, batch.seq_len))
         return self.dist.gather_rows(local, batch.num_rows)
 
@@ -180,6 +193,7 @@ class PolicyUpdate:
         mb_tokens = max(mb.num_response_tokens, 1)
         sum_norm = cfg.loss_agg_mode == "seq-mean-token-sum-norm"
         for index, (part, weight) in enumerate(parts):
+            self._poll()
             part = part.to(self.device)
             sync = dist.no_sync(self.model) if index < len(parts) - 1 else contextlib.nullcontext()
             with sync:
@@ -204,6 +218,8 @@ class PolicyUpdate:
         totals = dist.sum(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
         grad_norm = dist.clip_grad_norm([p for p in self.model.parameters() if p.requires_grad],
                                         self.optim.grad_clip or float("inf"))
+        self._poll()
+        self.stepped = True  # before the step: a stop raised inside it leaves the weights half-updated
         self.optimizer.step()
         out = dict(zip(names, totals))
         out["loss/grad_norm"] = float(grad_norm)
@@ -216,11 +232,12 @@ def _rows(values: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
 
 
 def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max_length: int, pad_token_id: int,
-               grad_clip: float, seed: int,
-               on_step: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+               grad_clip: float, seed: int, on_step: Callable[[int, int, float], None] | None = None,
+               poll: Callable[[], None] | None = None) -> dict[str, Any]:
     """Cross-entropy on the expert's response tokens (prompt tokens are masked out).
 
-    ``on_step(step, total_steps, loss)`` is called after every optimiser step (progress display).
+    ``on_step(step, total_steps, loss)`` is called after every optimiser step (progress display);
+    ``poll()`` before every minibatch: what it raises ends the warm start there (a run's stop).
     """
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
@@ -232,6 +249,8 @@ def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max
     total_steps = cfg.num_epochs * num_minibatches
     for _ in range(cfg.num_epochs):
         for mb in minibatches(batch, num_minibatches, generator=generator):
+            if poll is not None:
+                poll()
             mb = mb.to(device)
             logprobs, _ = sequence_logprobs(model, mb)
             mask = mb.response_mask.to(logprobs.dtype)
