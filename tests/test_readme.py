@@ -71,3 +71,23 @@ def test_kl_estimators_named_as_the_config_accepts_them() -> None:
     for path in [README, *sorted((README.parent / "docs").glob("*.md"))]:
         for mention in re.findall(r"k1/k\d(?:/k\d)*", path.read_text()):
             assert mention == names, f"{path.name} says {mention}; the config accepts {names}"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.MULTILINE | re.DOTALL),
+                          flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def test_relative_links_reach_a_file_and_heading() -> None:
+    for page in [README, *sorted((README.parent / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path_part, _, anchor = target.partition("#")
+            linked = (page.parent / path_part).resolve() if path_part else page
+            assert linked.exists(), f"{page.name} links {target}: no such file"
+            if anchor and linked.suffix == ".md":
+                assert anchor in _anchors(linked.read_text()), f"{page.name} links {target}: no such heading"
