@@ -64,7 +64,7 @@ def load_env_creator(spec: EnvSpec) -> Callable[..., Env]:
     except ImportError as exc:
         raise RegistryError(
             f"env {spec.id!r} needs module {module_name!r}, which failed to import: {exc}. "
-            "Install the extra that provides it (see README, 'Install')."
+            "Install the extra that provides it (the extras are listed at the end of README.md)."
         ) from exc
     try:
         return getattr(module, attr)
