@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import agentgym
 from agentgym.core import Env
 from agentgym.errors import AgentGymError, AuthenticationError, ConfigError, RemoteEnvError, RequestRejected
 from agentgym.eval.html import html_report
@@ -28,6 +27,7 @@ from agentgym.eval.local import collect_episodes
 from agentgym.eval.plan import EnvEntry, EnvInfo, EvalError, EvalPlan
 from agentgym.eval.policies import PolicySpec
 from agentgym.eval.report import build_results, markdown_report
+from agentgym.eval.source import HELD_OUT_SEED_START, EnvSource
 from agentgym.eval.store import EvalStore, episode_record
 from agentgym.rollout.actors import Actor, ExpertActor, RandomActor
 from agentgym.rollout.collector import Collector
@@ -40,7 +40,7 @@ MAX_TURNS = 1000
 
 #: Seeds of evaluation tasks start here by default: the range training's held-out evaluations use
 #: (``eval.seed_offset``) and training never samples, so `agentgym eval` numbers match report.json's.
-DEFAULT_SEED_START = 1_000_000
+DEFAULT_SEED_START = HELD_OUT_SEED_START
 
 ProgressFn = Callable[[str, str, int, int], None]
 """``(env id, policy name, episodes done, episodes total)``, called as episodes finish."""
@@ -94,16 +94,21 @@ class Evaluation:
             raise ConfigError(f"{root} already holds an evaluation; pass --resume to complete it, or choose "
                               "another --out")
 
+    def source(self, entry: EnvEntry) -> EnvSource:
+        """``entry`` as an ``EnvSource`` (what training builds its envs from too)."""
+        return EnvSource(entry.id, dict(entry.kwargs), entry.max_turns, (entry.url,) if entry.url else (),
+                         self.env_token)
+
     def env_factory(self, entry: EnvEntry) -> Callable[[], Env]:
-        """Makes the env of ``entry``: in-process, or a session on its env service."""
+        """Makes the env of ``entry``: in-process, or a session on its env service (one client per service)."""
+        client = None
         if entry.url:
-            from agentgym.http.client import EnvClient, RemoteEnv
+            from agentgym.http.client import EnvClient
 
             client = self._clients.get(entry.url)
             if client is None:
                 client = self._clients[entry.url] = EnvClient(entry.url, token=self.env_token)
-            return lambda: RemoteEnv(entry.id, client=client, max_turns=entry.max_turns, **entry.kwargs)
-        return lambda: agentgym.make(entry.id, max_turns=entry.max_turns, **entry.kwargs)
+        return self.source(entry).factory(client)
 
     def probe(self, entry: EnvEntry) -> EnvInfo:
         """Make the env and reset it on the first task: a bad id, argument or service fails here."""
@@ -121,12 +126,8 @@ class Evaluation:
             has_expert = bool(getattr(env, "has_expert", False))
         finally:
             env.close()
-        wanted = None
-        if entry.url:
-            wanted = self._clients[entry.url].env_detail(entry.id).get("action_format")
-        else:
-            wanted = getattr(agentgym.spec(entry.id), "action_format", None)
-        return EnvInfo(bool(info.get("tools")), has_expert, wanted or "plain")
+        wanted = self.source(entry).action_format(self._clients.get(entry.url or ""))
+        return EnvInfo(bool(info.get("tools")), has_expert, wanted)
 
     # --- the run ------------------------------------------------------------------------------------
 
@@ -188,16 +189,10 @@ class Evaluation:
                          f"`agentgym eval --out {self.store.root} --resume` plays the rest")
 
     def _sampling(self, spec: PolicySpec) -> SamplingParams:
-        p = spec.prompt
-        return SamplingParams(max_new_tokens=p.max_new_tokens, temperature=self.plan.temperature, top_p=p.top_p,
-                              top_k=p.top_k, stop_strings=tuple(p.stop_strings), seed=self.plan.sampling_seed)
+        return spec.prompt.sampling(self.plan.temperature, self.plan.sampling_seed)
 
     def _renderer(self, spec: PolicySpec, tokenizer: Any, action_format: str) -> PromptRenderer:
-        p = spec.prompt
-        return PromptRenderer(tokenizer, mode=p.prompt_mode, window_turns=p.window_turns,
-                              action_format=action_format,  # type: ignore[arg-type]
-                              system_prompt=p.system_prompt, show_admissible_actions=p.show_admissible_actions,
-                              include_instructions=p.include_instructions, tool_messages=p.tool_messages)
+        return spec.prompt.renderer(tokenizer, action_format)  # type: ignore[arg-type]
 
     def _actor(self, info: EnvInfo, spec: PolicySpec,
                policy: LoadedPolicy) -> tuple[Policy | Actor, PromptRenderer | None, int | None]:

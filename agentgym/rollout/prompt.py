@@ -1,4 +1,5 @@
-"""``PromptRenderer``: builds each turn's prompt token ids from an episode's history.
+"""``PromptRenderer``: builds each turn's prompt token ids from an episode's history; ``PromptSettings``: how
+prompts are rendered and responses generated, the one settings type of training and evaluation.
 
 Three modes:
 
@@ -25,7 +26,7 @@ from typing import Any, Literal
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.actions import ActionFormat
-from agentgym.rollout.policy import ChatTokenizer
+from agentgym.rollout.policy import ChatTokenizer, SamplingParams
 
 PromptMode = Literal["full", "window", "current"]
 
@@ -34,6 +35,70 @@ _FORMAT_HINT = {
     "tag": "Think briefly if you need to, then give your action as <action>...</action>.",
     "raw": "",  # the env's own instructions say how to call its tools and answer
 }
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """How prompts are rendered and responses generated: training's ``rollout`` section holds these
+    fields (``RolloutConfig`` extends this class), ``agentgym eval`` reads them from a run folder or
+    from ``--policy`` options, so a model is evaluated with the prompts it was trained on.
+
+    Changed in v0.1: one type and one set of defaults for training and evaluation, because the two
+    copies had drifted apart (256 against 16 new tokens, 4096 against 2048 prompt tokens).
+
+    Example:
+        >>> settings = PromptSettings(max_new_tokens=8, stop_strings=("</answer>",))
+        >>> params = settings.sampling(temperature=0.0, seed=3)
+        >>> params.max_new_tokens, params.stop_strings, params.seed
+        (8, ('</answer>',), 3)
+    """
+
+    prompt_mode: PromptMode = "window"
+    """``window``: task + last ``window_turns`` turns each turn; ``full``: the whole chat;
+    ``current``: the current observation only (for envs whose observation is a sufficient state)."""
+    window_turns: int = 2
+    """History turns shown in ``window`` mode."""
+    action_format: ActionFormat | None = None
+    """How a response becomes an action: ``plain`` (its first line), ``tag`` (``<action>…</action>``)
+    or ``raw`` (the whole response; the env judges it). None: what the env's spec asks for
+    (``raw`` for tool envs, else ``plain``)."""
+    include_instructions: bool = True
+    """Put the env's ``instructions`` in the system message (tiny models may do better without)."""
+    show_admissible_actions: bool = True
+    """List ``info["admissible_actions"]`` under each observation."""
+    tool_messages: bool = True
+    """Tool envs (``info["tools"]``): pass the tool specs to the chat template and, in ``full`` mode,
+    render observations after the first as ``tool`` messages."""
+    system_prompt: str | None = None
+    """Extra system text placed first."""
+    max_new_tokens: int = 256
+    """Generation cap per turn (tokens)."""
+    max_prompt_tokens: int = 4096
+    """An episode whose prompt would exceed this is truncated there (token-level models)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    stop_strings: tuple[str, ...] = ()
+    """End a turn when the response ends with one of these (e.g. ``</search>``); kept in the response."""
+    constraint: str | None = None
+    """Constrained decoding, in training rollouts and evaluations alike: a registered
+    ``agentgym.rollout.constraints`` name, e.g. ``tag_spans`` (one ``<search>``/``<answer>`` call whose
+    text is copied from the prompt), with arguments after a colon where it takes some
+    (``tag_spans:python,answer`` for ``code-math-v0``); None generates freely."""
+
+    def renderer(self, tokenizer: ChatTokenizer, action_format: ActionFormat) -> PromptRenderer:
+        """The ``PromptRenderer`` of these settings (``action_format``: the one resolved for the env)."""
+        return PromptRenderer(tokenizer, mode=self.prompt_mode, window_turns=self.window_turns,
+                              action_format=action_format, system_prompt=self.system_prompt,
+                              show_admissible_actions=self.show_admissible_actions,
+                              include_instructions=self.include_instructions, tool_messages=self.tool_messages)
+
+    def sampling(self, temperature: float, seed: int | None) -> SamplingParams:
+        """The ``SamplingParams`` of these settings at ``temperature`` with ``seed``."""
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature, top_p=self.top_p,
+                              top_k=self.top_k, stop_strings=tuple(self.stop_strings), seed=seed,
+                              constraint=self.constraint)
 
 
 @dataclass

@@ -16,7 +16,8 @@ import yaml
 
 from agentgym.backends.config import ModelConfig
 from agentgym.errors import ConfigError
-from agentgym.rollout.actions import ActionFormat
+from agentgym.eval.source import HELD_OUT_SEED_START
+from agentgym.rollout.prompt import PromptSettings
 from agentgym.training.coercion import to_plain
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -74,48 +75,16 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    """How episodes are collected."""
+class RolloutConfig(PromptSettings):
+    """How episodes are collected: the prompt settings (``agentgym.rollout.prompt.PromptSettings``, shared
+    with `agentgym eval`, which reads them back from the run's config.json) and the fields below."""
 
     num_tasks: int = 8
     """B: tasks (seeds) per iteration."""
     group_size: int = 8
     """G: episodes per task (same seed), the group of group-relative estimators."""
-    prompt_mode: Literal["window", "full", "current"] = "window"
-    """``window``: task + last ``window_turns`` turns each turn; ``full``: the whole chat;
-    ``current``: the current observation only (for envs whose observation is a sufficient state)."""
-    window_turns: int = 2
-    """History turns shown in ``window`` mode."""
-    action_format: ActionFormat | None = None
-    """How a response becomes an action: ``plain`` (its first line), ``tag`` (``<action>…</action>``)
-    or ``raw`` (the whole response; the env judges it). None: what the env's spec asks for
-    (``raw`` for tool envs, else ``plain``)."""
-    include_instructions: bool = True
-    """Put the env's ``instructions`` in the system message (tiny models may do better without)."""
-    show_admissible_actions: bool = True
-    """List ``info["admissible_actions"]`` under each observation."""
-    tool_messages: bool = True
-    """Tool envs (``info["tools"]``): pass the tool specs to the chat template and, in ``full`` mode,
-    render observations after the first as ``tool`` messages."""
-    system_prompt: str | None = None
-    """Extra system text placed first."""
-    max_new_tokens: int = 16
-    """Generation cap per turn (tokens)."""
-    max_prompt_tokens: int = 2048
-    """An episode whose prompt would exceed this is truncated."""
     temperature: float = 1.0
     """Sampling temperature during training rollouts."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    top_k: int = 0
-    """Top-k sampling (0 disables)."""
-    stop_strings: tuple[str, ...] = ()
-    """End a turn when the response ends with one of these (e.g. ``</search>``); kept in the response."""
-    constraint: str | None = None
-    """Constrained decoding, in training rollouts and evaluations alike: a registered
-    ``agentgym.rollout.constraints`` name, e.g. ``tag_spans`` (one ``<search>``/``<answer>`` call whose
-    text is copied from the prompt), with arguments after a colon where it takes some
-    (``tag_spans:python,answer`` for ``code-math-v0``); None generates freely."""
     max_staleness: Literal[0, 1] = 0
     """Asynchronous rollouts: 1 generates iteration i+1's episodes while iteration i's update runs (with
     the weights from before that update; the stale batch is importance-corrected); 0 (the default)
@@ -278,7 +247,7 @@ class EvalConfig:
 
     num_episodes: int = 64
     """Episodes per evaluation."""
-    seed_offset: int = 1_000_000
+    seed_offset: int = HELD_OUT_SEED_START
     """Eval seeds are seed_offset + i; training seeds are drawn below this, so they never overlap."""
     temperature: float = 0.0
     """Sampling temperature at evaluation (0 = greedy)."""

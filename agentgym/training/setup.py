@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-import agentgym
 from agentgym.core import Env
+from agentgym.eval.source import EnvSource
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.config import TrainConfig
@@ -31,41 +31,23 @@ def env_urls(cfg: TrainConfig) -> list[str]:
     return list(cfg.env.urls) or ([cfg.env.url] if cfg.env.url else [])
 
 
-def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
-    """Where the run's envs come from; every answer is also a zero-argument env factory.
-
-    - ``env.url`` / ``env.urls``: an ``EnvFleet`` over those services (one batched request per
-      service per turn; least-loaded placement; a dead service's episodes replayed on another);
-    - ``env.backend: ray``: a ``RayEnvPool`` (envs inside Ray actors);
-    - else in-process envs (``agentgym.make``).
-    """
+def env_source(cfg: TrainConfig) -> EnvSource:
+    """The run's envs as an ``EnvSource``, the description `agentgym eval` builds its envs from too."""
     e = cfg.env
-    urls = env_urls(cfg)
-    if urls:
-        from agentgym.http.fleet import EnvFleet
+    return EnvSource(e.id, dict(e.kwargs), e.max_turns, tuple(env_urls(cfg)), e.token, e.timeout_s, e.backend,
+                     e.ray_address, e.ray_workers)
 
-        return EnvFleet(urls, e.id, kwargs=e.kwargs, max_turns=e.max_turns, token=e.token, timeout_s=e.timeout_s)
-    if e.backend == "ray":
-        from agentgym.rollout.ray_pool import RayEnvPool
 
-        return RayEnvPool(e.id, kwargs=e.kwargs, max_turns=e.max_turns, num_workers=e.ray_workers,
-                          address=e.ray_address)
-    return lambda: agentgym.make(e.id, max_turns=e.max_turns, **e.kwargs)
+def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
+    """Where the run's envs come from (``EnvSource.pool``); every answer is also a zero-argument env factory."""
+    return env_source(cfg).pool()
 
 
 def action_format(cfg: TrainConfig) -> str:
     """``rollout.action_format``, or the format the env's spec asks for, or ``plain``."""
     if cfg.rollout.action_format is not None:
         return cfg.rollout.action_format
-    urls = env_urls(cfg)
-    if urls:
-        from agentgym.http.client import EnvClient
-
-        with EnvClient(urls[0], token=cfg.env.token, timeout_s=cfg.env.timeout_s) as client:
-            wanted = client.env_detail(cfg.env.id).get("action_format")
-    else:
-        wanted = getattr(agentgym.spec(cfg.env.id), "action_format", None)
-    return wanted or "plain"
+    return env_source(cfg).action_format()
 
 
 def task_seeds(cfg: TrainConfig, iteration: int, round_: int = 0) -> list[int]:
