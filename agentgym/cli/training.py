@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.table import Table
@@ -17,6 +18,9 @@ from agentgym.training.loading import list_presets
 if TYPE_CHECKING:
     from agentgym.training.config import TrainConfig
     from agentgym.training.run_folder import RunFolder
+
+#: ``errno`` values of a failed write of the run folder (a full disk, a quota, a file-size limit...).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
 
 TRAIN_HELP = [
     "Train a policy: SFT warm start (optional), then RL. Writes report.json and learning_curve.png.",
@@ -62,6 +66,10 @@ def train(
             trainer.run(resume=bool(resume), overwrite=overwrite)
         except AgentGymError as exc:
             fail(exc)
+        except OSError as exc:
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            _write_failed(exc, folder)
         finally:
             trainer.close()
         return
@@ -77,6 +85,10 @@ def train(
             report = trainer.run(resume=bool(resume), overwrite=overwrite, progress=progress)
     except AgentGymError as exc:
         fail(exc)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        _write_failed(exc, folder)
     finally:
         trainer.close()
     if "stopped_after" in report:
@@ -106,6 +118,16 @@ def _config_and_folder(config: str | None, overrides: list[str], out: str | None
     folder = RunFolder(out or default)
     folder.check_new(overwrite=overwrite)
     return cfg, folder
+
+
+def _write_failed(exc: OSError, folder: RunFolder) -> NoReturn:
+    """A file of the run could not be written (a full disk): say which, and how to go on, in one line."""
+    where = exc.filename or folder.path
+    then = (f"resume from the last checkpoint with: {folder.resume_command()}" if folder.has_checkpoint() else
+            f"start the run again with: {folder.restart_command()}")
+    err_console.print(f"error: writing {where} failed: {exc.strerror or exc}. Free some space, then {then}",
+                      soft_wrap=True, markup=False, highlight=False)
+    raise typer.Exit(code=1)
 
 
 def _print_stop(report: dict[str, Any], folder: RunFolder, cfg: TrainConfig) -> None:

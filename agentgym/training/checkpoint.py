@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import random
+import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +31,36 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` atomically (a temporary file, then a rename), with the RNG states as they are now
     unless ``state["rng"]`` gives the ones to save (captured earlier, at the point saved)."""
-    tmp = out_dir / (CHECKPOINT + ".tmp")
-    torch.save({"rng": rng_state(), **state}, tmp)
-    return tmp.replace(out_dir / CHECKPOINT)
+    return write_torch({"rng": rng_state(), **state}, out_dir / CHECKPOINT)
+
+
+def write_torch(obj: Any, path: Path) -> Path:
+    """``torch.save`` to ``path`` atomically (a temporary file, then a rename).
+
+    Raises:
+        OSError: the write failed (a full disk...): one line naming ``path``; the file there is untouched.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(obj, tmp)
+    except (OSError, RuntimeError) as exc:  # torch's writer reports a failed write as a RuntimeError
+        tmp.unlink(missing_ok=True)
+        raise write_error(exc, path) from None
+    return tmp.replace(path)
+
+
+def write_error(exc: BaseException, path: Path) -> OSError:
+    """``exc`` (raised while writing ``path``) as an ``OSError`` naming the file, on one line; a full disk is
+    said to be one."""
+    code = getattr(exc, "errno", None)
+    try:
+        full = shutil.disk_usage(path.parent).free < (1 << 20)
+    except OSError:
+        full = False
+    if full or code == errno.ENOSPC:
+        return OSError(errno.ENOSPC, "no space left on the device", str(path))
+    reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+    return OSError(code or errno.EIO, reason, str(path))
 
 
 def checkpoint_iteration(out_dir: Path) -> int | None:
@@ -38,17 +68,58 @@ def checkpoint_iteration(out_dir: Path) -> int | None:
     path = out_dir / CHECKPOINT
     if not path.is_file():
         return None
-    return int(torch.load(path, mmap=True, map_location="cpu", weights_only=False)["iteration"])
+    return int(read_checkpoint(path, mmap=True, remedy=_restart(out_dir))["iteration"])
+
+
+def read_checkpoint(path: str | Path, *, mmap: bool = False, remedy: str = "") -> dict[str, Any]:
+    """The state saved in the checkpoint file ``path`` (an ``agentgym train`` checkpoint), on the CPU.
+
+    Args:
+        path: the file.
+        mmap: map the tensors instead of reading them (reading the counters only is then cheap).
+        remedy: what the user can do about a damaged file, appended to the error.
+
+    Raises:
+        ConfigError: the file is missing, empty, cut short, not a PyTorch checkpoint (a text file) or not
+            a training checkpoint, in one line naming the file.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the checkpoint {path}: {exc.strerror or exc}") from None
+    why = None
+    if not head:
+        why = "the file is empty"
+    elif head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+        why = "the file is cut short (a full disk, or a process killed while writing it)"
+    elif head[:2] != b"PK":
+        why = "it is not a PyTorch checkpoint (a text file, or another format)"
+    if why is None:
+        try:
+            state = torch.load(path, mmap=mmap, map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001 - torch reports a damaged archive in several ways
+            why = f"it cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        else:
+            if isinstance(state, dict) and "iteration" in state:
+                return state
+            why = "it holds no `agentgym train` state (no 'iteration' entry)"
+    raise ConfigError(f"{path} is damaged: {why}" + (f"; {remedy}" if remedy else ""))
+
+
+def _restart(out_dir: Path) -> str:
+    return f"the run cannot resume from it. Start the run again with: {RunFolder(out_dir).restart_command()}"
 
 
 def load_checkpoint(out_dir: Path) -> dict[str, Any]:
     """The state saved in ``out_dir``; RNG states are reinstated by the caller with ``set_rng_state``.
 
     Raises:
-        ConfigError: there is no checkpoint in ``out_dir`` (saying how to start the run again).
+        ConfigError: there is no checkpoint in ``out_dir``, or it is damaged (saying how to start the run again).
     """
     path = out_dir / CHECKPOINT
     if not path.is_file():
         raise ConfigError(f"--resume {out_dir}: no {CHECKPOINT} there: the run stopped before its first "
                           f"checkpoint. Start it again with: {RunFolder(out_dir).restart_command()}")
-    return torch.load(path, weights_only=False)
+    return read_checkpoint(path, remedy=_restart(out_dir))

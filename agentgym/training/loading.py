@@ -78,6 +78,34 @@ def _config_file(path: str | Path) -> Path:
         f"; presets in configs/: {', '.join(p + '.yaml' for p in presets)}" if presets else ""))
 
 
+def yaml_file(file: Path) -> Any:
+    """The parsed content of a YAML (or JSON) config file (an empty file: ``{}``).
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8 text (a binary file) or is not valid YAML, in
+            one line naming the file and the place.
+    """
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file} is not a text config (byte {exc.start} is not UTF-8; a binary file?): give a "
+                          f"YAML config file or a preset name") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config {file}: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file} is not valid YAML ({_yaml_problem(exc)}); fix the file or give a preset name"
+                          ) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What the parser objected to, and where, on one line."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
+
+
 def _get(data: dict[str, Any], path: str, default: Any = None) -> Any:
     node: Any = data
     for part in path.split("."):
@@ -178,10 +206,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         base: Any = QUICKSTART
     else:
         file = _config_file(path)
-        try:
-            base = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file} is not valid YAML: {exc}") from None
+        base = yaml_file(file)
         if not isinstance(base, dict):
             raise ConfigError(f"{file}: a config must be a mapping at the top level, got {type(base).__name__}")
     data, notes = retarget(base, overrides or [])

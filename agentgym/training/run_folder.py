@@ -57,6 +57,29 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[s
             for path in [*before, *(p for p in after if p not in before)] if before.get(path) != after.get(path)}
 
 
+def read_run_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.json`` as plain data, checked to be a JSON object.
+
+    Raises:
+        ConfigError: the file cannot be read, or is not a JSON object (damaged, or not a run's), in one line
+            naming it and saying what to do.
+    """
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        why = f"byte {exc.start} is not UTF-8"
+    except json.JSONDecodeError as exc:
+        why = f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+    except OSError as exc:
+        why = f"cannot be read: {exc.strerror or exc}"
+    else:
+        if isinstance(config, dict):
+            return config
+        why = f"a JSON {type(config).__name__}, not an object"
+    raise ConfigError(f"{path} is damaged ({why}); it holds the run's config: put back the file `agentgym train` "
+                      f"wrote there (the config the run started with, as JSON)")
+
+
 def _resumable(path: str) -> bool:
     return any(path == field or path.startswith(field + ".") for field in RESUMABLE)
 
@@ -93,12 +116,12 @@ class RunFolder:
         """The run's config as plain data (``config.json``).
 
         Raises:
-            ConfigError: the folder holds no run.
+            ConfigError: the folder holds no run, or its ``config.json`` is damaged (``read_run_config``).
         """
         path = self.path / CONFIG
         if not path.is_file():
             raise ConfigError(f"--resume {self.path}: no run there (no {CONFIG}); start one with --out {self.path}")
-        return json.loads(path.read_text())
+        return read_run_config(path)
 
     def config_history(self) -> list[dict[str, Any]]:
         """Every change made to the run's config on resume, oldest first."""

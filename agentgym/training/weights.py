@@ -25,6 +25,7 @@ from agentgym.backends.lora import (
     merged_state_dict,
 )
 from agentgym.errors import ConfigError
+from agentgym.training.checkpoint import write_torch
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -66,12 +67,12 @@ def save_reference(model: torch.nn.Module, path: Path, *, sft_ran: bool, write: 
     """
     if not is_lora(model):
         if write:
-            torch.save(model.state_dict(), path)
+            write_torch(model.state_dict(), path)
         return
     if sft_ran:
         merge_into_base(model)
         if write:
-            torch.save({"lora_base": base_state_dict(model)}, path)
+            write_torch({"lora_base": base_state_dict(model)}, path)
 
 
 def restore_reference_base(model: torch.nn.Module, path: Path) -> None:
