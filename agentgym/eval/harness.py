@@ -279,7 +279,8 @@ def write_reports(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *
                   command: str | None = None) -> dict[str, Any]:
     """Build the results from the saved episodes and write results.json, report.md and report.html."""
     results = build_results(plan, store, infos, command=command)
-    (store.root / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (store.root / "report.md").write_text(markdown_report(results))
-    (store.root / "report.html").write_text(html_report(results), encoding="utf-8")
+    # Atomic writes: a full disk is one line (EvalFolderError) and leaves the previous reports whole.
+    store.write_file("results.json", json.dumps(results, indent=2) + "\n")
+    store.write_file("report.md", markdown_report(results))
+    store.write_file("report.html", html_report(results))
     return results
