@@ -21,12 +21,10 @@ import torch
 
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.plugins import PluginRegistry
+from agentgym.training.config import AGG_MODES, KL_TYPES  # declared once, beside the config's Literal types
 
 if TYPE_CHECKING:
     from agentgym.training.config import AggMode, KlType, LossConfig
-
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-KL_TYPES = ("k1", "k2", "k3")
 
 #: GSPO: the log of the sequence ratio is capped here (verl's guard), so exp() stays finite.
 MAX_SEQUENCE_LOG_RATIO = 10.0
