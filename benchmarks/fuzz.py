@@ -1,11 +1,13 @@
 """Property-based fuzzing of the services' OpenAPI contracts with schemathesis.
 
-    python benchmarks/fuzz.py [--max-examples 100] [--max-time-s 120] [--services env sandbox retrieval viewer]
+    python benchmarks/fuzz.py [--max-examples 100] [--max-time-s 120]
+                              [--services env sandbox retrieval viewer policy]
 
 For each service it starts the real thing as a separate process on 127.0.0.1 and a random port
 (``agentgym serve`` with the built-in envs, ``agentgym sandbox serve`` on bwrap, else the
-subprocess backend, ``agentgym retrieval serve`` over a small synthetic index, and ``agentgym
-view`` over a small evaluation of maze-v0), then runs
+subprocess backend, ``agentgym retrieval serve`` over a small synthetic index, ``agentgym
+view`` over a small evaluation of maze-v0, and ``agentgym serve-policy`` over a tiny model built
+from its config), then runs
 ``schemathesis run URL/openapi.json --checks all`` (examples, coverage, fuzzing and stateful
 phases) bounded by ``--max-examples`` per operation and ``--max-time-s`` per service. Every check
 is on: no 5xx, status codes / content types / headers / bodies as the schema declares, invalid
@@ -13,7 +15,8 @@ data rejected, valid data accepted, ``Allow`` on 405, and so on.
 
 One configuration differs from schemathesis's defaults: 413 counts as rejecting invalid data (a
 body over the service's size limit is refused before it is parsed). It prints one row per service
-(cases generated, unique failures and their kinds) and writes ``benchmarks/results/fuzz.json``.
+(cases generated, unique failures and their kinds) and writes ``benchmarks/results/fuzz.json``
+(the rows of services not run this time are kept from the previous file).
 Needs the ``dev`` extra (schemathesis).
 """
 
@@ -52,6 +55,7 @@ def service_commands(workdir: Path) -> dict[str, list[str]]:
                     "--max-concurrency", "8", "--host", HOST],
         "retrieval": [*AGENTGYM, "retrieval", "serve", str(workdir / "index"), "--host", HOST],
         "viewer": viewer_command(workdir),
+        "policy": policy_command(workdir),
     }
 
 
@@ -60,6 +64,17 @@ def viewer_command(workdir: Path) -> list[str]:
     subprocess.run([*AGENTGYM, "eval", "--policy", "random", "--policy", "expert", "--envs", "maze-v0",
                     "--episodes", "4", "--out", str(workdir / "eval")], check=True, capture_output=True)
     return [*AGENTGYM, "view", str(workdir / "eval"), "--host", HOST]
+
+
+def policy_command(workdir: Path) -> list[str]:
+    """``agentgym serve-policy`` over a one-layer tiny model (built from its config, no download), on CPU,
+    answering at most 8 new tokens per request so that thousands of generated requests stay quick."""
+    from agentgym.backends.tiny import TinyModelConfig, build_tiny_model, save_tiny
+
+    save_tiny(*build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64)),
+              workdir / "model")
+    return [*AGENTGYM, "serve-policy", str(workdir / "model"), "--device", "cpu", "--max-new-tokens", "8",
+            "--host", HOST]
 
 
 #: Schemathesis's configuration: a body over the service's size limit is rejected with 413, which
@@ -115,7 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-examples", type=int, default=100, help="examples per operation and phase")
     parser.add_argument("--max-time-s", type=int, default=120, help="time budget per service")
-    parser.add_argument("--services", nargs="+", default=["env", "sandbox", "retrieval", "viewer"])
+    parser.add_argument("--services", nargs="+", default=["env", "sandbox", "retrieval", "viewer", "policy"])
     args = parser.parse_args()
     if shutil.which("schemathesis", path=str(Path(sys.executable).parent)) is None:
         sys.exit("schemathesis is not installed: pip install -e '.[dev]'")
@@ -133,7 +148,11 @@ def main() -> None:
     for row in rows:
         print(f"| {row['service']} | {row['generated']} | {row['failed']} | "
               f"{'yes' if row['service_survived'] else 'NO'} | {'; '.join(row['failures']) or '-'} |")
-    (RESULTS / "fuzz.json").write_text(json.dumps({"max_examples": args.max_examples, "services": rows}, indent=2))
+    saved = RESULTS / "fuzz.json"
+    previous = json.loads(saved.read_text()).get("services", []) if saved.is_file() else []
+    ran = {row["service"] for row in rows}
+    kept = [row for row in previous if row.get("service") not in ran]
+    saved.write_text(json.dumps({"max_examples": args.max_examples, "services": kept + rows}, indent=2))
 
 
 if __name__ == "__main__":

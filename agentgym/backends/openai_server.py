@@ -104,6 +104,10 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody, "description": _ERROR_MEANINGS[status]} for status in statuses}
 
 
+_TEXT_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Done, in vLLM's words.", "content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
 # --- the gate in front of the app ------------------------------------------------------------
 
 
@@ -210,12 +214,19 @@ async def _send_error(send: Any, status: int, message: str, code: str,
 
 
 class LoraAdapterRequest(BaseModel):
-    """Body of vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``."""
+    """Body of vLLM's ``/v1/unload_lora_adapter`` (``lora_path`` is ignored there)."""
 
     lora_name: str = Field(min_length=1, max_length=256,
                            description="The model name the adapter is served as.")
     lora_path: str | None = Field(None, max_length=4096,
                                   description="Absolute path of the adapter's directory, on the server.")
+
+
+class LoraLoadRequest(LoraAdapterRequest):
+    """Body of vLLM's ``/v1/load_lora_adapter``."""
+
+    lora_path: str = Field(min_length=1, max_length=4096,  # type: ignore[assignment]
+                           description="Absolute path of the adapter's directory, on the server.")
 
 
 def adapter_policy(policy: TransformersPolicy, adapter_dir: str) -> TransformersPolicy:
@@ -465,13 +476,10 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             entries.append(entry)
         return {"object": "list", "data": entries}
 
-    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse,
-              responses=_errors(400, 401, 403, 413))
-    async def load_lora_adapter(body: LoraAdapterRequest) -> Any:
+    @app.post("/v1/load_lora_adapter", responses={**_TEXT_ANSWER, **_errors(400, 401, 403, 413)})
+    async def load_lora_adapter(body: LoraLoadRequest) -> Any:
         """vLLM's run-time LoRA loading: the adapter folded into a copy of the base weights, served as
         model ``lora_name`` from then on (loading a name again replaces it)."""
-        if not body.lora_path:
-            raise RequestError("lora_path is required", param="lora_path")
         folder = allowed_adapter_dir(body.lora_path, adapter_dirs)
         if body.lora_name == model_name:
             raise RequestError(f"lora_name {body.lora_name!r} is the base model's name; give the adapter "
@@ -491,8 +499,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             await old.stop()
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
-    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse,
-              responses=_errors(400, 401, 404, 413))
+    @app.post("/v1/unload_lora_adapter", responses={**_TEXT_ANSWER, **_errors(400, 401, 404, 413)})
     async def unload_lora_adapter(body: LoraAdapterRequest) -> Any:
         worker = adapters.pop(body.lora_name, None)
         if worker is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -24,6 +24,7 @@ SEED_LIMIT = 2**63
 MAX_INT32 = 2**31 - 1
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
+StopString = Annotated[str, Field(min_length=1)]
 
 
 class _Request(BaseModel):
@@ -35,7 +36,8 @@ class _Request(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, le=MAX_INT32, description="vLLM extension; 0 or -1 disables it.")
     n: int = Field(1, ge=1, le=MAX_N, description="Samples per prompt.")
-    stop: str | list[str] | None = Field(None, description="Up to 4 stop sequences (excluded from the text).")
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
+        None, description="Up to 4 stop sequences (excluded from the text).")
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT,
                              description="Seeds this request's sampling (reproducible).")
     stream: bool = False
@@ -45,31 +47,32 @@ class _Request(BaseModel):
                                              description="vLLM extension: keep the stop string in the text.")
     return_tokens_as_token_ids: bool = Field(False,
                                              description="vLLM extension: log-prob tokens as 'token_id:N'.")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Not supported: only 0 is accepted.")
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Not supported: only 0 is accepted.")
+    # Fields this server does not implement: the schema admits only their neutral value.
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: only 0 is accepted.")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not supported: only 0 is accepted.")
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
-        None, description="Not supported: only empty is accepted.")
+        None, max_length=0, description="Not supported: only empty is accepted.")
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _stops(cls, value: str | list[str] | None) -> list[str]:
-        stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 4 or any(not s for s in stops):
+    def _stops(cls, value: Any) -> Any:
+        stops = [value] if isinstance(value, str) else value
+        if isinstance(stops, list) and (len(stops) > 4 or any(s == "" for s in stops)):
             raise ValueError("stop takes at most 4 non-empty strings")
-        return stops
+        return value
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> _Request:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"{name} is not supported by this server; leave it at 0")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by this server")
-        return self
+    @field_validator("presence_penalty", "frequency_penalty", "logit_bias", mode="before")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        # Before the bounds, so that the message says why only the neutral value passes.
+        if value and not isinstance(value, str):
+            hint = "" if info.field_name == "logit_bias" else "; leave it at 0"
+            raise ValueError(f"{info.field_name} is not supported by this server{hint}")
+        return value
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        return tuple(self.stop or ())  # type: ignore[arg-type]
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     @property
     def include_usage_in_stream(self) -> bool:
@@ -99,19 +102,22 @@ class CompletionRequest(_Request):
     max_tokens: int | None = Field(16, ge=0, le=MAX_INT32)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                  description="Return log-probs, with this many alternatives per position.")
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = Field(None, ge=1, le=MAX_N, description="Not supported beyond 1 or n.")
+    echo: Literal[False] = Field(False, description="Not supported: only false is accepted.")
+    suffix: str | None = Field(None, max_length=0, description="Not supported: only empty is accepted.")
+    best_of: int | None = Field(None, ge=1, le=1, description="Not supported: only 1 (or n, as vLLM takes it).")
 
-    @model_validator(mode="after")
-    def _completion_only(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo is not supported by this server")
-        if self.suffix:
-            raise ValueError("suffix is not supported by this server")
-        if self.best_of not in (None, 1, self.n):
-            raise ValueError("best_of is not supported by this server")
-        return self
+    @field_validator("echo", "suffix", "best_of", mode="before")
+    @classmethod
+    def _completion_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name == "best_of":
+            if value is not None and value == info.data.get("n"):
+                return None  # best_of = n: what this server does anyway
+            neutral = value in (None, 1)
+        else:
+            neutral = not value
+        if not neutral:
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a batch: each item text or token ids."""
@@ -156,16 +162,22 @@ class ChatRequest(_Request):
 
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: Literal["none", "auto"] | None = Field(
+        None, description="'auto' or 'none': tool calls come back as text, for the client to parse.")
     max_tokens: int | None = Field(None, ge=0, le=MAX_INT32)
     max_completion_tokens: int | None = Field(None, ge=0, le=MAX_INT32)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    @model_validator(mode="after")
-    def _tool_choice(self) -> ChatRequest:
-        if self.tool_choice not in (None, "none", "auto"):
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none", "auto"):
             raise ValueError("tool_choice must be 'auto' or 'none': this server returns tool calls as text")
+        return value
+
+    @model_validator(mode="after")
+    def _top_logprobs(self) -> ChatRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self
