@@ -126,7 +126,7 @@ def test_every_number_in_the_request_schemas_is_bounded(serve: Any) -> None:
             for i, value in enumerate(node):
                 walk(value, f"{where}[{i}]")
 
-    for name in ("CompletionRequest", "ChatRequest", "LoraAdapterRequest"):
+    for name in ("CompletionRequest", "ChatRequest", "LoraLoadRequest"):
         walk(schemas[name], name)
     assert unbounded == []
 
@@ -301,3 +301,50 @@ def test_serve_policy_refuses_exposure_bad_dtype_and_a_broken_model_in_one_line(
     (tmp_path / "m" / "config.json").write_text("{not json")
     message = one_line_error(["serve-policy", model, "--port", str(free_port())])  # and no banner before it
     assert "config.json is not valid JSON" in message
+
+
+# --- a served run, evaluated ----------------------------------------------------------------------------
+
+
+def test_a_served_run_lends_eval_its_prompt_settings_and_episodes_cut_before_acting_are_reported(
+        tmp_path: Path) -> None:
+    """runs/quickstart's shape: a 256-token context that only the run's own prompt settings fit."""
+    import subprocess
+    import sys
+
+    from agentgym.http.launcher import start_service, stop_service
+
+    run = tmp_path / "run"
+    save_tiny(*build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64,
+                                                max_position_embeddings=256)), run / "model")
+    settings = {"prompt_mode": "current", "include_instructions": False, "show_admissible_actions": False,
+                "max_new_tokens": 8}
+    (run / "config.json").write_text(json.dumps({"env": {"id": "maze-v0", "kwargs": {"size": 2}},
+                                                 "rollout": {**settings, "num_tasks": 8}}))
+    (run / "report.json").write_text("{}")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serving = start_service([sys.executable, "-m", "agentgym", "serve-policy", str(run), "--port", str(port),
+                             "--device", "cpu"], url, timeout_s=120, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        [entry] = httpx.get(f"{url}/v1/models").json()["data"]
+        assert {k: entry["agentgym"]["prompt"][k] for k in settings} == settings
+        common = ["--envs", "maze-v0", "--env-arg", "maze-v0:size=2", "--episodes", "2", "--max-turns", "2"]
+        served = runner.invoke(app, ["eval", "--policy", f"{url}/v1,name=served", *common,
+                                     "--out", str(tmp_path / "served")], env={"COLUMNS": "250"})
+        assert served.exit_code == 0, served.output
+        [policy] = json.loads((tmp_path / "served" / "plan.json").read_text())["policies"]
+        assert {k: policy["prompt"][k] for k in settings} == settings
+        assert "before their first action" not in served.output
+        records = [json.loads(line) for log in (tmp_path / "served" / "trajectories").rglob("*.jsonl")
+                   for line in log.read_text().splitlines()]
+        assert len(records) == 2 and all(r["num_turns"] > 0 for r in records)  # the model got to act
+        # The user's own settings win; these do not fit the context, and the screen says so.
+        cut = runner.invoke(app, ["eval", "--policy", f"{url}/v1,name=served,max_new_tokens=256", *common,
+                                  "--out", str(tmp_path / "cut")], env={"COLUMNS": "250"})
+        assert cut.exit_code == 0, cut.output
+        assert ("maze-v0 × served: 2 of 2 episodes ended before their first action: the prompt outgrew the "
+                "model's context") in " ".join(cut.output.split())
+    finally:
+        stop_service(serving)

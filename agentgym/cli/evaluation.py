@@ -173,6 +173,23 @@ def say_missing(results: dict[str, Any], out: Path) -> bool:
     return bool(short)
 
 
+def _print_early_ends(results: dict[str, Any], out: Path) -> None:
+    """Say, per env and policy, how many episodes ended before their first action and why (their notes):
+    a 0% from a model that never got to act must not pass for a score."""
+    from collections import Counter
+
+    store = EvalStore(out)
+    for row in results["results"]:
+        records = store.records(row["env"], row["policy"])
+        reasons = Counter(str(r["note"]) for r in records if r.get("note") and not r.get("turns"))
+        for reason, count in reasons.most_common():
+            hint = (" (lower max_new_tokens or the prompt's length with the policy's options, or serve the run "
+                    "folder itself so its prompt settings come along)" if "context" in reason else "")
+            err_console.print(f"[bold yellow]warning:[/] {escape(row['env'])} × {escape(row['policy'])}: "
+                              f"{count} of {len(records)} episodes ended before their first action: "
+                              f"{escape(reason)}{hint}", soft_wrap=True, highlight=False)
+
+
 @app.command("eval")
 def evaluate(
     policy: list[str] = typer.Option([], "--policy", help="random | expert | MODEL_DIR | RUN[/checkpoint.pt] | "
@@ -275,5 +292,6 @@ def evaluate(
                               f"`agentgym eval --out {out_dir} --resume` plays the rest")
             raise typer.Exit(code=130) from None
     _print_results(results, out_dir)
+    _print_early_ends(results, out_dir)
     if say_missing(results, out_dir):
         raise typer.Exit(code=1)
