@@ -133,17 +133,21 @@ class SendSignals(LossTerm):
 
     def __call__(self, batch, outputs, cfg):
         self.calls += 1
-        if PLAN and self.iteration == PLAN["iteration"] and self.calls == PLAN["step"]:
+        self.send_at(self.calls)
+        return outputs.logprobs.new_zeros(()), {}
+
+    def end_iteration(self) -> dict[str, float]:
+        self.send_at("end")  # the update is over; an evaluation between iterations comes next
+        self.iteration += 1
+        self.calls = 0
+        return {}
+
+    def send_at(self, step: int | str) -> None:
+        if PLAN and self.iteration == PLAN["iteration"] and step == PLAN["step"]:
             signals = PLAN.pop("signals")
             PLAN.clear()  # first: the last signal may stop the run inside os.kill
             for sig in signals:  # type: ignore[union-attr]
                 os.kill(os.getpid(), sig)
-        return outputs.logprobs.new_zeros(()), {}
-
-    def end_iteration(self) -> dict[str, float]:
-        self.iteration += 1
-        self.calls = 0
-        return {}
 
 
 register_loss_term("test_stop_signals", SendSignals, NoArgs, override=True)
@@ -177,3 +181,15 @@ def test_a_stopped_update_resumes_into_the_uninterrupted_run(tmp_path: Path, uni
     resumed = train(load_config(None, WITH_TERM), out, resume=True)
     assert without_perf(resumed["history"]) == without_perf(uninterrupted["history"])
     assert resumed["eval"]["after"] == uninterrupted["eval"]["after"]
+
+
+@pytest.mark.timeout(900)
+def test_a_stop_after_the_update_skips_the_evaluation_and_saves_the_iteration(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    PLAN.update(iteration=1, step="end", signals=[signal.SIGINT, signal.SIGINT])
+    stopped = train(load_config(None, [*WITH_TERM, "eval.every=1"]), out)
+    assert not PLAN, "the term did not run"
+    assert stopped["stopped_after"] == 1 and stopped["signal"] == "SIGINT"
+    assert saved_iteration(out) == 1
+    [metrics] = stopped["history"]
+    assert metrics["iteration"] == 1 and "eval/success_rate" not in metrics  # the evaluation was not played
