@@ -178,17 +178,20 @@ def test_tokenizing_runs_off_the_event_loop(serve: Any, route: str, method: str)
     assert result["answer"].status_code == 200
 
 
-def test_a_text_prompt_that_cannot_fit_the_context_is_refused_without_tokenizing(serve: Any) -> None:
+def test_text_that_cannot_fit_the_context_is_refused_without_tokenizing(serve: Any) -> None:
     model, tokenizer = build_tiny_model(TINY)
-    calls: list[int] = []
-    original = tokenizer.encode
-    counted = lambda text, *a, **k: calls.append(len(text)) or original(text, *a, **k)
-    tokenizer.encode = counted  # type: ignore[method-assign]
+    calls: list[str] = []
+    for method in ("encode", "apply_chat_template"):
+        original = getattr(tokenizer, method)
+        setattr(tokenizer, method, lambda *a, _o=original, _m=method, **k: calls.append(_m) or _o(*a, **k))
     server = serve(TransformersPolicy(model, tokenizer))
-    answer = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "x" * 1_000_000,
-                                                              "max_tokens": 1})
+    text = "x" * 1_000_000
+    answer = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": text, "max_tokens": 1})
     assert answer.status_code == 400
     assert "cannot fit the model's context of 512 tokens" in error_of(answer)["message"]
+    chat = httpx.post(f"{server.url}/v1/chat/completions",
+                      json={**CHAT, "messages": [{"role": "user", "content": text}]})
+    assert chat.status_code == 400 and error_of(chat)["param"] == "messages"
     assert calls == []
 
 

@@ -602,6 +602,11 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             messages = [m.for_template() for m in body.messages]
         except ValueError as exc:
             raise RequestError(str(exc), param="messages") from None
+        # Templates render system, user and tool texts whole (assistant turns they may trim).
+        verbatim = sum(len(m["content"]) for m in messages if m["role"] != "assistant")
+        if text_limit is not None and verbatim > text_limit:
+            raise RequestError(f"these messages hold {verbatim} characters, which cannot fit the model's context "
+                               f"of {context} tokens; shorten them", param="messages")
         extra = {"tools": body.tools} if body.tools else {}
 
         def render() -> list[int]:
