@@ -142,9 +142,10 @@ class PolicyGuard:
         if (self.token is not None and scope["path"] != "/health"
                 and (authorization is None or not hmac.compare_digest(authorization, self.token))):
             reason = "missing" if authorization is None else "wrong"
-            await _send_error(send, 401, f"{reason} bearer token; send 'Authorization: Bearer <token>' (the "
-                              "OpenAI client's api_key) with the token given to `agentgym serve-policy "
-                              "--token`", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+            await _send_error(send, 401, f"{reason} bearer token; send 'Authorization: Bearer <token>' with the "
+                              "token given to `agentgym serve-policy --token` (OpenAI clients send their api_key; "
+                              "agentgym eval sends OPENAI_API_KEY)", "invalid_api_key",
+                              [(b"www-authenticate", b"Bearer")])
             return
         limit = self.max_body_bytes
         if length is not None and length.isdigit():
