@@ -301,9 +301,15 @@ def test_serve_policy_refuses_exposure_bad_dtype_and_a_broken_model_in_one_line(
     assert "--dtype 'float8' is not one of float32, bfloat16, float16" in one_line_error(
         ["serve-policy", model, "--dtype", "float8"])
     assert "--adapter-dir" in one_line_error(["serve-policy", model, "--adapter-dir", str(tmp_path / "none")])
+    config = (tmp_path / "m" / "config.json").read_text()
     (tmp_path / "m" / "config.json").write_text("{not json")
     message = one_line_error(["serve-policy", model, "--port", str(free_port())])  # and no banner before it
     assert "config.json is not valid JSON" in message
+    (tmp_path / "m" / "config.json").write_text(config)
+    with open(tmp_path / "m" / "model.safetensors", "r+b") as weights:
+        weights.truncate(100)  # a copy cut short
+    message = one_line_error(["serve-policy", model, "--port", str(free_port())])
+    assert "cannot load the model in" in message and "SafetensorError" in message
 
 
 # --- a served run, evaluated ----------------------------------------------------------------------------

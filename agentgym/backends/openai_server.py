@@ -784,7 +784,9 @@ def load_policy_app(model_dir: str, *, name: str, device: str = "auto", dtype: s
     try:
         cfg = ModelConfig(path=model_dir, device=device, dtype=dtype)  # type: ignore[arg-type]
         policy = make_policy(cfg, seed=seed)
-    except (OSError, ValueError) as exc:  # transformers' own messages for unreadable weights or tokenizers
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"cannot load the model in {model_dir}: {first}") from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreadable weights, tokenizer or config: the directory's fault
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"cannot load the model in {model_dir}: {type(exc).__name__}: {first}") from None
     return create_policy_app(policy, name, **app_options)  # type: ignore[arg-type]
