@@ -58,7 +58,8 @@ def serve_policy(
                                              "reach it can generate with the model)."),
     adapter_dir: list[str] = typer.Option([], "--adapter-dir",
                                           help="A directory LoRA adapters may be loaded from "
-                                               "(/v1/load_lora_adapter; repeatable). None: loading is off."),
+                                               "(/v1/load_lora_adapter; repeatable); without one, loading is "
+                                               "off."),
     max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="Larger request bodies get 413 (>= 1)."),
     max_request_rows: int = typer.Option(256, help="Most sequences (prompts x n) one request may ask for "
                                          "(>= 1)."),
