@@ -74,7 +74,18 @@ class StopSignals:
 
     def poll(self) -> None:
         """Raise ``StopNow`` when a pending stop applies where the run is (a stop at once anywhere, any stop
-        inside an ``immediate`` region). Safe from any thread; long phases call it between their steps."""
+        inside an ``immediate`` region). Safe from any thread; long phases call it between their steps.
+
+        Example:
+            >>> import os
+            >>> with StopSignals() as stop:
+            ...     os.kill(os.getpid(), signal.SIGTERM)
+            ...     try:
+            ...         stop.poll()
+            ...     except StopNow:
+            ...         print("stopped at", stop.signal)
+            stopped at SIGTERM
+        """
         if self.now or (self._region == "immediate" and self.requested):
             raise StopNow
 
