@@ -29,14 +29,12 @@ from typing import Any
 import torch
 
 from agentgym.backends.builder import make_policy
-from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
 from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
-from agentgym.rollout.policy import SamplingParams
-from agentgym.rollout.prompt import PromptRenderer
+from agentgym.rollout.policy import SamplingParams, capability
 from agentgym.rollout.records import EpisodeGroup
 from agentgym.training.checkpoint import (
     checkpoint_iteration,
@@ -131,10 +129,7 @@ class Trainer:
         self.model, self.tokenizer = self.policy.model, self.policy.tokenizer
         r = cfg.rollout
         fmt = action_format(cfg)
-        self.renderer = PromptRenderer(
-            self.tokenizer, mode=r.prompt_mode, window_turns=r.window_turns, action_format=fmt,
-            system_prompt=r.system_prompt, show_admissible_actions=r.show_admissible_actions,
-            include_instructions=r.include_instructions, tool_messages=r.tool_messages)
+        self.renderer = r.renderer(self.tokenizer, fmt)  # type: ignore[arg-type]
         self.make_env = env_factory(cfg)
         self.has_tools = self._check_env()
         self.generator = self.generating_policy()
@@ -174,17 +169,17 @@ class Trainer:
         if self.dist.world_size > 1:
             raise ConfigError("rollout.max_staleness=1 is for one training process (its background collection "
                               "would interleave collective calls with the update's); set rollout.max_staleness=0")
-        if self.cfg.model.backend == "vllm" and self.cfg.model.vllm.get("sleep", True):
+        if capability(self.policy, "pauses_for_updates"):
             raise ConfigError("rollout.max_staleness=1 generates during updates, but model.vllm.sleep puts the "
                               "colocated engine to sleep for them: set model.vllm.sleep=false or use vllm-server")
-        if not isinstance(self.policy, TransformersPolicy):
+        if not capability(self.policy, "is_trained_model"):
             return self.policy  # generates with weights of its own, synced when the loop says
-        return TransformersPolicy(copy.deepcopy(self.model), self.tokenizer, seed=self.cfg.seed)
+        return self.policy.detached_copy(self.cfg.seed)
 
     def sync_generator(self) -> None:
         """The trained weights to what generates. A generator shared by every process (a vLLM server) is
         sent them by the main process only, and the others wait until it has them."""
-        if hasattr(self.generator, "writer"):
+        if capability(self.generator, "shared_by_processes"):
             self.generator.writer = self.dist.is_main
             self.generator.sync_weights(self.model)
             self.dist.barrier()
@@ -209,9 +204,7 @@ class Trainer:
     # --- pieces of an iteration -----------------------------------------------------------------
 
     def sampling(self, temperature: float, seed: int) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p,
-                              top_k=r.top_k, stop_strings=r.stop_strings, seed=seed, constraint=r.constraint)
+        return self.cfg.rollout.sampling(temperature, seed)
 
     def evaluate(self, tag: str) -> dict[str, Any]:
         """Held-out episodes (seeds from ``eval.seed_offset``), one per task, at ``eval.temperature``, played and
@@ -422,7 +415,7 @@ class Trainer:
                 if asynchronous and iteration < cfg.iterations:
                     self.pipeline.prefetch(iteration + 1)
                 update_started = time.perf_counter()
-                if not asynchronous and callable(getattr(self.policy, "offload", None)):
+                if not asynchronous and capability(self.policy, "pauses_for_updates"):
                     self.policy.offload()  # a colocated engine frees the accelerator for the update
                 # A stop abandons the update: before its first optimiser step the run still stands at the
                 # end of the last iteration; after it, only the last checkpoint is left to resume from.
