@@ -282,6 +282,21 @@ def test_adapters_load_only_from_the_allowed_directories(serve: Any, policy: Tra
     assert [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]] == ["tiny", "a"]
 
 
+def test_adapters_are_capped_and_cannot_take_the_base_models_name(serve: Any, policy: TransformersPolicy,
+                                                                  tmp_path: Path) -> None:
+    adapter = str(save_adapter(policy, tmp_path / "a1"))
+    server = serve(adapter_dirs=[tmp_path], max_adapters=1)
+    load = lambda name: httpx.post(f"{server.url}/v1/load_lora_adapter",
+                                   json={"lora_name": name, "lora_path": adapter})
+    assert load("first").status_code == 200
+    assert load("first").status_code == 200  # the same name again replaces it
+    second = load("second")  # each adapter is a copy of the weights: the cap holds memory in bounds
+    assert second.status_code == 400 and "unload one first" in error_of(second)["message"]
+    shadowing = load("tiny")
+    assert shadowing.status_code == 400 and error_of(shadowing)["param"] == "lora_name"
+    assert [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]] == ["tiny", "first"]
+
+
 # --- the command ------------------------------------------------------------------------------------
 
 
