@@ -326,6 +326,8 @@ def report_count(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def run_page(page: str, tmp_path: Path, include_slow: bool) -> None:
+    # A reader runs the commands in the clone: `configs/NAME.yaml` paths resolve there.
+    (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
     session = PageSession(tmp_path)
     started = time.monotonic()
     try:
