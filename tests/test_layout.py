@@ -143,7 +143,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
 #: Which agentgym sub-packages each layer may import (besides itself and the top level's env API).
 LAYERS = {
     "agentgym.rollout": set(),
-    "agentgym.backends": {"agentgym.rollout"},
+    # serve-policy is a service like the sandbox and retrieval: it shares the service helpers of http/
+    "agentgym.backends": {"agentgym.rollout", "agentgym.http"},
     "agentgym.eval": {"agentgym.rollout", "agentgym.backends", "agentgym.http"},
     "agentgym.training": {"agentgym.rollout", "agentgym.backends", "agentgym.eval", "agentgym.http"},
     "agentgym.http": set(),

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import time
@@ -54,7 +53,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentgym.backends.openai_wire import ChatRequest, CompletionRequest, ErrorBody
+from agentgym.backends.openai_guard import (
+    TEXT_ANSWER,
+    PolicyGuard,
+    RequestError,
+    error_response,
+    error_responses,
+)
+from agentgym.backends.openai_wire import ChatRequest, CompletionRequest
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError
 from agentgym.http.responses import keep_integer_bounds
@@ -69,146 +75,6 @@ DEFAULT_MAX_REQUEST_ROWS = 256
 DEFAULT_MAX_ADAPTERS = 8
 
 _T = TypeVar("_T")
-
-
-class RequestError(Exception):
-    """A request this server cannot serve; answered with ``status`` and OpenAI's error body."""
-
-    def __init__(self, message: str, status: int = 400, code: str | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.param = status, code, param
-
-
-def error_body(message: str, status: int, code: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def _error_response(message: str, status: int, code: str | None = None, param: str | None = None,
-                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, code, param), status_code=status, headers=headers)
-
-
-_ERROR_MEANINGS = {
-    400: "A request this server cannot serve: a value out of range, a prompt too long, too many sequences.",
-    401: "Missing or wrong bearer token (the server was started with --token).",
-    403: "The adapter path is outside the directories the server allows (--adapter-dir).",
-    404: "Unknown model or adapter.",
-    413: "The request body is larger than the server's limit.",
-}
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorBody, "description": _ERROR_MEANINGS[status]} for status in statuses}
-
-
-_TEXT_ANSWER: dict[int | str, dict[str, Any]] = {
-    200: {"description": "Done, in vLLM's words.", "content": {"text/plain": {"schema": {"type": "string"}}}}}
-
-
-# --- the gate in front of the app ------------------------------------------------------------
-
-
-class PolicyGuard:
-    """Pure-ASGI gate in front of the policy app: bearer token, request-size limit, escaped errors.
-
-    Attributes it does not have (``routes``, ``state``, ``openapi``...) are those of the wrapped app.
-
-    Args:
-        app: the FastAPI app.
-        token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>``.
-        max_body_bytes: larger request bodies get 413, streamed ones as soon as they pass the limit.
-    """
-
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int) -> None:
-        self.app = app
-        self.token = b"Bearer " + token.encode() if token else None
-        self.max_body_bytes = max_body_bytes
-
-    def __getattr__(self, name: str) -> Any:
-        app = self.__dict__.get("app")
-        if app is None:
-            raise AttributeError(name)
-        return getattr(app, name)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        authorization, length = headers.get(b"authorization"), headers.get(b"content-length")
-        if (self.token is not None and scope["path"] != "/health"
-                and (authorization is None or not hmac.compare_digest(authorization, self.token))):
-            reason = "missing" if authorization is None else "wrong"
-            await _send_error(send, 401, f"{reason} bearer token; send 'Authorization: Bearer <token>' with the "
-                              "token given to `agentgym serve-policy --token` (OpenAI clients send their api_key; "
-                              "agentgym eval sends OPENAI_API_KEY)", "invalid_api_key",
-                              [(b"www-authenticate", b"Bearer")])
-            return
-        limit = self.max_body_bytes
-        if length is not None and length.isdigit():
-            if int(length) > limit:
-                await _send_error(send, 413, f"request body of {int(length)} bytes exceeds this server's "
-                                  f"limit of {limit} bytes (serve-policy --max-body-bytes)", "request_too_large")
-                return
-        elif scope["method"] not in ("GET", "HEAD"):
-            # A streamed (chunked) body: read it here, up to the limit, then hand it on.
-            body = bytearray()
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return  # the client went away
-                body += message.get("body", b"")
-                if len(body) > limit:
-                    await _send_error(send, 413, f"request body exceeds this server's limit of {limit} bytes "
-                                      "(streamed without Content-Length; serve-policy --max-body-bytes)",
-                                      "request_too_large")
-                    return
-                if not message.get("more_body", False):
-                    break
-            receive = _replay(bytes(body), receive)
-        await self._forward(scope, receive, send)
-
-    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        started = False
-
-        async def tracked(message: dict[str, Any]) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except Exception:
-            # Starlette answers an unhandled exception and then re-raises it; uvicorn would then close
-            # the connection, and the client's next request on it would be reset. Ending here keeps it.
-            logger.exception("error serving %s %s", scope.get("method"), scope.get("path"))
-            if not started:
-                await _send_error(send, 500, "the server failed on this request; its log has the details",
-                                  "internal_error")
-
-
-def _replay(body: bytes, receive: Any) -> Callable[[], Any]:
-    replayed = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal replayed
-        if replayed:
-            return await receive()
-        replayed = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
-
-
-async def _send_error(send: Any, status: int, message: str, code: str,
-                      extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps(error_body(message, status, code)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
-    await send({"type": "http.response.body", "body": body})
 
 
 # --- LoRA adapters -------------------------------------------------------------------------------
@@ -441,32 +307,32 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            return _error_response("the request body is not valid JSON; send a JSON object with "
+            return error_response("the request body is not valid JSON; send a JSON object with "
                                    "'Content-Type: application/json'", 400, "invalid_json")
         first = max(errors, key=_telling) if errors else {"msg": str(exc), "loc": ()}
         param = ".".join(str(p) for p in first.get("loc", ())[1:] if not _is_union_tag(p)) or None
-        return _error_response(f"{first.get('msg')} ({param or 'body'})", 400, "invalid_request", param)
+        return error_response(f"{first.get('msg')} ({param or 'body'})", 400, "invalid_request", param)
 
     @app.exception_handler(RequestError)
     async def _refused(_request: Request, exc: RequestError) -> JSONResponse:
-        return _error_response(str(exc), exc.status, exc.code, exc.param)
+        return error_response(str(exc), exc.status, exc.code, exc.param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = {404: "no such route; this server serves /v1/models, /v1/completions, /v1/chat/completions",
                    405: "this route does not take that method"}.get(exc.status_code, str(exc.detail))
-        return _error_response(message, exc.status_code, headers=exc.headers)
+        return error_response(message, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _failed(_request: Request, exc: Exception) -> JSONResponse:
-        return _error_response(f"the server failed on this request ({type(exc).__name__}); its log has the "
+        return error_response(f"the server failed on this request ({type(exc).__name__}); its log has the "
                                "details", 500, "internal_error")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_name, "batches": batcher.batches}
 
-    @app.get("/v1/models", responses=_errors(401))
+    @app.get("/v1/models", responses=error_responses(401))
     async def models() -> dict[str, Any]:
         entries = []
         for name in [model_name, *adapters]:
@@ -477,7 +343,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             entries.append(entry)
         return {"object": "list", "data": entries}
 
-    @app.post("/v1/load_lora_adapter", responses={**_TEXT_ANSWER, **_errors(400, 401, 403, 413)})
+    @app.post("/v1/load_lora_adapter", responses={**TEXT_ANSWER, **error_responses(400, 401, 403, 413)})
     async def load_lora_adapter(body: LoraLoadRequest) -> Any:
         """vLLM's run-time LoRA loading: the adapter folded into a copy of the base weights, served as
         model ``lora_name`` from then on (loading a name again replaces it)."""
@@ -500,7 +366,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
             await old.stop()
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
-    @app.post("/v1/unload_lora_adapter", responses={**_TEXT_ANSWER, **_errors(400, 401, 404, 413)})
+    @app.post("/v1/unload_lora_adapter", responses={**TEXT_ANSWER, **error_responses(400, 401, 404, 413)})
     async def unload_lora_adapter(body: LoraAdapterRequest) -> Any:
         worker = adapters.pop(body.lora_name, None)
         if worker is None:
@@ -568,7 +434,7 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
     completion_responses: dict[int | str, dict[str, Any]] = {
         200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
               "description": "The completion; server-sent events with stream=true."},
-        **_errors(400, 401, 404, 413)}
+        **error_responses(400, 401, 404, 413)}
 
     @app.post("/v1/completions", responses=completion_responses)
     async def completions(body: CompletionRequest) -> Any:
