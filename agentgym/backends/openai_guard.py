@@ -7,15 +7,22 @@ The gate checks the bearer token (every route but ``/health``), refuses bodies o
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from agentgym.backends.openai_wire import ErrorBody
+from agentgym.http.gate import (
+    AppGate,
+    BodyTooLarge,
+    bearer_matches,
+    header,
+    read_body,
+    replay,
+    send_answer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +30,8 @@ logger = logging.getLogger(__name__)
 class RequestError(Exception):
     """A request this server cannot serve; answered with ``status`` and OpenAI's error body."""
 
-    def __init__(self, message: str, status: int = 400, code: str | None = None, param: str | None = None) -> None:
+    def __init__(self, message: str, status: int = 400, code: str | None = None,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.param = status, code, param
 
@@ -60,7 +68,7 @@ TEXT_ANSWER: dict[int | str, dict[str, Any]] = {
 # --- the gate in front of the app ------------------------------------------------------------
 
 
-class PolicyGuard:
+class PolicyGuard(AppGate):
     """Pure-ASGI gate in front of the policy app: bearer token, request-size limit, escaped errors.
 
     Attributes it does not have (``routes``, ``state``, ``openapi``...) are those of the wrapped app.
@@ -73,51 +81,41 @@ class PolicyGuard:
 
     def __init__(self, app: Any, *, token: str | None, max_body_bytes: int) -> None:
         self.app = app
-        self.token = b"Bearer " + token.encode() if token else None
+        self.token = token.encode() if token else None
         self.max_body_bytes = max_body_bytes
-
-    def __getattr__(self, name: str) -> Any:
-        app = self.__dict__.get("app")
-        if app is None:
-            raise AttributeError(name)
-        return getattr(app, name)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        authorization, length = headers.get(b"authorization"), headers.get(b"content-length")
-        if (self.token is not None and scope["path"] != "/health"
-                and (authorization is None or not hmac.compare_digest(authorization, self.token))):
+        authorization, length = header(scope, b"authorization"), header(scope, b"content-length")
+        guarded = self.token is not None and scope["path"] != "/health"
+        if guarded and not bearer_matches(authorization, self.token):
             reason = "missing" if authorization is None else "wrong"
-            await send_error(send, 401, f"{reason} bearer token; send 'Authorization: Bearer <token>' with the "
-                              "token given to `agentgym serve-policy --token` (OpenAI clients send their api_key; "
-                              "agentgym eval sends OPENAI_API_KEY)", "invalid_api_key",
-                              [(b"www-authenticate", b"Bearer")])
+            await send_error(send, 401, f"{reason} bearer token; send 'Authorization: Bearer <token>' with "
+                             "the token given to `agentgym serve-policy --token` (OpenAI clients send their "
+                             "api_key; agentgym eval sends OPENAI_API_KEY)", "invalid_api_key",
+                             [(b"www-authenticate", b"Bearer")])
             return
         limit = self.max_body_bytes
         if length is not None and length.isdigit():
             if int(length) > limit:
                 await send_error(send, 413, f"request body of {int(length)} bytes exceeds this server's "
-                                  f"limit of {limit} bytes (serve-policy --max-body-bytes)", "request_too_large")
+                                 f"limit of {limit} bytes (serve-policy --max-body-bytes)",
+                                 "request_too_large")
                 return
         elif scope["method"] not in ("GET", "HEAD"):
             # A streamed (chunked) body: read it here, up to the limit, then hand it on.
-            body = bytearray()
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return  # the client went away
-                body += message.get("body", b"")
-                if len(body) > limit:
-                    await send_error(send, 413, f"request body exceeds this server's limit of {limit} bytes "
-                                      "(streamed without Content-Length; serve-policy --max-body-bytes)",
-                                      "request_too_large")
-                    return
-                if not message.get("more_body", False):
-                    break
-            receive = _replay(bytes(body), receive)
+            try:
+                body = await read_body(receive, limit)
+            except BodyTooLarge:
+                await send_error(send, 413, f"request body exceeds this server's limit of {limit} bytes "
+                                 "(streamed without Content-Length; serve-policy --max-body-bytes)",
+                                 "request_too_large")
+                return
+            if body is None:
+                return  # the client went away
+            receive = replay(body, receive)
         await self._forward(scope, receive, send)
 
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -136,25 +134,11 @@ class PolicyGuard:
             logger.exception("error serving %s %s", scope.get("method"), scope.get("path"))
             if not started:
                 await send_error(send, 500, "the server failed on this request; its log has the details",
-                                  "internal_error")
-
-
-def _replay(body: bytes, receive: Any) -> Callable[[], Any]:
-    replayed = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal replayed
-        if replayed:
-            return await receive()
-        replayed = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
+                                 "internal_error")
 
 
 async def send_error(send: Any, status: int, message: str, code: str,
-                      extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps(error_body(message, status, code)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
-    await send({"type": "http.response.body", "body": body})
+                     extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer ``status`` with OpenAI's error body."""
+    await send_answer(send, status, json.dumps(error_body(message, status, code)).encode(),
+                      [(b"content-type", b"application/json"), *(extra_headers or [])])

@@ -3,7 +3,6 @@ and ``HotRoutes`` (step/reset routes served without the FastAPI stack, same answ
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -14,6 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.requests import ClientDisconnect
 
 from agentgym.errors import AgentGymError
+from agentgym.http.gate import AppGate, BodyTooLarge, bearer_matches, read_body, replay, send_answer
 from agentgym.http.responses import JSON, ErrorResponses, declares_json, dumps, error_payload
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class HotRoutes:
             return self.errors.invalid(errors, content_type)
 
 
-class GuardMiddleware:
+class GuardMiddleware(AppGate):
     """Pure-ASGI gate in front of the app: bearer token and request-size limit.
 
     Pure ASGI (not ``BaseHTTPMiddleware``) because it sits on the per-step hot path. Requests that
@@ -137,15 +137,9 @@ class GuardMiddleware:
     def __init__(self, app: Any, *, token: str | None, max_body_bytes: int,
                  hot_routes: HotRoutes | None = None) -> None:
         self.app = app
-        self.token = b"Bearer " + token.encode() if token else None
+        self.token = token.encode() if token else None
         self.max_body_bytes = max_body_bytes
         self.hot_routes = hot_routes
-
-    def __getattr__(self, name: str) -> Any:
-        app = self.__dict__.get("app")
-        if app is None:
-            raise AttributeError(name)
-        return getattr(app, name)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -159,8 +153,8 @@ class GuardMiddleware:
                 authorization = value
             elif key == b"content-type" and content_type is None:  # the first, as Starlette reads it
                 content_type = value
-        if (self.token is not None and scope["path"] != "/health"
-                and (authorization is None or not hmac.compare_digest(authorization, self.token))):
+        guarded = self.token is not None and scope["path"] != "/health"
+        if guarded and not bearer_matches(authorization, self.token):
             reason = "missing" if authorization is None else "wrong"
             await self._reject(send, 401, "AuthenticationError",
                                f"{reason} bearer token; send 'Authorization: Bearer <token>' with the token "
@@ -177,29 +171,16 @@ class GuardMiddleware:
             return
         # No Content-Length: a streamed (chunked) body. Read it here, up to the limit, then hand it on.
         # (Raising from inside the app's receive would not work: FastAPI turns body-read errors into 400.)
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await self._reject(send, 413, "RequestRejected",
-                                   f"request body exceeds the limit of {limit} bytes (streamed without "
-                                   "Content-Length)")
-                return
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self._forward(scope, replay, send, content_type)
+        try:
+            body = await read_body(receive, limit)
+        except BodyTooLarge:
+            await self._reject(send, 413, "RequestRejected",
+                               f"request body exceeds the limit of {limit} bytes (streamed without "
+                               "Content-Length)")
+            return
+        if body is None:
+            return  # the client went away
+        await self._forward(scope, replay(body, receive), send, content_type)
 
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, content_type: bytes | None) -> None:
         hot = self.hot_routes
@@ -213,7 +194,5 @@ class GuardMiddleware:
     @staticmethod
     async def _reject(send: Any, status: int, kind: str, message: str,
                       extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        body = dumps(error_payload(kind, message))
-        headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers + (extra_headers or [])})
-        await send({"type": "http.response.body", "body": body})
+        await send_answer(send, status, dumps(error_payload(kind, message)),
+                          [(b"content-type", JSON.encode()), *(extra_headers or [])])

@@ -16,6 +16,8 @@ import secrets
 from typing import Any
 from urllib.parse import parse_qs
 
+from agentgym.http.gate import AppGate, BodyTooLarge, bearer_matches, header, read_body, send_answer
+
 #: The largest sign-in form body read; a token is far shorter.
 MAX_LOGIN_BYTES = 4096
 
@@ -31,7 +33,7 @@ input {{ font: inherit; padding: 4px 6px; width: 100%; margin: 6px 0; }} .bad {{
 """
 
 
-class TokenGate:
+class TokenGate(AppGate):
     """Answers 401 to any request without the token, except ``GET /health``; serves sign-in.
 
     Args:
@@ -42,17 +44,10 @@ class TokenGate:
     def __init__(self, app: Any, token: str | None) -> None:
         self.app = app
         self.token = token.encode() if token else None
-        self.bearer = b"Bearer " + self.token if self.token else None
         self.session = secrets.token_urlsafe(32).encode()
         # A name of this viewer's own: cookies ignore ports, so two viewers on one host must not
         # overwrite each other's.
         self.cookie = f"agentgym_viewer_{secrets.token_hex(4)}"
-
-    def __getattr__(self, name: str) -> Any:
-        app = self.__dict__.get("app")
-        if app is None:
-            raise AttributeError(name)
-        return getattr(app, name)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or self.token is None or scope["path"] == "/health":
@@ -72,31 +67,33 @@ class TokenGate:
                 await self._sign_in_page(send, "That token is wrong.")
             return
         if path == "/login" and method == "POST":
-            body = await self._body(receive)
-            if body is None:
+            try:
+                body = await read_body(receive, MAX_LOGIN_BYTES)
+            except BodyTooLarge:
                 await self._sign_in_page(send, "That token is too long.", 413)
                 return
+            if body is None:
+                return  # the browser went away
             given = parse_qs(body.decode("utf-8", "replace")).get("token")
             if given and self._is_token(given[0].encode()):
                 await self._open(send)
             else:
                 await self._sign_in_page(send, "That token is wrong.")
             return
-        authorization = _header(scope, b"authorization")
+        authorization = header(scope, b"authorization")
         reason = "missing" if authorization is None else "wrong"
-        await _send(send, 401, b'{"error":{"type":"AuthenticationError","message":"' + reason.encode()
-                    + b" bearer token; send 'Authorization: Bearer <token>' with the token given to `agentgym view "
-                    b"--token`, or open / in a browser and enter it\"}}",
-                    [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")])
+        await send_answer(send, 401, b'{"error":{"type":"AuthenticationError","message":"' + reason.encode()
+                          + b" bearer token; send 'Authorization: Bearer <token>' with the token given to "
+                          b"`agentgym view --token`, or open / in a browser and enter it\"}}",
+                          [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")])
 
     def _is_token(self, given: bytes) -> bool:
         return hmac.compare_digest(given, self.token or b"")
 
     def _signed_in(self, scope: dict[str, Any]) -> bool:
-        authorization = _header(scope, b"authorization")
-        if authorization is not None and hmac.compare_digest(authorization, self.bearer or b""):
+        if bearer_matches(header(scope, b"authorization"), self.token):
             return True
-        cookies = _header(scope, b"cookie")
+        cookies = header(scope, b"cookie")
         if cookies is None:
             return False
         for part in cookies.split(b";"):
@@ -109,38 +106,12 @@ class TokenGate:
         # SameSite=Lax, not Strict: a /?token= link opened from another site must still carry the
         # cookie on the redirect that follows; every route it opens is a read-only GET.
         cookie = f"{self.cookie}={self.session.decode()}; HttpOnly; SameSite=Lax; Path=/"
-        await _send(send, 303, b"", [(b"location", b"/"), (b"set-cookie", cookie.encode()),
-                                     (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer")])
+        await send_answer(send, 303, b"", [(b"location", b"/"), (b"set-cookie", cookie.encode()),
+                                           (b"cache-control", b"no-store"),
+                                           (b"referrer-policy", b"no-referrer")])
 
     async def _sign_in_page(self, send: Any, problem: str, status: int = 401) -> None:
         page = _SIGN_IN.format(problem=html.escape(problem)).encode()
-        await _send(send, status, page, [(b"content-type", b"text/html; charset=utf-8"),
-                                         (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"),
-                                         (b"x-frame-options", b"DENY")])
-
-    @staticmethod
-    async def _body(receive: Any) -> bytes | None:
-        """The request body, or None once it passes ``MAX_LOGIN_BYTES``."""
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return bytes(body)
-            body += message.get("body", b"")
-            if len(body) > MAX_LOGIN_BYTES:
-                return None
-            if not message.get("more_body", False):
-                return bytes(body)
-
-
-def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return None
-
-
-async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+        await send_answer(send, status, page, [(b"content-type", b"text/html; charset=utf-8"),
+                                               (b"cache-control", b"no-store"),
+                                               (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY")])
