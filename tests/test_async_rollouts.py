@@ -40,6 +40,17 @@ def test_asynchronous_run_reports_staleness_overlap_and_correction(tmp_path: Pat
     assert len(sync["history"]) == 3
 
 
+def test_the_final_evaluation_plays_the_saved_weights(tmp_path: Path) -> None:
+    """The generator copy catches up with the last update before report.json's "after" is measured, so
+    that number is the saved model's, not the weights one update behind it."""
+    run = Trainer(load_config(None, [*SMALL, "rollout.max_staleness=1"]), tmp_path)
+    run.run()
+    assert run.generator is not run.policy  # generation had a copy of its own
+    generated, trained = dict(run.generator.model.named_parameters()), dict(run.model.named_parameters())
+    assert generated.keys() == trained.keys()
+    assert all(torch.equal(generated[name], trained[name]) for name in trained)
+
+
 def test_without_weight_changes_asynchronous_equals_synchronous(tmp_path: Path) -> None:
     # lr 0-ish is not allowed; freezing the weights through zero advantages: every turn is dropped.
     frozen = [*SMALL, "algorithm.name=grpo", "algorithm.drop_zero_advantage_turns=true", "env.max_turns=1"]

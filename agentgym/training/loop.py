@@ -468,6 +468,10 @@ class Trainer:
 
         # --- finish: held-out evaluation, report, model -------------------------------------------
         self.resume_point = ResumePoint(cfg.iterations, history)  # saved with the last iteration
+        if self.pipeline.asynchronous:
+            # Asynchronous generators catch up only before they collect, and nothing is collected after the
+            # last update: without this the final evaluation would play the weights one update behind model/.
+            self.sync_generator()
         with stop.region("immediate"):
             eval_after = self.evaluate_phase("after", "eval after RL")
         report = {
