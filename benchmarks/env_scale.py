@@ -150,7 +150,7 @@ def collector_path(episode_counts: Sequence[int], duration_s: float) -> list[dic
 
 def batch_capacity(url: str, pid: int, sessions: int, duration_s: float) -> float:
     """Steps/s of ``/batch/step`` with ``sessions`` sessions from the raw client of env_server.py."""
-    from env_server import run_http_cell
+    from http_load import run_http_cell
 
     port = int(url.rsplit(":", 1)[1])
     return run_http_cell(port, pid, "batch", "raw", sessions, 1, 0.5, duration_s, 0)["steps_per_s"]

@@ -119,11 +119,11 @@ async def _ws_load(port: int, path: str, sessions: int, warmup_s: float, duratio
 
 
 def _http_load(port: int, client: str, sessions: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
-    from env_server import _load
+    from http_load import load
 
     spec = {"port": port, "mode": "single", "client": client, "sessions": sessions, "seed": 0,
             "warmup_s": warmup_s, "duration_s": duration_s}
-    out = asyncio.run(_load(spec, None))
+    out = asyncio.run(load(spec, None))
     return {"steps_per_s": out["steps"] / duration_s}
 
 
