@@ -127,8 +127,9 @@ def test_branch_probability_follows_the_entropy_change() -> None:
 
 def test_draws_are_seeded_and_initial_entropies_reset_every_collection() -> None:
     def run(hook: EntropyBranching, iteration: int) -> list[Fork]:
-        hook.before_collect(1)
         context = CollectContext(tokenizer=Vocabulary(), iteration=iteration)
+        hook.begin_iteration(iteration, context)
+        hook.before_collect(1)
         forks = list(hook.after_turn([view(f"g0-t{i}", 0, [uniform_turn(4)]) for i in range(8)], context))
         return forks + list(hook.after_turn([view(f"g0-t{i}", 0, [uniform_turn(4)] * 2) for i in range(8)], context))
 
@@ -139,6 +140,7 @@ def test_draws_are_seeded_and_initial_entropies_reset_every_collection() -> None
     # Stale H_init would make ΔH of a new collection's first segment non-zero; it is reset: P = τ.
     hook = EntropyBranching(args)
     run(hook, 1)
+    hook.begin_iteration(2, CollectContext(tokenizer=Vocabulary(), iteration=2))
     hook.before_collect(1)
     hook.after_turn([view("g0-t0", 0, [uniform_turn(16)])], CollectContext(tokenizer=Vocabulary(), iteration=2))
     assert hook._probs == [0.5]

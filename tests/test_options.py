@@ -86,11 +86,14 @@ def test_counts_are_per_iteration_and_the_last_round_fills() -> None:
     equal = [EpisodeGroup(f"e{i}", "t", 0, [one_turn(0.0), one_turn(0.0)]) for i in range(3)]
     varied = [EpisodeGroup("v", "t", 0, [one_turn(1.0), one_turn(0.0)])]
     first = CollectContext(tokenizer=None, iteration=1)
+    hook.begin_iteration(1, first)
     assert hook.after_collect(equal + varied, first) == varied
     assert hook.after_collect(equal, first) == []
     assert hook.after_collect(equal, first) == equal  # round 2 = max_extra_rounds: kept to fill the batch
     assert hook.metrics() == {"dapo/kept_groups": 4.0, "dapo/dropped_groups": 6.0}
-    assert hook.after_collect(equal, CollectContext(tokenizer=None, iteration=2)) == []  # a new iteration
+    second = CollectContext(tokenizer=None, iteration=2)
+    hook.begin_iteration(2, second)
+    assert hook.after_collect(equal, second) == []  # a new iteration
     assert hook.metrics() == {"dapo/kept_groups": 0.0, "dapo/dropped_groups": 3.0}
     strict = DynamicSampling(DynamicSamplingArgs(max_extra_rounds=0, fill_last_round=False))
     assert strict.after_collect(equal, first) == []

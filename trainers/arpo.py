@@ -143,8 +143,7 @@ class EntropyBranching(RolloutHooks):
 
     def __init__(self, args: ARPOArgs) -> None:
         self.args = args
-        self._iteration: int | None = None
-        self._round = 0
+        self._round = -1  # collection rounds of this iteration so far, minus one
         self._totals: dict[str, float] = {}
         self._probs: list[float] = []
         self._deltas: list[float] = []
@@ -154,16 +153,16 @@ class EntropyBranching(RolloutHooks):
         # A collector used without a trainer gets the top-k log-probs from the hook itself.
         return replace(params, num_top_logprobs=max(params.num_top_logprobs, self.args.top_logprobs))
 
+    def begin_iteration(self, iteration: int, context: CollectContext) -> None:
+        self._round, self._totals, self._probs, self._deltas = -1, {}, [], []
+
     def before_collect(self, num_groups: int) -> None:
         self._num_groups = num_groups
         self._counts = None
         self._h_init: dict[str, float] = {}
 
     def _start(self, episodes: Sequence[EpisodeView], context: CollectContext) -> None:
-        if context.iteration != self._iteration:
-            self._iteration, self._round, self._totals, self._probs, self._deltas = context.iteration, 0, {}, [], []
-        else:
-            self._round += 1
+        self._round += 1
         counts = [0] * self._num_groups
         for view in episodes:
             counts[view.group_index] += 1

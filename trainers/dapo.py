@@ -71,7 +71,7 @@ def informative(group: EpisodeGroup, criterion: str, tolerance: float) -> bool:
 class DynamicSampling(RolloutHooks):
     """Drops groups with all-equal outcomes; the loop refills the batch with extra rounds.
 
-    Counts are per training iteration: the first collection of a new iteration resets them.
+    Counts are per training iteration: ``begin_iteration`` resets them.
 
     Example:
         >>> from agentgym.rollout.records import Trajectory, Turn
@@ -88,16 +88,15 @@ class DynamicSampling(RolloutHooks):
     def __init__(self, args: DynamicSamplingArgs) -> None:
         self.args = args
         self.max_extra_rounds = args.max_extra_rounds
-        self._iteration: int | None = None
-        self._round = 0
+        self._round = -1  # collection rounds of this iteration so far, minus one
         self._kept = 0
         self._dropped = 0
 
+    def begin_iteration(self, iteration: int, context: CollectContext) -> None:
+        self._round, self._kept, self._dropped = -1, 0, 0
+
     def after_collect(self, groups: list[EpisodeGroup], context: CollectContext) -> list[EpisodeGroup]:
-        if context.iteration != self._iteration:
-            self._iteration, self._round, self._kept, self._dropped = context.iteration, 0, 0, 0
-        else:
-            self._round += 1
+        self._round += 1
         if self.args.fill_last_round and self._round >= self.args.max_extra_rounds:
             kept = list(groups)
         else:

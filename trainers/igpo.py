@@ -202,15 +202,15 @@ class IGPOScoring(RolloutHooks):
 
     def __init__(self, args: IGPOArgs) -> None:
         self.args = args
-        self._iteration: int | None = None
         self._totals: dict[str, float] = {}
         self._gains: list[float] = []
+
+    def begin_iteration(self, iteration: int, context: CollectContext) -> None:
+        self._totals, self._gains = {}, []
 
     def after_collect(self, groups: list[EpisodeGroup], context: CollectContext) -> list[EpisodeGroup]:
         if context.scorer is None:
             raise ConfigError("igpo needs a policy that can score (a Scorer, e.g. model.backend=transformers)")
-        if context.iteration != self._iteration:
-            self._iteration, self._totals, self._gains = context.iteration, {}, []
         started = time.perf_counter()
         prefix = encode(context.tokenizer, self.args.answer_prefix) if self.args.answer_prefix else []
         answers: dict[str, list[int]] = {}

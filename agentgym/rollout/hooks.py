@@ -95,6 +95,10 @@ class RolloutHooks:
     """How many extra collection rounds the training loop may run to refill a batch that
     ``after_collect`` shrank (DAPO dynamic sampling); 0: never collect more."""
 
+    def begin_iteration(self, iteration: int, context: CollectContext) -> None:
+        """Called by the training loop before the first collection round of ``iteration``: reset what
+        the hook counts per iteration here (its metrics, its collection rounds)."""
+
     def sampling(self, params: SamplingParams) -> SamplingParams:
         """Adjust the sampling parameters of a collection (called once per ``collect``)."""
         return params
@@ -114,8 +118,8 @@ class RolloutHooks:
         """What the hook did in the current iteration's collection, as ``section/name`` metrics.
 
         The training loop reads it once, after the iteration's last collection round, so a hook that
-        filters (and so may see several rounds) accumulates over the rounds of an iteration
-        (``CollectContext.iteration`` tells a new iteration apart)."""
+        filters (and so may see several rounds) accumulates over the rounds of an iteration, from
+        ``begin_iteration`` on."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -148,6 +152,10 @@ class HookChain(RolloutHooks):
     def __init__(self, hooks: Sequence[RolloutHooks]) -> None:
         self.hooks = list(hooks)
         self.max_extra_rounds = max((h.max_extra_rounds for h in self.hooks), default=0)
+
+    def begin_iteration(self, iteration: int, context: CollectContext) -> None:
+        for hook in self.hooks:
+            hook.begin_iteration(iteration, context)
 
     def sampling(self, params: SamplingParams) -> SamplingParams:
         for hook in self.hooks:

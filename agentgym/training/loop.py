@@ -226,6 +226,7 @@ class Trainer:
         dist = self.dist
         wanted = len(dist.shard(cfg.rollout.num_tasks))  # several processes: each collects its share of the tasks
         part = f"p{dist.rank}-" if dist.world_size > 1 else ""
+        hooks.begin_iteration(iteration, self.collector.context(iteration))
         while True:
             prefix = f"it{iteration}-{part}g" if round_ == 0 else f"it{iteration}r{round_}-{part}g"
             seeds = task_seeds(cfg, iteration, round_)
