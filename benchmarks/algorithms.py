@@ -112,8 +112,6 @@ def run_one(spec: dict) -> dict:
     torch.set_num_threads(1)
     overrides = [*TASKS[spec["task"]][0], f"seed={spec['seed']}", f"iterations={spec['iterations']}",
                  "checkpoint_every=0", *spec["set"]]
-    if any(o.startswith("loss.terms.epo") for o in spec["set"]) or spec["variant"] == "epo":
-        overrides.append(f"loss.terms.epo.schedule_iterations={spec['iterations']}")
     cfg = load_config(preset(spec["task"], spec["variant"]), overrides)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:

@@ -23,7 +23,7 @@ from agentgym.training.loading import load_config
 from agentgym.training.loop import Trainer, train
 from agentgym.training.packing import pack_turns
 from agentgym.training.recipe import Recipe
-from agentgym.training.terms import ForwardOutputs
+from agentgym.training.terms import ForwardOutputs, RunContext
 
 
 def preset(name: str) -> Path:
@@ -248,6 +248,20 @@ def test_epo_needs_entropies_and_turn_positions() -> None:
         load_config(preset("epo"), ["loss.terms.epo.band_low=2.0"])
 
 
+def test_epo_schedule_is_the_run_length_unless_set(tmp_path: Path) -> None:
+    """The phase weight runs its course over the run's own iterations; nobody has to repeat them."""
+    trainer = Trainer(load_config(preset("epo"), [*SMALL, "iterations=8"]), tmp_path / "run")
+    term = trainer.recipe.terms["epo"]
+    term.iterations = 4
+    assert term.weight() == pytest.approx(phase_weight(4 / 8))
+    set_by_hand = EPOTerm(EPOArgs(schedule_iterations=16))
+    set_by_hand.begin_run(RunContext(iterations=8))
+    set_by_hand.iterations = 4
+    assert set_by_hand.weight() == pytest.approx(phase_weight(4 / 16))
+    with pytest.raises(ConfigError, match="schedule_iterations"):
+        EPOTerm(EPOArgs()).weight()  # outside a run, with no schedule given
+
+
 def test_epo_resume_is_exact(tmp_path: Path) -> None:
     # A narrow band and a real SFT warm start (entropy well below uniform), so the history decides the
     # penalty from the second iteration on.
@@ -269,7 +283,7 @@ def test_epo_resume_is_exact(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_regression_pin_epo_learns_the_quickstart_maze_seed0(tmp_path: Path) -> None:
-    report = train(load_config(preset("epo"), [*LEARN, *ON_GIGPO, "loss.terms.epo.schedule_iterations=30"]), tmp_path)
+    report = train(load_config(preset("epo"), [*LEARN, *ON_GIGPO]), tmp_path)  # the schedule: the run's 30
     assert_learns(report)
 
 

@@ -30,7 +30,7 @@ import torch
 from agentgym.errors import ConfigError
 from agentgym.training.losses import aggregate
 from agentgym.training.packing import TokenBatch
-from agentgym.training.terms import ForwardOutputs, LossTerm, register_loss_term
+from agentgym.training.terms import ForwardOutputs, LossTerm, RunContext, register_loss_term
 
 if TYPE_CHECKING:
     from agentgym.training.config import LossConfig
@@ -51,8 +51,8 @@ class EPOArgs:
     turns); ``token``: every response token's entropy is (reduced with ``loss.loss_agg_mode``)."""
     phase_weighting: bool = True
     """Scale the penalty by the phase weight w(p) of training progress p (see ``phase_weight``)."""
-    schedule_iterations: int = 150
-    """Iterations over which the phase weight runs its course (set it to ``iterations``)."""
+    schedule_iterations: int | None = None
+    """Iterations over which the phase weight runs its course; None: the run's ``iterations``."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.band_low <= self.band_high:
@@ -60,7 +60,8 @@ class EPOArgs:
                               f"(band_high {self.band_high})")
         if not math.isfinite(self.coef) or self.coef < 0:
             raise ConfigError(f"EPOArgs.coef must be >= 0, got {self.coef}")
-        if isinstance(self.schedule_iterations, bool) or self.schedule_iterations < 1:
+        if self.schedule_iterations is not None and (isinstance(self.schedule_iterations, bool)
+                                                     or self.schedule_iterations < 1):
             raise ConfigError(f"EPOArgs.schedule_iterations must be an integer >= 1, got {self.schedule_iterations!r}")
 
 
@@ -106,6 +107,7 @@ class EPOTerm(LossTerm):
         self.sums = np.zeros(0)  # Σ over past iterations of each turn index's mean entropy
         self.counts = np.zeros(0, dtype=np.int64)  # iterations in which each turn index occurred
         self.iterations = 0
+        self.run_iterations: int | None = None  # from begin_run
         self._pending_sum = np.zeros(0)  # this iteration's entropy statistic per turn index
         self._pending_count = np.zeros(0)
 
@@ -118,7 +120,14 @@ class EPOTerm(LossTerm):
         """The phase weight of the current iteration (1 when phase weighting is off)."""
         if not self.args.phase_weighting:
             return 1.0
-        return phase_weight(self.iterations / self.args.schedule_iterations)
+        schedule = self.args.schedule_iterations or self.run_iterations
+        if schedule is None:
+            raise ConfigError("the epo term's phase weight needs its schedule: set loss.terms.epo.schedule_iterations "
+                              "(a run sets it to its iterations)")
+        return phase_weight(self.iterations / schedule)
+
+    def begin_run(self, context: RunContext) -> None:
+        self.run_iterations = context.iterations
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:

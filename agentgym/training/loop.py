@@ -62,6 +62,7 @@ from agentgym.training.setup import (  # noqa: F401  (flatten, turn_index, env_f
     task_seeds,
     turn_index,
 )
+from agentgym.training.terms import RunContext
 from agentgym.training.update import PolicyUpdate, sft_update
 from agentgym.training.weights import (
     load_model_state,
@@ -123,6 +124,8 @@ class Trainer:
         self.extra: dict[str, Any] | None = None
         self.started = time.perf_counter()
         self.recipe = Recipe.from_config(cfg)
+        for term in self.recipe.terms.values():
+            term.begin_run(RunContext(iterations=cfg.iterations))
         seed_everything(cfg.seed)
         model_cfg = cfg.model if self.dist.device is None else replace(cfg.model, device=str(self.dist.device))
         self.policy = make_policy(model_cfg, seed=cfg.seed)  # several processes: each on its own device

@@ -42,6 +42,14 @@ class ForwardOutputs:
     """Log-probs under the frozen reference policy, when a term needs them."""
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a loss term may know of the run it is part of (``LossTerm.begin_run``)."""
+
+    iterations: int
+    """RL iterations the run has in all (a resumed run that extends ``iterations`` says the new number)."""
+
+
 class LossTerm:
     """Base class of loss terms: subclass, set the ``needs_*`` flags and implement ``__call__``."""
 
@@ -54,6 +62,9 @@ class LossTerm:
                  ) -> tuple[torch.Tensor, dict[str, float]]:
         """The weighted term (a 0-dim tensor added to the loss) and its metrics (``loss/<name>``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement __call__")
+
+    def begin_run(self, context: RunContext) -> None:
+        """Called once when the run is set up (and again on ``--resume``), before any update."""
 
     def end_iteration(self) -> dict[str, float]:
         """Called once after each iteration's update; update state across iterations here."""
