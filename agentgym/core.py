@@ -127,7 +127,8 @@ class Env(gymnasium.Env[str, str]):
       the current state, or ``None`` where it has none. Used for SFT demos and as a baseline.
     - ``snapshot() -> bytes`` and ``restore(data)``: capture and reinstate the *whole* episode state,
       including ``self.np_random``. Set ``supports_snapshot = True`` when both exist. Without them,
-      ``agentgym.fork`` forks by deterministic replay; both paths must give identical continuations.
+      ``EpisodeGuard.fork`` (``agentgym.guard``) forks by deterministic replay (reset with the same seed
+      and options, replay the actions); both paths must give identical continuations.
     - ``render() -> str | None``: the current state as text (``None`` before the first reset).
       ``metadata`` declares the ``"ansi"`` mode, which Gymnasium's checker holds to a str after a
       reset; an env without a rendering should set ``metadata = {"render_modes": []}``.
