@@ -54,7 +54,7 @@ def expert_policy(env: Any, _obs: str, _info: dict[str, Any], _rng: random.Rando
 def random_policy(env_id: str) -> Policy:
     """A uniformly random policy for ``env_id``; it answers ``None`` (no action) where there is no natural one."""
     if env_id == "wordle-v0":
-        from agentgym.envs.wordle import load_words
+        from agentgym.envs.games.wordle import load_words
 
         words = load_words()
         return lambda _env, _obs, _info, rng: rng.choice(words)

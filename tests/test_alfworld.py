@@ -19,10 +19,10 @@ import pytest
 
 import agentgym
 from agentgym.checker import check_env
-from agentgym.envs import alfworld_gen as gen
-from agentgym.envs.alfworld_engine import AlfredEngine, require_alfworld
-from agentgym.envs.alfworld_env import AlfWorldEnv
-from agentgym.envs.alfworld_registration import register_alfworld_envs
+from agentgym.envs.alfworld import generation as gen
+from agentgym.envs.alfworld.engine import AlfredEngine, require_alfworld
+from agentgym.envs.alfworld.env import AlfWorldEnv
+from agentgym.envs.registration import register_alfworld_envs
 from agentgym.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(300)

@@ -71,7 +71,7 @@ def test_serve_with_workers_starts_from_a_folder_holding_a_source_tree(shadowed:
 def test_textworld_generates_a_game_from_a_folder_holding_a_source_tree(shadowed: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("textworld", reason="needs the textworld extra")
-    from agentgym.envs import textworld_games as tw
+    from agentgym.envs.textworld import games as tw
 
     monkeypatch.chdir(shadowed)  # the generator child starts here; this process imported agentgym already
     game = tw.ensure_game(TREASURE["challenge"], TREASURE["settings"], 7, tmp_path / "cold-cache")

@@ -21,10 +21,11 @@ from conftest import LiveServer
 
 import agentgym
 from agentgym.checker import check_env
-from agentgym.envs import code_math, code_tests
-from agentgym.envs.code_math import CodeMathEnv
-from agentgym.envs.code_tests import CodeTestsEnv, extract_code, load_problems
-from agentgym.envs.math_problems import (
+from agentgym.envs.registration import register_tool_envs
+from agentgym.envs.tools import code_math, code_tests
+from agentgym.envs.tools.code_math import CodeMathEnv
+from agentgym.envs.tools.code_tests import CodeTestsEnv, extract_code, load_problems
+from agentgym.envs.tools.math_problems import (
     DRILLS,
     TEMPLATES,
     generate_problem,
@@ -32,7 +33,6 @@ from agentgym.envs.math_problems import (
     problem_from_id,
     same_number,
 )
-from agentgym.envs.tools_registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.http.client import EnvClient, RemoteEnv
 from agentgym.rollout.constraints import is_word_span, make_constraint

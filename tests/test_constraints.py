@@ -14,7 +14,7 @@ import agentgym
 from agentgym.backends.constrained import ConstraintMask
 from agentgym.backends.tiny import TinyModelConfig
 from agentgym.backends.transformers_backend import TransformersPolicy
-from agentgym.envs.tools_registration import register_tool_envs
+from agentgym.envs.registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.rollout.constraints import TagSpans, is_word_span, list_constraints, make_constraint
 from agentgym.rollout.policy import SamplingParams

@@ -1,4 +1,4 @@
-"""Tests of ``agentgym.envs.countdown``: the safe evaluator, the solver, puzzles and the env."""
+"""Tests of ``agentgym.envs.games.countdown``: the safe evaluator, the solver, puzzles and the env."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.envs.countdown import (
+from agentgym.envs.games.countdown import (
     CountdownEnv,
     ExpressionError,
     evaluate,
@@ -16,7 +16,7 @@ from agentgym.envs.countdown import (
     generate_puzzle,
     solve,
 )
-from agentgym.envs.games import register_games
+from agentgym.envs.registration import register_games
 from agentgym.errors import ConfigError
 
 register_games()  # idempotent (override=True)

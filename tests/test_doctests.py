@@ -33,4 +33,4 @@ def test_doctests(name: str) -> None:
 
 
 def test_every_plugin_module_is_collected() -> None:
-    assert "agentgym.trainers.gigpo" in MODULES and "agentgym.envs.maze" in MODULES
+    assert "agentgym.trainers.gigpo" in MODULES and "agentgym.envs.games.maze" in MODULES

@@ -14,15 +14,16 @@ import pytest
 
 import agentgym
 from agentgym.checker import check_env
-from agentgym.envs.function_calling import MAX_CALLS_PER_TURN, FunctionCallingEnv
-from agentgym.envs.function_tasks import (
+from agentgym.envs.registration import register_tool_envs
+from agentgym.envs.tools.function_calling import MAX_CALLS_PER_TURN, FunctionCallingEnv
+from agentgym.envs.tools.function_tasks import (
     FAMILIES,
     answer_matches,
     generate_task,
     numbers_match,
     parse_task_id,
 )
-from agentgym.envs.function_tools import (
+from agentgym.envs.tools.function_tools import (
     TOOLS,
     UNITS,
     Database,
@@ -32,7 +33,6 @@ from agentgym.envs.function_tools import (
     format_number,
     parse_number,
 )
-from agentgym.envs.tools_registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.http.client import EnvClient, RemoteEnv
 

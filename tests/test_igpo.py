@@ -16,7 +16,7 @@ from agentgym.backends import TinyModelConfig
 from agentgym.backends.tiny import build_tiny_model
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.core import Env
-from agentgym.envs.tools_registration import register_tool_envs
+from agentgym.envs.registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.rollout import Collector, PromptRenderer, SamplingParams
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn

@@ -127,7 +127,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walk_sees_the_package() -> None:
     assert {"agentgym.core", "agentgym.rollout.collector", "agentgym.training.loop",
-            "agentgym.trainers.gigpo", "agentgym.envs.maze"} <= set(MODULES)
+            "agentgym.trainers.gigpo", "agentgym.envs.games.maze"} <= set(MODULES)
     assert "agentgym.rollout.records" in GRAPH["agentgym.rollout.collector"]
 
 

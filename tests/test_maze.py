@@ -1,4 +1,4 @@
-"""Tests of ``maze-v0`` (``agentgym.envs.maze.MazeEnv``)."""
+"""Tests of ``maze-v0`` (``agentgym.envs.games.maze.MazeEnv``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.envs.maze import MazeEnv
+from agentgym.envs.games.maze import MazeEnv
 
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
 STEP = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -73,7 +72,10 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     for folder, prefix in ((ROOT / "envs", "agentgym.envs"), (ROOT / "trainers", "agentgym.trainers"),
                            (ROOT / "agentgym", "agentgym")):
-        found = {prefix} | {f"{prefix}.{m.name}" for m in pkgutil.walk_packages([str(folder)]) if m.ispkg}
+        # The folders themselves, not pkgutil.walk_packages: walking from a bare path imports each nested
+        # package by its short name, which finds the installed textworld/alfworld instead of envs/textworld.
+        found = {".".join([prefix, *init.parent.relative_to(folder).parts])
+                 for init in folder.rglob("__init__.py")}
         assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
 
 

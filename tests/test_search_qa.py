@@ -12,8 +12,8 @@ from conftest import LiveServer
 
 import agentgym
 from agentgym.checker import check_env
-from agentgym.envs.search_qa import TOOLS, SearchQAEnv, exact_match, f1_score, normalize_answer
-from agentgym.envs.tools_registration import register_tool_envs
+from agentgym.envs.registration import register_tool_envs
+from agentgym.envs.tools.search_qa import TOOLS, SearchQAEnv, exact_match, f1_score, normalize_answer
 from agentgym.errors import ConfigError
 from agentgym.http.client import EnvClient, RemoteEnv
 from agentgym.retrieval import build_index

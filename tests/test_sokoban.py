@@ -1,4 +1,4 @@
-"""Tests of ``sokoban-v0`` (``agentgym.envs.sokoban.SokobanEnv``)."""
+"""Tests of ``sokoban-v0`` (``agentgym.envs.games.sokoban.SokobanEnv``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.envs.sokoban import MAX_SOLUTION_MOVES, MIN_SOLUTION_MOVES, SokobanEnv
+from agentgym.envs.games.sokoban import MAX_SOLUTION_MOVES, MIN_SOLUTION_MOVES, SokobanEnv
 
 STEP = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}

@@ -14,8 +14,8 @@ import pytest
 
 import agentgym
 from agentgym.checker import check_env
-from agentgym.envs import textworld_games as tw
-from agentgym.envs.textworld_registration import register_textworld_envs
+from agentgym.envs.registration import register_textworld_envs
+from agentgym.envs.textworld import games as tw
 from agentgym.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(300)

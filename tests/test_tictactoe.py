@@ -1,4 +1,4 @@
-"""Tests of ``agentgym.envs.tictactoe``: rules, the minimax opponent and expert, the env contract."""
+"""Tests of ``agentgym.envs.games.tictactoe``: rules, the minimax opponent and expert, the env contract."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.envs.games import register_games
-from agentgym.envs.tictactoe import TicTacToeEnv, best_moves, winner
+from agentgym.envs.games.tictactoe import TicTacToeEnv, best_moves, winner
+from agentgym.envs.registration import register_games
 from agentgym.errors import ConfigError
 
 register_games()  # idempotent (override=True)

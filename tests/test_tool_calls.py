@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from agentgym.envs.tool_calls import ParseError, ToolCall, parse_tool_calls, tool_spec, validate_arguments
+from agentgym.envs.tools.tool_calls import (
+    ParseError,
+    ToolCall,
+    parse_tool_calls,
+    tool_spec,
+    validate_arguments,
+)
 
 TOOLS = [
     tool_spec("search", "Search.", {"query": {"type": "string"}}),

@@ -15,7 +15,7 @@ import agentgym
 from agentgym.backends.builder import make_policy
 from agentgym.backends.config import ModelConfig, TinyModelConfig
 from agentgym.cli import app
-from agentgym.envs.tools_registration import register_tool_envs
+from agentgym.envs.registration import register_tool_envs
 from agentgym.errors import ConfigError
 from agentgym.rollout.actions import parse_action
 from agentgym.rollout.collector import Collector

@@ -1,4 +1,4 @@
-"""Tests of the toy-text adapter (``agentgym.envs.toytext``), ``frozenlake-v0`` and ``blackjack-v0``."""
+"""Tests of the toy-text adapter (``agentgym.envs.games.toytext``), ``frozenlake-v0`` and ``blackjack-v0``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.envs.blackjack import BlackjackEnv, basic_strategy
-from agentgym.envs.frozenlake import FrozenLakeEnv
-from agentgym.envs.games import register_games
-from agentgym.envs.toytext import ToyTextEnv, strip_ansi, to_builtin
+from agentgym.envs.games.blackjack import BlackjackEnv, basic_strategy
+from agentgym.envs.games.frozenlake import FrozenLakeEnv
+from agentgym.envs.games.toytext import ToyTextEnv, strip_ansi, to_builtin
+from agentgym.envs.registration import register_games
 from agentgym.errors import ConfigError, ResetNeeded
 
 register_games()  # idempotent (override=True), so importing several test modules is fine

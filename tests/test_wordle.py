@@ -1,4 +1,4 @@
-"""Tests of ``agentgym.envs.wordle``: feedback rules, the word list, the env and its solver."""
+"""Tests of ``agentgym.envs.games.wordle``: feedback rules, the word list, the env and its solver."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.envs.games import register_games
-from agentgym.envs.wordle import OPENER, WordleEnv, load_words, score_guess, solve_step
+from agentgym.envs.games.wordle import OPENER, WordleEnv, load_words, score_guess, solve_step
+from agentgym.envs.registration import register_games
 from agentgym.errors import ConfigError
 
 register_games()  # idempotent (override=True)

@@ -1,11 +1,11 @@
 """``FunctionCallingEnv`` (``tools-v0``): BFCL-style multi-turn function calling.
 
 Each task comes with its own seeded database (an inventory, bank accounts, sensor readings) that
-the agent cannot see: it reads and changes it with the tools of ``agentgym.envs.function_tools``
+the agent cannot see: it reads and changes it with the tools of ``agentgym.envs.tools.function_tools``
 (calculator, unit converter, ``lookup``/``update``/``list_keys``/``delete``), over as many turns
 as it needs, and ends the episode with ``answer``. The episode is checked BFCL-style on the final
 database state and, when the task asks for a value, on the answer. The tasks themselves (generation,
-checking) are ``agentgym.envs.function_tasks``.
+checking) are ``agentgym.envs.tools.function_tasks``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_non_negative
-from agentgym.envs.function_tasks import (
+from agentgym.envs.tools.function_tasks import (
     FAMILIES,
     NUM_TASKS,
     Call,
@@ -28,7 +28,7 @@ from agentgym.envs.function_tasks import (
     parse_task_id,
     state_checks,
 )
-from agentgym.envs.function_tools import (
+from agentgym.envs.tools.function_tools import (
     TOOLS,
     Database,
     ToolError,
@@ -38,7 +38,7 @@ from agentgym.envs.function_tools import (
     to_json,
     units_text,
 )
-from agentgym.envs.tool_calls import parse_tool_calls
+from agentgym.envs.tools.tool_calls import parse_tool_calls
 from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 

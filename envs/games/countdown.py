@@ -68,7 +68,7 @@ def evaluate(expression: str, numbers: Sequence[int]) -> Fraction:
         >>> evaluate("2 ** 3", [2, 3])  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
         ...
-        agentgym.envs.countdown.ExpressionError: '**' is not allowed; use only + - * / and parentheses
+        agentgym.envs.games.countdown.ExpressionError: '**' is not allowed; use only + - * / and parentheses
     """
     if not isinstance(expression, str):
         raise ExpressionError("the answer must be text")

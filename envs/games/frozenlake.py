@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLakeEnv
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
-from agentgym.envs.toytext import ToyTextEnv
+from agentgym.envs.games.toytext import ToyTextEnv
 from agentgym.errors import ConfigError
 
 # --- frozenlake-v0 -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_int, check_non_negative
-from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
+from agentgym.envs.tools.tool_calls import parse_tool_calls, tool_spec, work_or_answer
 from agentgym.errors import ConfigError
 from agentgym.retrieval.index import Index, Retriever, read_corpus
 from agentgym.retrieval.synthetic import generate_corpus

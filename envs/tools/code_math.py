@@ -2,7 +2,7 @@
 
 The agent interleaves ``<python>code</python>`` cells, whose output comes back as
 ``<output>…</output>``, with its own reasoning, then answers once with ``<answer>value</answer>``.
-Problems come from ``agentgym.envs.math_problems``: seeded word problems with exact answers
+Problems come from ``agentgym.envs.tools.math_problems``: seeded word problems with exact answers
 (integers or fractions) over seven templates, at three difficulties, and an arithmetic drill
 (``templates=["expression"]``) that a tiny model can learn.
 """
@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_non_negative
-from agentgym.envs.code_runner import CodeRunner, cut, describe_end, make_limits
-from agentgym.envs.math_problems import (
+from agentgym.envs.tools.code_runner import CodeRunner, cut, describe_end, make_limits
+from agentgym.envs.tools.math_problems import (
     DRILLS,
     TEMPLATES,
     MathProblem,
@@ -26,7 +26,7 @@ from agentgym.envs.math_problems import (
     problem_from_id,
     same_number,
 )
-from agentgym.envs.tool_calls import parse_tool_calls, tool_spec, work_or_answer
+from agentgym.envs.tools.tool_calls import parse_tool_calls, tool_spec, work_or_answer
 from agentgym.errors import ConfigError
 from agentgym.sandbox import Limits
 from agentgym.snapshot import pack_snapshot, unpack_snapshot

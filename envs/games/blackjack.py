@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.envs.toytext import ToyTextEnv
+from agentgym.envs.games.toytext import ToyTextEnv
 
 # --- blackjack-v0 --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The problems of ``code-tests-v0`` (``agentgym.envs.code_tests``) and the harness that grades a submission.
+"""The problems of ``code-tests-v0`` (``agentgym.envs.tools.code_tests``) and the harness that grades code.
 
 ``load_problems`` reads a problem set (the bundled one is ``data/code_problems.json``); ``grade``
 runs a submission against a problem's hidden tests in the sandbox, one harness program for all of
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym.envs.code_runner import CodeRunner, describe_end
+from agentgym.envs.tools.code_runner import CodeRunner, describe_end
 from agentgym.errors import ConfigError
 
 #: The bundled problem set.

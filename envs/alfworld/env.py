@@ -12,7 +12,7 @@ Where the games come from:
   ``alfworld-download`` lays it out (``json_2.1.1/{train,valid_seen,valid_unseen}/<task>/<trial>/``
   with ``game.tw-pddl`` + ``traj_data.json``). Games are collected as ``alfred_tw_env`` does:
   ``movable``/``Sliced`` trials and games not marked ``solvable`` are skipped.
-- otherwise: games made by ``agentgym.envs.alfworld_gen`` from the package's PDDL domain and
+- otherwise: games made by ``agentgym.envs.alfworld.generation`` from the package's PDDL domain and
   grammar, cached on disk (``$AGENTGYM_CACHE/alfworld``) and fed through the same loading path.
 
 Needs the optional dependency: ``pip install alfworld`` (the ``alfworld`` extra).
@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.core import Env
-from agentgym.envs import alfworld_gen as gen
-from agentgym.envs.alfworld_engine import (
+from agentgym.envs.alfworld import generation as gen
+from agentgym.envs.alfworld.engine import (
     EXPERT_TYPES,
     AlfredEngine,
     admissible_commands,
     expert_command,
     require_alfworld,
 )
-from agentgym.envs.textworld_games import normalize_command
+from agentgym.envs.textworld.games import normalize_command
 from agentgym.errors import ConfigError
 
 #: Pool sizes of the generated splits: those of ALFWorld's official splits.

@@ -5,7 +5,7 @@ observations) in a few lines: name its actions, and say when an episode counts a
 
 Example:
     >>> import agentgym
-    >>> from agentgym.envs.toytext import ToyTextEnv
+    >>> from agentgym.envs.games.toytext import ToyTextEnv
     >>> def make_cliff() -> ToyTextEnv:
     ...     return ToyTextEnv(
     ...         "CliffWalking-v1",

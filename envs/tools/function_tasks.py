@@ -1,4 +1,4 @@
-"""The tasks of ``tools-v0`` (``agentgym.envs.function_calling``): generation and checking.
+"""The tasks of ``tools-v0`` (``agentgym.envs.tools.function_calling``): generation and checking.
 
 ``generate_task(family, number)`` builds one task from its id alone: the prompt, the seeded
 database it starts from, the database a correct solution leaves, the value the answer must give
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.envs.function_tools import (
+from agentgym.envs.tools.function_tools import (
     UNITS,
     convert_units,
     format_number,

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from agentgym.envs import game_cache
-from agentgym.envs.alfworld_engine import AlfredEngine, expert_command, require_alfworld
+from agentgym.envs.alfworld.engine import AlfredEngine, expert_command, require_alfworld
 from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """``CodeTestsEnv`` (``code-tests-v0``): write a Python function that passes hidden unit tests.
 
-The problem set and the grading harness are ``agentgym.envs.code_grading``.
+The problem set and the grading harness are ``agentgym.envs.tools.code_grading``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal
 
 from agentgym.core import Env
 from agentgym.envs.arguments import check_int, check_non_negative
-from agentgym.envs.code_grading import SHOW_CHARS, CodeProblem, Grade, grade, load_problems
-from agentgym.envs.code_runner import CodeRunner, make_limits
-from agentgym.envs.tool_calls import parse_tool_calls, tool_spec
+from agentgym.envs.tools.code_grading import SHOW_CHARS, CodeProblem, Grade, grade, load_problems
+from agentgym.envs.tools.code_runner import CodeRunner, make_limits
+from agentgym.envs.tools.tool_calls import parse_tool_calls, tool_spec
 from agentgym.errors import ConfigError
 from agentgym.sandbox import Limits
 from agentgym.snapshot import pack_snapshot, unpack_snapshot

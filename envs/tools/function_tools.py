@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from agentgym.envs.tool_calls import tool_spec
+from agentgym.envs.tools.tool_calls import tool_spec
 
 #: Decimal places shown for a number whose decimal expansion is longer (or never ends).
 DECIMALS = 10
@@ -131,7 +131,7 @@ def calculate(expression: str) -> Fraction:
     The text is parsed with ``ast`` and only numbers (decimal, optionally with an exponent such as
     ``1e3``), ``+ - * /``, ``**`` with a whole-number exponent, signs and parentheses are accepted.
     ``^`` means ``**``; ``×``, ``÷`` and ``−`` are read as ``*``, ``/`` and ``-``. Unlike
-    ``agentgym.envs.countdown.evaluate``, any number may appear and decimals are allowed.
+    ``agentgym.envs.games.countdown.evaluate``, any number may appear and decimals are allowed.
 
     Raises:
         ToolError: empty, too long, malformed, a name, call or operator that is not arithmetic, a

@@ -251,7 +251,7 @@ def ensure_game(challenge: str, settings: dict[str, Any], game_seed: int, cache_
 
     def build(tmp: Path) -> tuple[list[str], dict[str, Any]]:
         global generation_count
-        code = ("import json, sys; from agentgym.envs.textworld_games import _build_game; "
+        code = ("import json, sys; from agentgym.envs.textworld.games import _build_game; "
                 "_build_game(*json.loads(sys.argv[1]))")
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         proc = subprocess.run(  # a safe-path child: a source tree in the working directory must not shadow us
