@@ -4,7 +4,9 @@
     ├── RegistryError
     │   ├── UnknownEnv            no env registered under that id (suggests the nearest ids)
     │   ├── DuplicateEnv          an id registered twice without ``override=True``
-    │   └── VersionNotFound       the name exists, that version does not (lists the versions)
+    │   ├── VersionNotFound       the name exists, that version does not (lists the versions)
+    │   └── UnknownPlugin         a setting names no registered backend or decoding constraint;
+    │                             also a ``ConfigError`` (suggests the nearest names, lists all)
     ├── EnvContractError          an env broke the text-env contract (see ``agentgym.core.Env``)
     │   ├── ResetNeeded           ``step``/``fork`` before the first ``reset``
     │   ├── EpisodeFinished       ``step`` after ``terminated`` or ``truncated``
@@ -41,8 +43,16 @@ class AgentGymError(Exception):
     http_status: int = 500
 
 
+class ConfigError(AgentGymError):
+    """A configuration or argument value is invalid. The message names the field to fix."""
+
+    http_status = 422
+
+
 class RegistryError(AgentGymError):
-    """Looking up or registering an env id failed."""
+    """Looking up or registering a named thing failed: an env id, or a plug-in of an
+    ``agentgym.plugins.PluginRegistry`` (algorithm, policy loss, loss term, hook option, backend,
+    decoding constraint). An unknown name suggests the nearest; a duplicate says to pass ``override=True``."""
 
     http_status = 404
 
@@ -59,6 +69,14 @@ class DuplicateEnv(RegistryError):
 
 class VersionNotFound(RegistryError):
     """The env name is registered, but not in the requested version."""
+
+
+class UnknownPlugin(RegistryError, ConfigError):
+    """A setting (``model.backend``, a decoding constraint) names no registered plug-in.
+
+    It is a ``ConfigError`` too, because the name comes from a config or a request: code that reports
+    bad settings in one line (the config check, the policy server's 400 answers) catches it as such.
+    """
 
 
 class EnvContractError(AgentGymError):
@@ -154,12 +172,6 @@ class AuthenticationError(RemoteEnvError):
     http_status = 401
 
 
-class ConfigError(AgentGymError):
-    """A configuration or argument value is invalid. The message names the field to fix."""
-
-    http_status = 422
-
-
 #: Every public exception class by name, so the HTTP client can map ``error.type`` back.
 ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
     cls.__name__: cls
@@ -169,6 +181,7 @@ ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
         UnknownEnv,
         DuplicateEnv,
         VersionNotFound,
+        UnknownPlugin,
         EnvContractError,
         ResetNeeded,
         EpisodeFinished,

@@ -2,8 +2,9 @@
 
 Built-in plug-ins register on import of their package (``agentgym.envs``, ``agentgym.trainers``);
 third-party packages register through entry-point groups of the same names. Every registry of
-named things an algorithm is built from (algorithms, policy losses, loss terms, rollout-hook
-options) is a ``PluginRegistry``: one duplicate rule, one error shape with suggestions.
+named plug-ins (algorithms, policy losses, loss terms, rollout-hook options, generation backends,
+decoding constraints) is a ``PluginRegistry``: one duplicate rule, one error shape with suggestions.
+Env ids have their own spec registry (``agentgym.registry``), raising the same ``RegistryError`` family.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class PluginRegistry(Generic[T]):
         kind: what the registry holds, for messages (``"algorithm"``, ``"loss term"``...).
         builtin_module: imported before the first lookup (its import registers the built-ins).
         group: entry-point group loaded before the first lookup.
+        field: the setting whose value names a plug-in (``"model.backend"``): an unknown name's
+            message then leads with it ("model.backend 'x' is not a registered backend").
+        unknown_error: the class an unknown name raises; ``UnknownPlugin`` (a ``RegistryError``
+            that is also a ``ConfigError``) for registries whose names arrive as settings that
+            callers report as bad configuration.
 
     Example:
         >>> colours = PluginRegistry("colour")
@@ -57,10 +63,17 @@ class PluginRegistry(Generic[T]):
         Traceback (most recent call last):
         ...
         agentgym.errors.RegistryError: no colour named 'rde'. Did you mean 'red'? Registered: red
+        >>> colours.register("red", "#ff0000")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.RegistryError: colour 'red' is already registered ('#f00'); pass override=True...
     """
 
-    def __init__(self, kind: str, builtin_module: str | None = None, group: str | None = None) -> None:
+    def __init__(self, kind: str, builtin_module: str | None = None, group: str | None = None, *,
+                 field: str | None = None, unknown_error: type[RegistryError] = RegistryError) -> None:
         self.kind = kind
+        self.field = field
+        self.unknown_error = unknown_error
         self._builtin_module = builtin_module
         self._group = group
         self._items: dict[str, T] = {}
@@ -94,20 +107,32 @@ class PluginRegistry(Generic[T]):
         """The plug-in registered as ``name``.
 
         Raises:
-            RegistryError: unknown name; suggests close names and lists the registered ones.
+            RegistryError: unknown name (of class ``unknown_error``); suggests close names and lists the
+                registered ones.
         """
         self._load()
         found = self._items.get(name)
         if found is None:
             close = difflib.get_close_matches(str(name), list(self._items), n=3, cutoff=0.4)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise RegistryError(f"no {self.kind} named {name!r}.{hint} Registered: {', '.join(self.names())}")
+            unknown = (f"{self.field} {name!r} is not a registered {self.kind}." if self.field
+                       else f"no {self.kind} named {name!r}.")
+            raise self.unknown_error(f"{unknown}{hint} Registered: {', '.join(self.names())}")
         return found
 
     def names(self) -> list[str]:
         """Registered names, sorted."""
         self._load()
         return sorted(self._items)
+
+    def __delitem__(self, name: str) -> None:
+        """``del registry[name]``: remove a registered name.
+
+        Raises:
+            KeyError: ``name`` is not registered.
+        """
+        with self._lock:
+            del self._items[name]
 
     def __contains__(self, name: object) -> bool:
         self._load()
@@ -129,6 +154,8 @@ class PluginRegistry(Generic[T]):
 def _describe(item: object) -> str:
     """Where a registered object comes from: its function (or its estimator/factory function)."""
     item = getattr(item, "estimator", None) or getattr(item, "factory", None) or item
+    name = getattr(item, "__qualname__", None) or getattr(item, "name", None)
+    if not isinstance(name, str):  # a plain value (a string, a number): show it
+        return repr(item)[:80]
     module = getattr(item, "__module__", None) or type(item).__module__
-    name = getattr(item, "__qualname__", None) or getattr(item, "name", None) or type(item).__qualname__
     return f"{module}.{name}"

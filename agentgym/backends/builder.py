@@ -2,36 +2,36 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from agentgym.backends.config import ModelConfig
-from agentgym.errors import ConfigError
+from agentgym.errors import ConfigError, UnknownPlugin
+from agentgym.plugins import PluginRegistry
 from agentgym.rollout.policy import Policy
 
 BackendBuilder = Callable[[ModelConfig, int], Policy]
 """Contract of a backend builder: ``(model config, seed) -> Policy``; raises ``ConfigError`` for a
 config it cannot serve (missing files, unavailable device) before allocating anything large."""
 
-_BACKENDS: dict[str, BackendBuilder] = {}
+#: Built-ins register when ``agentgym.backends`` is imported (its modules call ``register_backend``).
+_BACKENDS: PluginRegistry[BackendBuilder] = PluginRegistry("backend", "agentgym.backends", field="model.backend",
+                                                           unknown_error=UnknownPlugin)
 
 
 def register_backend(name: str, builder: BackendBuilder, *, override: bool = False) -> None:
     """Make ``model.backend: NAME`` build policies with ``builder``.
 
     Raises:
-        ConfigError: ``name`` is taken and ``override`` is False.
+        RegistryError: ``name`` is empty, or taken by another builder and ``override`` is False.
     """
-    if name in _BACKENDS and not override and _BACKENDS[name] is not builder:
-        raise ConfigError(f"backend {name!r} is already registered; pass override=True to replace it")
-    _BACKENDS[name] = builder
+    _BACKENDS.register(name, builder, override=override)
 
 
 def list_backends() -> list[str]:
     """Registered backend names, sorted."""
-    return sorted(_BACKENDS)
+    return _BACKENDS.names()
 
 
 def make_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
@@ -42,7 +42,9 @@ def make_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
         seed: seeds the sampler and, for a tiny model, the weight initialisation.
 
     Raises:
-        ConfigError: unknown backend, unusable device or model path (one line, naming the field).
+        UnknownPlugin: ``cfg.backend`` is not registered (a ``RegistryError`` and a ``ConfigError``;
+            the message suggests the nearest and lists all).
+        ConfigError: unusable device or model path (one line, naming the field).
 
     Example:
         >>> from agentgym.backends.config import TinyModelConfig
@@ -50,13 +52,7 @@ def make_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
         >>> type(policy).__name__, policy.tokenizer.eos_token
         ('TransformersPolicy', '<|im_end|>')
     """
-    builder = _BACKENDS.get(cfg.backend)
-    if builder is None:
-        close = difflib.get_close_matches(cfg.backend, list(_BACKENDS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"model.backend {cfg.backend!r} is not a registered backend.{hint} "
-                          f"Registered: {', '.join(list_backends())}")
-    return builder(cfg, seed)
+    return _BACKENDS.get(cfg.backend)(cfg, seed)
 
 
 def resolve_device(name: str) -> Any:

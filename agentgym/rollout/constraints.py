@@ -9,13 +9,13 @@ arguments after a colon (``"tag_spans:python,answer"``: the factory gets ``("pyt
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from agentgym.errors import ConfigError
+from agentgym.errors import ConfigError, UnknownPlugin
+from agentgym.plugins import PluginRegistry
 
 
 @runtime_checkable
@@ -164,7 +164,9 @@ def _tag_spans(*tags: str) -> TagSpans:
     return TagSpans(tags) if tags else TagSpans()
 
 
-_CONSTRAINTS: dict[str, Callable[..., DecodingConstraint]] = {"tag_spans": _tag_spans}
+_CONSTRAINTS: PluginRegistry[Callable[..., DecodingConstraint]] = PluginRegistry(
+    "decoding constraint", unknown_error=UnknownPlugin)
+_CONSTRAINTS.register("tag_spans", _tag_spans)
 
 
 def register_constraint(name: str, factory: Callable[..., DecodingConstraint], *,
@@ -173,22 +175,20 @@ def register_constraint(name: str, factory: Callable[..., DecodingConstraint], *
     ``name:a,b`` the constraint is ``factory("a", "b")``.
 
     Raises:
-        ConfigError: ``name`` is taken and ``override`` is false.
+        RegistryError: ``name`` is empty, or taken by another factory and ``override`` is false.
 
     Example:
-        >>> register_constraint("tag_spans", TagSpans)
+        >>> register_constraint("tag_spans", TagSpans)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: a decoding constraint named 'tag_spans' is already registered; pass override=True
+        agentgym.errors.RegistryError: decoding constraint 'tag_spans' ...; pass override=True to replace it
     """
-    if name in _CONSTRAINTS and not override:
-        raise ConfigError(f"a decoding constraint named {name!r} is already registered; pass override=True")
-    _CONSTRAINTS[name] = factory
+    _CONSTRAINTS.register(name, factory, override=override)
 
 
 def list_constraints() -> list[str]:
     """Registered constraint names, sorted."""
-    return sorted(_CONSTRAINTS)
+    return _CONSTRAINTS.names()
 
 
 def make_constraint(spec: str) -> DecodingConstraint:
@@ -196,27 +196,23 @@ def make_constraint(spec: str) -> DecodingConstraint:
     arguments (strings) to its factory.
 
     Raises:
-        ConfigError: no constraint has that name (the message suggests the nearest and lists all), or
-            the factory refuses the arguments.
+        UnknownPlugin: no constraint has that name (a ``RegistryError`` and a ``ConfigError``; the
+            message suggests the nearest and lists all).
+        ConfigError: ``spec`` is not a string, or the factory refuses the arguments.
 
     Example:
         >>> make_constraint("tag_spans:python,answer").tags
         ('python', 'answer')
-        >>> make_constraint("tag_span")
+        >>> make_constraint("tag_span")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: no decoding constraint named 'tag_span'. Did you mean 'tag_spans'? Registered: tag_spans
+        agentgym.errors.UnknownPlugin: no decoding constraint named 'tag_span'. Did you mean 'tag_spans'? ...
     """
     if not isinstance(spec, str):
         raise ConfigError(f"a decoding constraint is named by a string such as 'tag_spans', got {spec!r}")
     name, _, arguments = spec.partition(":")
     args = tuple(a.strip() for a in arguments.split(",")) if arguments else ()
     factory = _CONSTRAINTS.get(name)
-    if factory is None:
-        close = difflib.get_close_matches(str(name), list(_CONSTRAINTS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"no decoding constraint named {name!r}.{hint} "
-                          f"Registered: {', '.join(list_constraints())}")
     try:
         return factory(*args)
     except TypeError as exc:  # the factory's signature refuses these arguments

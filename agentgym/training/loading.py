@@ -34,8 +34,8 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     if cfg.rollout.constraint is not None:
         try:
             make_constraint(cfg.rollout.constraint)
-        except ConfigError as exc:
-            raise ConfigError(f"rollout.constraint: {exc}") from None
+        except ConfigError as exc:  # an unknown name stays an UnknownPlugin (a RegistryError too)
+            raise type(exc)(f"rollout.constraint: {exc}") from None
     if cfg.model.backend not in list_backends():
         make_policy(cfg.model)  # raises the registry's error, with suggestions
     Recipe.from_config(cfg)
