@@ -44,6 +44,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from provenance import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 RESULTS_FILE = RESULTS / "algorithms.json"
@@ -235,7 +237,7 @@ def save(path: Path, run: dict) -> None:
         stored = [r for r in (json.loads(text) if text.strip() else []) if "variant" in r and key(r) != key(run)]
         fh.seek(0)
         fh.truncate()
-        fh.write(json.dumps([*stored, run], indent=1))
+        fh.write(json.dumps([*stored, {**run, "provenance": provenance()}], indent=1))
 
 
 def launch(spec: dict) -> dict:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance
+
 import agentgym
 from agentgym.http.launcher import free_port, start_service, stop_service
 from agentgym.rollout.collector import Collector
@@ -320,6 +322,9 @@ def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: f
 
     results: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}  # other sections' results stay
     results.update({"cpu_cores": os.cpu_count(), "load_average_start": load()})
+    record = provenance()
+    ran = [s for s in SECTIONS if s in sections]
+    results["provenance"] = {**results.get("provenance", {}), **{section: record for section in ran}}
     tables = []
     if "collector" in sections:
         rows = collector_path(episodes, duration_s)

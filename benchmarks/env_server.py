@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from http_load import ENV_ID, HOST, install_uvloop, run_http_cell, run_inproc_cell
+from provenance import provenance
 
 from agentgym.http.launcher import free_port, start_service, stop_service
 
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             "--port 0", "--port <free>") if http_modes else None,
         "duration_s": args.duration_s, "warmup_s": args.warmup_s, "seed": args.seed,
         "load_average_start": load_start, "load_average_end": load_end, "wall_s": time.monotonic() - started,
-        "note": args.note,
+        "note": args.note, "provenance": provenance(argv, script=__file__),
         "notes": [
             f"client and server processes share the same {cores} CPU cores" if cores <= 4 else f"{cores} cores",
             "steps/s counts steps only; resets (on terminated/truncated) are extra requests inside the window",

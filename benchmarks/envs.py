@@ -41,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_server import HOST, free_port, start_server, stop_server  # the shared process helpers
+from provenance import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EPISODE_SEED = 1000
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table([row]).splitlines()[-1], flush=True)
     print("\n" + markdown_table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine, "episodes": args.episodes, "rows": rows}, indent=2))
+    args.out.write_text(json.dumps({"machine": machine, "provenance": provenance(argv, script=__file__), "episodes": args.episodes,
+                                          "rows": rows}, indent=2))
     print(f"\nwrote {args.out}")
     return 0
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from provenance import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -192,7 +193,7 @@ def main() -> None:
                         help="torch CPU threads of both processes (1: no OpenMP spinning when cores are shared)")
     args = parser.parse_args()
     report: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-                              "load_average_before": os.getloadavg()}
+                              "load_average_before": os.getloadavg(), "provenance": provenance()}
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the run", flush=True)
     if args.part in ("harness", "both"):
         print("harness, expert policy:", flush=True)

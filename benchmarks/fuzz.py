@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance, stamp
+
 from agentgym.http.launcher import free_port, start_service, stop_service
 
 HOST = "127.0.0.1"
@@ -152,7 +154,7 @@ def main() -> None:
     previous = json.loads(saved.read_text()).get("services", []) if saved.is_file() else []
     ran = {row["service"] for row in rows}
     kept = [row for row in previous if row.get("service") not in ran]
-    saved.write_text(json.dumps({"max_examples": args.max_examples, "services": kept + rows}, indent=2))
+    saved.write_text(json.dumps({"max_examples": args.max_examples, "services": kept + stamp(rows, provenance())}, indent=2))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import torch
 import uvicorn
+from provenance import provenance
 
 from agentgym.backends.config import TinyModelConfig
 from agentgym.backends.openai_backend import OpenAIEndpoint, OpenAIPolicy
@@ -109,7 +110,7 @@ def main() -> None:
         print(f"| {r['backend']} | {r['batch']} | {r['tokens']} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} |")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({"model": "tiny (quickstart shape)", "threads": torch.get_num_threads(),
-                                   "rows": rows}, indent=2))
+                                   "provenance": provenance(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

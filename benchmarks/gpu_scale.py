@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from provenance import provenance
 
 from agentgym.backends.config import LoraConfig, TinyModelConfig
 from agentgym.backends.lora import AdapterDisabled, apply_lora
@@ -167,7 +168,7 @@ def main() -> None:
     gap = abs(rows[0]["peak_gib"] - rows[1]["peak_gib"]) / rows[0]["peak_gib"]
     print(f"GRPO vs GiGPO peak memory differ by {gap:.2%}")
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"device": name, "args": vars(args),
+    RESULTS.write_text(json.dumps({"device": name, "args": vars(args), "provenance": provenance(),
                                    "generation": generation, "updates": rows, "grpo_gigpo_peak_gap": gap},
                                   indent=2))
 

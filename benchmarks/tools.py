@@ -41,6 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_server import HOST, start_server, stop_server
+from provenance import provenance
 
 from agentgym.http.launcher import free_port
 
@@ -245,11 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.is_file():  # a skipped part keeps its last measurement
         previous = json.loads(args.out.read_text())
         results.update({part: previous[part] for part in ("sandbox", "retrieval") if part in previous})
+        results["provenance"] = {part: record for part, record in previous.get("provenance", {}).items()
+                                 if part in results}
+    record = provenance(argv, script=__file__)
     if not args.skip_sandbox:
         results["sandbox"] = sandbox_rows(args.backends, args.clients, args.duration_s)
+        results.setdefault("provenance", {})["sandbox"] = record
     if not args.skip_retrieval:
         with tempfile.TemporaryDirectory(prefix="agentgym-bench-") as tmp:
             results["retrieval"] = retrieval_rows(args.docs, args.clients, args.duration_s, Path(tmp))
+        results.setdefault("provenance", {})["retrieval"] = record
     if "sandbox" in results:
         print("\n## Code sandbox: POST /run\n\n" + sandbox_table(results["sandbox"]))
     if "retrieval" in results:

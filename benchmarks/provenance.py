@@ -1,0 +1,87 @@
+"""Where a benchmark result came from: the commit, the command line and the machine (``provenance``).
+
+Every script that writes ``benchmarks/results/*.json`` records ``provenance()`` with its results (per
+run, and on each row or section it merges into rows kept from earlier runs), so a number can be traced
+to the code and hardware that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    """``git rev-parse HEAD`` of the checkout, with ``+dirty`` when tracked files have changes; ``unknown`` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if changes else "")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _torch() -> tuple[str | None, list[str]]:
+    """torch's version and the GPUs it sees; (None, []) where torch is not installed (env-only benchmarks)."""
+    try:
+        import torch
+    except ImportError:
+        return None, []
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return torch.__version__, gpus
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU model, RAM, GPUs, Python and torch versions of this machine."""
+    torch_version, gpus = _torch()
+    return {"cpu_cores": os.cpu_count(), "cpu_model": _cpu_model(), "ram_gib": _ram_gib(), "gpus": gpus,
+            "python": platform.python_version(), "torch": torch_version, "platform": platform.platform()}
+
+
+def provenance(args: list[str] | None = None, *, script: str | None = None) -> dict[str, Any]:
+    """The commit, the exact command line and the machine, with the time (UTC).
+
+    Args:
+        args: the script's arguments (a ``main(argv)`` called with a list); None: ``sys.argv[1:]``.
+        script: the script's path; None: ``sys.argv[0]``.
+
+    Example:
+        >>> record = provenance(["--episodes", "2"], script="benchmarks/envs.py")
+        >>> record["command"].endswith("benchmarks/envs.py --episodes 2"), sorted(record)
+        (True, ['command', 'commit', 'machine', 'recorded_at'])
+    """
+    command = [sys.executable, script or sys.argv[0], *(sys.argv[1:] if args is None else args)]
+    return {"commit": commit(), "command": shlex.join(command), "machine": machine(),
+            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def stamp(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
+    """``rows`` each carrying ``record`` under ``provenance`` (for files that keep rows of earlier runs)."""
+    return [{**row, "provenance": record} for row in rows]
