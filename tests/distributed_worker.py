@@ -10,14 +10,15 @@ import sys
 
 import numpy as np
 import torch
+from turn_tables import plan_table
 
 from agentgym.backends.builder import make_policy
 from agentgym.backends.config import ModelConfig, TinyModelConfig
 from agentgym.rollout.records import Turn
 from agentgym.training.distributed import Distributed
 from agentgym.training.loading import load_config
-from agentgym.training.plan import TurnIndex
 from agentgym.training.recipe import Recipe
+from agentgym.training.turn_table import TurnTable
 from agentgym.training.update import PolicyUpdate
 
 SETTINGS = {
@@ -28,7 +29,7 @@ SETTINGS = {
 }
 
 
-def turns_and_advantages() -> tuple[list[Turn], np.ndarray, TurnIndex]:
+def turns_and_advantages() -> tuple[list[Turn], np.ndarray, TurnTable]:
     """Nine turns of different prompt and response lengths (so rows, tokens and padding all differ)."""
     rng = np.random.default_rng(7)
     turns = []
@@ -36,8 +37,7 @@ def turns_and_advantages() -> tuple[list[Turn], np.ndarray, TurnIndex]:
         prompt = rng.integers(0, 256, int(rng.integers(3, 14))).tolist()
         response = rng.integers(0, 256, int(rng.integers(1, 9))).tolist()
         turns.append(Turn(prompt, response, rng.normal(-3, 0.3, len(response)).tolist(), 0.0, str(i)))
-    index = TurnIndex(np.array([f"t{i}" for i in range(9)], dtype=object), np.zeros(9, dtype=np.int64),
-                      np.arange(9, dtype=np.int64) // 3)
+    index = plan_table([f"t{i}" for i in range(9)], np.zeros(9, dtype=np.int64), np.arange(9, dtype=np.int64) // 3)
     return turns, rng.normal(0, 1, 9), index
 
 

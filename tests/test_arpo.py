@@ -32,7 +32,7 @@ from agentgym.trainers.arpo import (
 from agentgym.trainers.grpo import GRPOArgs, grpo_advantages
 from agentgym.training.algorithm import get_algorithm
 from agentgym.training.loading import load_config
-from agentgym.training.loop import train, turn_index
+from agentgym.training.loop import train
 from agentgym.training.turn_table import TurnTable
 
 PRESET = ROOT / "configs" / "search_qa_arpo_tiny.yaml"
@@ -220,7 +220,7 @@ def test_without_forks_hard_equals_soft() -> None:
 
 def test_hard_plan_trains_each_shared_turn_once() -> None:
     groups = [tree_group(np.random.default_rng(5), "g", size=8)]
-    index = turn_index(groups)
+    index = TurnTable.from_groups(groups)
     owners = owners_by_loop(groups)
     own = [o == (t.trajectory_id, k) for o, (t, k) in
            zip(owners, [(t, k) for t in groups[0].trajectories for k in range(len(t.turns))])]

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from learning import small
+from turn_tables import plan_table
 
 from agentgym.rollout.records import Turn
 from agentgym.training.loading import load_config
 from agentgym.training.loop import Trainer, train
 from agentgym.training.offpolicy import importance_weights
 from agentgym.training.packing import pack_turns
-from agentgym.training.plan import TurnIndex
 
 SMALL = small("iterations=3", "eval.num_episodes=2", "sft.enabled=false", "model.device=cpu")
 
@@ -71,7 +71,7 @@ def test_a_stale_batch_is_trained_with_importance_weighted_advantages(tmp_path: 
                   0.0, str(i)) for i in range(6)]
     turns[0] = Turn(turns[0].prompt_ids, turns[0].response_ids, [-12.0], 0.0, "0")  # far less likely: capped at 2
     advantages = np.array([1.0, -0.5, 0.25, -1.0, 0.75, -0.25])
-    index = TurnIndex(np.array(list("abcdef"), dtype=object), np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64))
+    index = plan_table(list("abcdef"), np.zeros(6, dtype=np.int64))
 
     def updated(adv: np.ndarray, staleness: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         run = Trainer(cfg, tmp_path / f"run{len(list(tmp_path.iterdir()))}")

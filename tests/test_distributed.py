@@ -99,7 +99,8 @@ def test_accelerate_launch_trains(tmp_path: Path) -> None:
 
 
 def _one_update(tmp: Path, overrides: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    from agentgym.training.loop import Trainer, flatten, turn_index
+    from agentgym.training.loop import Trainer, flatten
+    from agentgym.training.turn_table import TurnTable
 
     cfg = load_config(None, ["rollout.num_tasks=2", "rollout.group_size=4", "env.max_turns=3", "sft.enabled=false",
                              "loss.kl_coef=0", "model.device=cpu", *overrides])
@@ -107,7 +108,7 @@ def _one_update(tmp: Path, overrides: list[str]) -> tuple[dict[str, torch.Tensor
     try:
         groups = run.collector.collect([1, 2], 4, run.sampling(1.0, 0))
         advantages = np.linspace(-1.0, 1.0, len(flatten(groups)))
-        metrics = run.update(flatten(groups), advantages, turn_index(groups), 1)
+        metrics = run.update(flatten(groups), advantages, TurnTable.from_groups(groups), 1)
         return {k: v.detach().clone() for k, v in run.model.state_dict().items()}, metrics
     finally:
         run.close()

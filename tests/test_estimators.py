@@ -329,3 +329,18 @@ def test_rloo_invalid_action_penalty_is_subtracted_not_scaled() -> None:
     # A group of one has no baseline: 0 whatever the penalty.
     alone = algo.estimator([group(traj([("s", 1.0, True)]))], algo.make_args({"invalid_action_penalty": 0.1}))
     assert alone.tolist() == [0.0]
+
+
+def test_turn_table_of_shares_one_table_per_batch_and_carries_the_plan_columns() -> None:
+    turn = Turn([1], [2], [-0.1], 0.0, "s")
+    parent = Trajectory([turn, turn, turn], "t", 0, trajectory_id="a")
+    branch = Trajectory([turn, turn, turn], "t", 0, trajectory_id="b", fork_turn=2)
+    groups = [EpisodeGroup("g", "t", 0, [parent, branch])]
+    table = TurnTable.of(groups)
+    assert TurnTable.of(groups) is table  # the estimator's table is the update plan's
+    assert table.trajectory_id.tolist() == ["a"] * 3 + ["b"] * 3
+    assert table.copied.tolist() == [False, False, False, True, True, False]
+    assert TurnTable.of(list(groups)) is not table  # another batch: never another batch's table
+    groups[0].trajectories.append(Trajectory([turn], "t", 0, trajectory_id="c"))
+    grown = TurnTable.of(groups)  # the same list grown since: rebuilt, not stale
+    assert grown is not table and grown.num_turns == 7

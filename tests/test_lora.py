@@ -18,8 +18,9 @@ from agentgym.backends.tiny import load_model_and_tokenizer
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import Turn
 from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, flatten, train, turn_index
+from agentgym.training.loop import Trainer, flatten, train
 from agentgym.training.packing import pack_turns, sequence_logprobs
+from agentgym.training.turn_table import TurnTable
 
 SMALL = small("iterations=3", "model.lora.r=4", "optim.lr=0.01")
 
@@ -77,7 +78,7 @@ def test_lora_rl_update_changes_only_the_adapter_and_the_loss_falls(tmp_path: Pa
         advantages = np.linspace(-1.0, 1.0, len(turns))
         base_before = base_state_dict(run.model)
         adapter_before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
-        losses = [run.update(turns, advantages, turn_index(groups), i)["loss/policy"] for i in range(1, 6)]
+        losses = [run.update(turns, advantages, TurnTable.from_groups(groups), i)["loss/policy"] for i in range(1, 6)]
         assert losses[-1] < losses[0], losses
         base_after = base_state_dict(run.model)
         assert all(torch.equal(base_before[k], base_after[k]) for k in base_before)

@@ -67,7 +67,7 @@ def test_pack_turns_hand_built_pair():
     assert (batch.num_rows, batch.seq_len, batch.num_response_tokens) == (2, 5, 5)
     assert batch.input_ids.dtype == torch.long and batch.attention_mask.dtype == torch.long
     assert batch.response_mask.dtype == batch.advantages.dtype == batch.old_logprobs.dtype == torch.float32
-    assert batch.ref_logprobs is None
+    assert batch.turn_step is None  # packed without turn steps
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -308,3 +308,13 @@ def test_token_minibatches_respect_the_budget():
     assert sum(p.num_response_tokens for p in parts) == batch.num_response_tokens
     with pytest.raises(ConfigError, match="max_tokens"):
         token_minibatches(batch, 0)
+
+
+def test_pack_turns_takes_each_rows_turn_step_and_keeps_it_through_minibatches():
+    turns = [Turn([1], [2], [-0.1], 0.0, str(i)) for i in range(5)]
+    batch = pack_turns(turns, [0.0] * 5, pad_token_id=0, turn_step=[4, 3, 2, 1, 0])
+    assert batch.turn_step.tolist() == [4, 3, 2, 1, 0]
+    for part in minibatches(batch, 2, generator=torch.Generator().manual_seed(0)):
+        assert part.turn_step.tolist() == [4 - i for i in part.turn_index.tolist()]
+    with pytest.raises(ConfigError, match="one turn step per turn: 5 turns, 2 turn steps"):
+        pack_turns(turns, [0.0] * 5, pad_token_id=0, turn_step=[0, 1])

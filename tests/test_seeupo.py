@@ -11,14 +11,15 @@ import pytest
 import torch
 from conftest import one_torch_thread
 from learning import LEARN_FULL, ROOT, SMALL, assert_learns
+from turn_tables import plan_table
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.trainers.seeupo import SeeUPOArgs, SequentialTurnPlan, seeupo_advantages
 from agentgym.training.algorithm import get_algorithm
 from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, flatten, train, turn_index
-from agentgym.training.plan import TurnIndex
+from agentgym.training.loop import Trainer, flatten, train
+from agentgym.training.turn_table import TurnTable
 
 PRESET = ROOT / "configs" / "quickstart_maze_seeupo.yaml"
 
@@ -109,8 +110,7 @@ def test_loop_equals_vectorised(seed: int) -> None:
 
 
 def test_phases_run_last_turn_first_and_cover_every_turn_once() -> None:
-    index = TurnIndex(np.array(["a", "a", "a", "b", "c", "c"], dtype=object), np.array([0, 1, 2, 0, 0, 1]),
-                      np.zeros(6, dtype=np.int64))
+    index = plan_table(["a", "a", "a", "b", "c", "c"], [0, 1, 2, 0, 0, 1])
     phases = SequentialTurnPlan(SeeUPOArgs()).phases(index)
     assert [p.name for p in phases] == ["turn2", "turn1", "turn0"]
     assert [p.rows.tolist() for p in phases] == [[2], [1, 5], [0, 3, 4]]
@@ -122,7 +122,7 @@ def test_cumulative_ratios_are_clipped_and_follow_trajectory_ids_not_rows() -> N
     steps = np.array([0, 1, 2, 0, 1])
     for order in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1]):
         order = np.array(order)
-        index = TurnIndex(ids[order], steps[order], np.zeros(5, dtype=np.int64))
+        index = plan_table(ids[order], steps[order])
         plan = SequentialTurnPlan(SeeUPOArgs(ratio_clip=0.2, cumulative_ratio_clip=0.3))
         shifts = {("a", 2): 0.1, ("a", 1): 0.3, ("b", 1): -0.05}  # mean log-ratio of each turn's update
         seen = {}
@@ -164,7 +164,7 @@ def test_updates_use_the_later_turns_ratios(tmp_path: Path) -> None:
     plan.advantages, plan.after_phase = record_advantages, record_after
     try:
         groups = run.collector.collect([1, 2, 3], 4, run.sampling(1.0, 0))
-        index = turn_index(groups)
+        index = TurnTable.from_groups(groups)
         advantages = np.linspace(-1.0, 1.0, index.step.shape[0])
         metrics = run.update(flatten(groups), advantages, index, 1)
     finally:

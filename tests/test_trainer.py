@@ -12,8 +12,9 @@ from learning import SMALL
 
 from agentgym.errors import ConfigError
 from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, flatten, train, turn_index
+from agentgym.training.loop import Trainer, flatten, train
 from agentgym.training.quickstart import QUICKSTART
+from agentgym.training.turn_table import TurnTable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def test_every_trainable_parameter_changes_and_loss_is_finite(tmp_path: Path) ->
         # Non-zero advantages on every turn so every parameter gets a gradient.
         advantages = torch.linspace(-1.0, 1.0, len(turns)).numpy()
         before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
-        metrics = run.update(turns, advantages, turn_index(groups), 1)
+        metrics = run.update(turns, advantages, TurnTable.from_groups(groups), 1)
         for key in ("loss/policy", "loss/total", "loss/entropy", "loss/grad_norm"):
             assert torch.isfinite(torch.tensor(metrics[key])), key
         unchanged = [n for n, p in run.model.named_parameters() if p.requires_grad and torch.equal(p, before[n])]

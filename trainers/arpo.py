@@ -43,7 +43,7 @@ from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, RolloutHoo
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.algorithm import AlgorithmNeeds, register_algorithm
-from agentgym.training.plan import Phase, TurnIndex, UpdatePlan
+from agentgym.training.plan import Phase, UpdatePlan
 from agentgym.training.turn_table import TurnTable, episode_advantages
 
 
@@ -297,7 +297,7 @@ def arpo_advantages(groups: Sequence[EpisodeGroup], args: ARPOArgs) -> np.ndarra
         >>> np.round(arpo_advantages(groups, ARPOArgs(normalize_std=False, attribution="hard")), 4).tolist()
         [0.1667, 0.6667, 0.1667, -0.3333, -0.3333]
     """
-    table = TurnTable.from_groups(groups)
+    table = TurnTable.of(groups)
     mode = "mean_std_norm" if args.normalize_std else "mean_norm"
     advantages = episode_advantages(table, args.invalid_action_penalty, mode, args.epsilon, baseline="trajectory")
     if args.attribution == "soft" or table.num_turns == 0:
@@ -315,20 +315,23 @@ class SharedPrefixOnce(UpdatePlan):
     turn shared by several branches is trained once (with the mean advantage the estimator gave it).
     ``soft``: every row, as the default plan.
 
-    Example:
-        >>> index = TurnIndex(np.array(["a", "a", "b", "b"], dtype=object), np.array([0, 1, 0, 1]),
-        ...                   np.zeros(4, int), np.array([False, False, True, False]))
-        >>> [p.rows.tolist() for p in SharedPrefixOnce(ARPOArgs(attribution="hard")).phases(index)]
+    Example (branch "b" forked from "a" after its first turn, so its turn 0 is a copy):
+        >>> from agentgym.rollout.records import Trajectory
+        >>> turns = [Turn([1], [2], [-0.1], 0.0, "s"), Turn([1], [3], [-0.1], 0.0, "s")]
+        >>> group = EpisodeGroup("g", "t", 0, [Trajectory(turns, "t", 0, trajectory_id="a"),
+        ...                                    Trajectory(turns, "t", 0, trajectory_id="b", fork_turn=1)])
+        >>> plan = SharedPrefixOnce(ARPOArgs(attribution="hard"))
+        >>> [p.rows.tolist() for p in plan.phases(TurnTable.from_groups([group]))]
         [[0, 1, 3]]
     """
 
     def __init__(self, args: ARPOArgs) -> None:
         self.args = args
 
-    def phases(self, index: TurnIndex) -> list[Phase]:
-        rows = np.arange(index.step.shape[0], dtype=np.int64)
-        if self.args.attribution == "hard" and index.copied is not None:
-            rows = rows[~index.copied]
+    def phases(self, table: TurnTable) -> list[Phase]:
+        rows = np.arange(table.num_turns, dtype=np.int64)
+        if self.args.attribution == "hard":
+            rows = rows[~table.copied]
         return [Phase("all", rows)]
 
 

@@ -86,14 +86,12 @@ class EPOTerm(LossTerm):
     """Band penalty around the running per-turn-index entropy history (see the module docstring).
 
     Example (turn index 0 has history H̄_0 = 1.0; a turn at entropy 1.5 is 0.3 above κ_hi·H̄_0 = 1.2):
-        >>> from dataclasses import replace
         >>> from agentgym.rollout.records import Turn
         >>> from agentgym.training.config import LossConfig
         >>> from agentgym.training.packing import pack_turns
         >>> term = EPOTerm(EPOArgs(coef=1.0, phase_weighting=False))
         >>> term.load_state_dict({"sums": [1.0], "counts": [1], "iterations": 1})
-        >>> batch = pack_turns([Turn([1], [2, 3], [0.0, 0.0], 0.0, "s")], [1.0], pad_token_id=0)
-        >>> batch = replace(batch, turn_step=torch.tensor([0]))
+        >>> batch = pack_turns([Turn([1], [2, 3], [0.0, 0.0], 0.0, "s")], [1.0], pad_token_id=0, turn_step=[0])
         >>> value, metrics = term(batch, ForwardOutputs(torch.zeros(1, 3), entropy=torch.full((1, 3), 1.5)),
         ...                       LossConfig())
         >>> round(value.item(), 4), metrics["epo/out_of_band_frac"]
@@ -134,7 +132,7 @@ class EPOTerm(LossTerm):
         if outputs.entropy is None:
             raise ConfigError("the epo term got no entropies; it sets needs_entropy, so the trainer must pass them")
         if batch.turn_step is None:
-            raise ConfigError("the epo term needs each row's turn position (TokenBatch.turn_step)")
+            raise ConfigError("the epo term needs each row's turn position: pack with pack_turns(..., turn_step=...)")
         mask = batch.response_mask.to(outputs.entropy.device).bool()
         entropy = torch.where(mask, outputs.entropy.float(), torch.zeros((), device=mask.device))
         steps = batch.turn_step.cpu().numpy().astype(np.int64)

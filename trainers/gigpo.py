@@ -74,7 +74,7 @@ def gigpo_advantages(groups: Sequence[EpisodeGroup], args: GiGPOArgs) -> np.ndar
         >>> np.round(adv, 4).tolist()
         [1.1667, 0.5, -0.8333, -0.8333]
     """
-    table = TurnTable.from_groups(groups)
+    table = TurnTable.of(groups)
     episode = episode_advantages(table, args.invalid_action_penalty, args.mode, args.epsilon,
                                  baseline=args.episode_baseline)
     step = step_advantages(table, args.gamma, args.invalid_action_penalty, args.mode, args.epsilon)

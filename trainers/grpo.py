@@ -39,7 +39,7 @@ def grpo_advantages(groups: Sequence[EpisodeGroup], args: GRPOArgs) -> np.ndarra
         >>> grpo_advantages([group], GRPOArgs(normalize_std=False)).tolist()
         [0.5, 0.5, -0.5]
     """
-    table = TurnTable.from_groups(groups)
+    table = TurnTable.of(groups)
     mode = "mean_std_norm" if args.normalize_std else "mean_norm"
     return episode_advantages(table, args.invalid_action_penalty, mode, args.epsilon, baseline="trajectory")
 

@@ -171,7 +171,7 @@ def hgpo_advantages(groups: Sequence[EpisodeGroup], args: HGPOArgs) -> np.ndarra
         >>> np.round(hgpo_advantages([EpisodeGroup("g", "t", 0, [win, lose])], args), 4).tolist()
         [0.6667, 0.0, -0.3333, -0.3333]
     """
-    table = TurnTable.from_groups(groups)
+    table = TurnTable.of(groups)
     num_levels = args.history_length + 1
     returns = discounted_returns(table, args.gamma) - args.invalid_action_penalty * table.invalid
     columns, present = [], []

@@ -122,7 +122,7 @@ def turn_rewards(groups: Sequence[EpisodeGroup], args: IGPOArgs) -> tuple[TurnTa
         ``(table, reward, is_ig)``: shape (num_turns,) each; ``is_ig`` marks the turns whose reward is
         a (finite, non-zero) information gain. A turn without a recorded value gets no IG.
     """
-    table = TurnTable.from_groups(groups)
+    table = TurnTable.of(groups)
     values = np.array([float(turn.extras.get(VALUE_KEY, math.nan))
                        for g in groups for t in g.trajectories for turn in t.turns], dtype=np.float64)
     if args.info_gain_type == "prob_diff":

@@ -33,7 +33,7 @@ def rloo_advantages(groups: Sequence[EpisodeGroup], args: RLOOArgs) -> np.ndarra
         >>> rloo_advantages([EpisodeGroup("g", "t", 0, [traj(1.0), traj(0.0), traj(0.0)])], RLOOArgs()).tolist()
         [1.0, -0.5, -0.5]
     """
-    table = TurnTable.from_groups(groups)
+    table = TurnTable.of(groups)
     centred = episode_advantages(table, 0.0, "mean_norm", 0.0)
     size = np.bincount(table.trajectory_group, minlength=len(groups)).astype(np.float64)[table.group]
     # The G/(G−1) factor turns mean-centring into leave-one-out; the penalty is subtracted after it,

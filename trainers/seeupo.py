@@ -35,7 +35,7 @@ import numpy as np
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup
 from agentgym.training.algorithm import register_algorithm
-from agentgym.training.plan import Phase, TurnIndex, UpdatePlan
+from agentgym.training.plan import Phase, UpdatePlan
 from agentgym.training.turn_table import TurnTable, group_mean_std
 
 
@@ -80,7 +80,7 @@ def seeupo_advantages(groups: Sequence[EpisodeGroup], args: SeeUPOArgs) -> np.nd
         >>> np.round(seeupo_advantages([group], SeeUPOArgs()), 4).tolist()
         [1.1547, 0.0, -0.5774, -0.5774]
     """
-    table = TurnTable.from_groups(groups)
+    table = TurnTable.of(groups)
     if table.num_turns == 0:
         return np.zeros(0)
     outcome = table.trajectory_return[table.trajectory]
@@ -107,13 +107,17 @@ class SequentialTurnPlan(UpdatePlan):
 
     Example:
         >>> plan = SequentialTurnPlan(SeeUPOArgs())
-        >>> index = TurnIndex(np.array(["a", "a", "b"], dtype=object), np.array([0, 1, 0]), np.zeros(3, int))
-        >>> [(p.name, p.rows.tolist()) for p in plan.phases(index)]
+        >>> from agentgym.rollout.records import Trajectory, Turn
+        >>> turn = Turn([1], [2], [-0.1], 0.0, "s")
+        >>> group = EpisodeGroup("g", "t", 0, [Trajectory([turn, turn], "t", 0, trajectory_id="a"),
+        ...                                    Trajectory([turn], "t", 0, trajectory_id="b")])
+        >>> table = TurnTable.from_groups([group])
+        >>> [(p.name, p.rows.tolist()) for p in plan.phases(table)]
         [('turn1', [1]), ('turn0', [0, 2])]
-        >>> last, first = plan.phases(index)
-        >>> round(plan.after_phase(last, index, [np.zeros(2)], [np.full(2, 0.1)])["seeupo/ratio_mean"], 4)
+        >>> last, first = plan.phases(table)
+        >>> round(plan.after_phase(last, table, [np.zeros(2)], [np.full(2, 0.1)])["seeupo/ratio_mean"], 4)
         1.1052
-        >>> plan.advantages(first, index, np.array([1.0, 1.0])).round(4).tolist()  # "a" scaled, "b" not
+        >>> plan.advantages(first, table, np.array([1.0, 1.0])).round(4).tolist()  # "a" scaled, "b" not
         [1.1052, 1.0]
     """
 
@@ -125,20 +129,20 @@ class SequentialTurnPlan(UpdatePlan):
         self._code = np.zeros(0, dtype=np.int64)
         self._ratios = np.ones(0)
 
-    def phases(self, index: TurnIndex) -> list[Phase]:
+    def phases(self, table: TurnTable) -> list[Phase]:
         # Integer codes of the trajectory ids: every per-trajectory lookup goes through the id.
-        ids, code = np.unique(index.trajectory_id.astype(str), return_inverse=True)
+        ids, code = np.unique(table.trajectory_id.astype(str), return_inverse=True)
         self._ids, self._code, self._ratios = ids.astype(object), code.reshape(-1), np.ones(ids.shape[0])
-        order = np.argsort(-index.step, kind="stable")
-        steps, starts = np.unique(-index.step[order], return_index=True)
+        order = np.argsort(-table.step, kind="stable")
+        steps, starts = np.unique(-table.step[order], return_index=True)
         bounds = np.r_[starts[1:], order.shape[0]]
         return [Phase(f"turn{-step}", np.sort(order[start:stop]))
                 for step, start, stop in zip(steps, starts, bounds)]
 
-    def advantages(self, phase: Phase, index: TurnIndex, advantages: np.ndarray) -> np.ndarray:
+    def advantages(self, phase: Phase, table: TurnTable, advantages: np.ndarray) -> np.ndarray:
         return advantages * self._ratios[self._code[phase.rows]]
 
-    def after_phase(self, phase: Phase, index: TurnIndex, old_logprobs: list[np.ndarray],
+    def after_phase(self, phase: Phase, table: TurnTable, old_logprobs: list[np.ndarray],
                     new_logprobs: list[np.ndarray]) -> dict[str, float]:
         c, cc = self.args.ratio_clip, self.args.cumulative_ratio_clip
         log_ratio = np.array([float(np.mean(new - old)) if new.size else 0.0

@@ -34,7 +34,7 @@ from agentgym.training.config import (
 )
 from agentgym.training.loading import check_config, config_from_dict, load_config
 from agentgym.training.options import HookOption, get_hook_option, list_hook_options, register_hook_option
-from agentgym.training.plan import Phase, TurnIndex, UpdatePlan
+from agentgym.training.plan import Phase, UpdatePlan
 from agentgym.training.turn_table import (
     TurnTable,
     discounted_returns,
@@ -45,7 +45,7 @@ from agentgym.training.turn_table import (
 
 __all__ = [
     "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig", "HookOption",
-    "LossConfig", "OptimConfig", "Phase", "RolloutConfig", "SFTConfig", "TrainConfig", "TurnIndex", "TurnTable",
+    "LossConfig", "OptimConfig", "Phase", "RolloutConfig", "SFTConfig", "TrainConfig", "TurnTable",
     "UpdatePlan", "check_config", "config_from_dict", "config_to_dict", "discounted_returns", "episode_advantages",
     "get_algorithm", "get_hook_option", "group_mean_std", "list_algorithms", "list_hook_options", "load_config",
     "normalize", "register_algorithm", "register_hook_option",

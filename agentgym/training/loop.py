@@ -52,7 +52,7 @@ from agentgym.training.progress import Progress, iteration_status
 from agentgym.training.recipe import Recipe
 from agentgym.training.report import plot_learning_curve
 from agentgym.training.run_folder import RunFolder
-from agentgym.training.setup import (  # noqa: F401  (flatten, turn_index, env_factory: re-exported)
+from agentgym.training.setup import (  # noqa: F401  (flatten, env_factory: re-exported)
     action_format,
     env_factory,
     env_urls,
@@ -60,9 +60,9 @@ from agentgym.training.setup import (  # noqa: F401  (flatten, turn_index, env_f
     lr_schedule,
     seed_everything,
     task_seeds,
-    turn_index,
 )
 from agentgym.training.terms import RunContext
+from agentgym.training.turn_table import TurnTable
 from agentgym.training.update import PolicyUpdate, sft_update
 from agentgym.training.weights import (
     load_model_state,
@@ -77,7 +77,7 @@ from agentgym.training.weights import (
 REFERENCE = "reference.pt"
 
 
-# Set-up helpers live in agentgym.training.setup; flatten and turn_index are re-exported here.
+# Set-up helpers live in agentgym.training.setup; flatten is re-exported here.
 
 
 @dataclass
@@ -425,8 +425,8 @@ class Trainer:
                 # end of the last iteration; after it, only the last checkpoint is left to resume from.
                 try:
                     with stop.region("abandonable") if self.update.poll is not None else contextlib.nullcontext():
-                        update_metrics = self.update(flatten(groups), advantages, turn_index(groups), iteration,
-                                                     staleness=rollout.staleness)
+                        update_metrics = self.update(flatten(groups), advantages, TurnTable.of(groups),
+                                                     iteration, staleness=rollout.staleness)
                 except StopNow:
                     if self.update.stepped:
                         self.resume_point = self.saved_point(history)

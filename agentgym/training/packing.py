@@ -57,18 +57,15 @@ class TokenBatch:
     turn_index: torch.Tensor
     """int64 ``(rows,)``: index of the row's turn in the sequence given to ``pack_turns`` (for a batch
     of groups: order group → trajectory → turn, the order of the advantages)."""
-    ref_logprobs: torch.Tensor | None = None
-    """float32 ``(rows, seq)`` or None: log-probs under the frozen reference model, aligned like
-    ``old_logprobs``; filled by the trainer (``replace``) when the loss has a KL term."""
     turn_step: torch.Tensor | None = None
-    """int64 ``(rows,)`` or None: each row's turn position in its trajectory (0-based), filled by the
-    trainer (``replace``) for loss terms that depend on it."""
+    """int64 ``(rows,)`` or None: each row's turn position in its trajectory (0-based), for loss terms
+    that depend on it (``pack_turns(..., turn_step=table.step)``); None when packed without it."""
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids.shape)
         if len(shape) != 2:
             raise ConfigError(f"TokenBatch.input_ids must be (rows, seq), got shape {shape}")
-        for name in ("attention_mask", "response_mask", "advantages", "old_logprobs", "ref_logprobs"):
+        for name in ("attention_mask", "response_mask", "advantages", "old_logprobs"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
                 raise ConfigError(f"TokenBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
@@ -130,6 +127,7 @@ def pack_turns(
     pad_token_id: int,
     max_length: int | None = None,
     skip_forced: bool = False,
+    turn_step: Sequence[int] | np.ndarray | None = None,
 ) -> TokenBatch:
     """Pack turns into one right-padded row each and broadcast each turn's advantage to its response.
 
@@ -147,12 +145,14 @@ def pack_turns(
             policy made no choice at them, so they carry no policy-gradient signal; left in, a
             constrained response (mostly forced: a copy runs on by itself) would push the model's
             unconstrained distribution around at every copied character.
+        turn_step: One turn position (0-based, in its trajectory) per turn, same order, for loss terms
+            that read it (``TurnTable.step`` of the turns); None leaves ``TokenBatch.turn_step`` unset.
 
     Returns:
         A ``TokenBatch`` on the CPU with ``seq`` = the longest (truncated) row.
 
     Raises:
-        ConfigError: No turns, a length mismatch (advantages vs turns, or response ids vs their
+        ConfigError: No turns, a length mismatch (advantages or turn steps vs turns, or response ids vs their
             log-probs), an empty prompt, a non-finite advantage or log-prob, a negative id, or a
             response too long for ``max_length``.
 
@@ -176,6 +176,9 @@ def pack_turns(
     if not torch.isfinite(adv).all():
         bad = int((~torch.isfinite(adv)).nonzero()[0, 0])
         raise ConfigError(f"advantage of turn {bad} is {adv[bad].item()}; advantages must be finite")
+    steps = None if turn_step is None else torch.as_tensor(np.asarray(turn_step, dtype=np.int64).reshape(-1))
+    if steps is not None and steps.shape[0] != num:
+        raise ConfigError(f"pack_turns needs one turn step per turn: {num} turns, {steps.shape[0]} turn steps")
     if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
         raise ConfigError(f"pack_turns: max_length must be an integer >= 2 or None, got {max_length!r}")
 
@@ -243,6 +246,7 @@ def pack_turns(
         advantages=torch.where(response_mask.bool(), adv.unsqueeze(1), torch.zeros(())),
         old_logprobs=old_logprobs,
         turn_index=torch.arange(num, dtype=torch.long),
+        turn_step=steps,
     )
 
 

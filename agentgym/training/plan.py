@@ -6,7 +6,8 @@ asks the plan to adjust the phase's advantages, runs the epochs × minibatches o
 when the plan wants them — hands the plan the rows' log-probs after the phase, so it can carry
 per-trajectory state forward (keyed by trajectory id, never by row position).
 
-The default plan is one phase with every row: the ordinary PPO-style update.
+The default plan is one phase with every row: the ordinary PPO-style update. Plans split on the
+iteration's ``TurnTable`` (trajectory ids, steps, groups, fork copies), the same table the estimator used.
 """
 
 from __future__ import annotations
@@ -17,20 +18,7 @@ from typing import Any
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class TurnIndex:
-    """Per-turn facts an update plan may split on; arrays of shape (num_turns,) in estimator order."""
-
-    trajectory_id: np.ndarray
-    """object (str): the turn's ``Trajectory.trajectory_id``."""
-    step: np.ndarray
-    """int64: position of the turn in its trajectory (0-based)."""
-    group: np.ndarray
-    """int64: index of the turn's group in the batch."""
-    copied: np.ndarray | None = None
-    """bool: the turn is a fork's copy of a turn that its parent trajectory (or an ancestor) also
-    holds (``step < Trajectory.fork_turn``): the same tokens in the same context; None: no forks."""
+from agentgym.training.turn_table import TurnTable
 
 
 @dataclass(frozen=True)
@@ -50,23 +38,26 @@ class UpdatePlan:
     ``wants_logprobs_after = True`` to receive each phase's log-probs after its update.
 
     Example:
-        >>> index = TurnIndex(np.array(["a", "a", "b"], dtype=object), np.array([0, 1, 0]), np.zeros(3, int))
-        >>> [(p.name, p.rows.tolist()) for p in UpdatePlan().phases(index)]
+        >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
+        >>> def trajectory(name, length):
+        ...     return Trajectory([Turn([1], [2], [-0.1], 0.0, "s")] * length, "t", 0, trajectory_id=name)
+        >>> table = TurnTable.from_groups([EpisodeGroup("g", "t", 0, [trajectory("a", 2), trajectory("b", 1)])])
+        >>> [(p.name, p.rows.tolist()) for p in UpdatePlan().phases(table)]
         [('all', [0, 1, 2])]
     """
 
     wants_logprobs_after: bool = False
     """Compute the phase rows' log-probs after the phase's update and pass them to ``after_phase``."""
 
-    def phases(self, index: TurnIndex) -> list[Phase]:
+    def phases(self, table: TurnTable) -> list[Phase]:
         """The phases of one iteration, in the order they run."""
-        return [Phase("all", np.arange(index.step.shape[0], dtype=np.int64))]
+        return [Phase("all", np.arange(table.num_turns, dtype=np.int64))]
 
-    def advantages(self, phase: Phase, index: TurnIndex, advantages: np.ndarray) -> np.ndarray:
+    def advantages(self, phase: Phase, table: TurnTable, advantages: np.ndarray) -> np.ndarray:
         """The advantages the phase trains with (``advantages`` are the phase rows' own, float64)."""
         return advantages
 
-    def after_phase(self, phase: Phase, index: TurnIndex, old_logprobs: list[np.ndarray],
+    def after_phase(self, phase: Phase, table: TurnTable, old_logprobs: list[np.ndarray],
                     new_logprobs: list[np.ndarray]) -> dict[str, float]:
         """Called after a phase when ``wants_logprobs_after``: per phase row, the response tokens'
         log-probs before (the recomputed old ones) and after the update. Returns metrics."""

@@ -17,7 +17,6 @@ from agentgym.eval.source import EnvSource
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.config import TrainConfig
-from agentgym.training.plan import TurnIndex
 
 
 def seed_everything(seed: int) -> None:
@@ -59,20 +58,6 @@ def task_seeds(cfg: TrainConfig, iteration: int, round_: int = 0) -> list[int]:
 def flatten(groups: list[EpisodeGroup]) -> list[Turn]:
     """Turns in estimator order: group → trajectory → turn."""
     return [turn for g in groups for t in g.trajectories for turn in t.turns]
-
-
-def turn_index(groups: list[EpisodeGroup]) -> TurnIndex:
-    """Trajectory id, step and group of every turn, in estimator order (what update plans split on)."""
-    ids, steps, group_of, shared = [], [], [], []
-    for g_index, group in enumerate(groups):
-        for trajectory in group.trajectories:
-            n = len(trajectory.turns)
-            ids += [trajectory.trajectory_id] * n
-            steps += range(n)
-            group_of += [g_index] * n
-            shared += [k < (trajectory.fork_turn or 0) for k in range(n)]
-    return TurnIndex(np.array(ids, dtype=object), np.array(steps, dtype=np.int64), np.array(group_of, dtype=np.int64),
-                     np.array(shared, dtype=bool))
 
 
 def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:

@@ -2,14 +2,16 @@
 
 Estimators work on a ``TurnTable`` so no estimator loops over turns in Python: every quantity is an
 array of shape (num_turns,) in the order group → trajectory → turn, and group statistics are
-``np.bincount`` reductions over integer group ids.
+``np.bincount`` reductions over integer group ids. The same table is what update plans split an
+iteration's turns on (``agentgym.training.plan``) and where packing reads each row's turn position:
+the loop builds it once per iteration (``TurnTable.of``) and every consumer shares it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -38,13 +40,44 @@ class TurnTable:
     """int64, shape (num_trajectories,): the group of each trajectory."""
     trajectory_return: np.ndarray
     """float64, shape (num_trajectories,): undiscounted return of each trajectory."""
+    trajectory_id: np.ndarray
+    """object (str): the turn's ``Trajectory.trajectory_id`` (update plans key per-trajectory state on it)."""
+    copied: np.ndarray
+    """bool: the turn is a fork's copy of a turn that its parent trajectory (or an ancestor) also holds
+    (``step < Trajectory.fork_turn``): the same tokens in the same context."""
+
+    _last: ClassVar[tuple[Sequence[EpisodeGroup], int, TurnTable] | None] = None
+    """The table ``of`` built last, with the groups object it was built from and their turn count."""
 
     @property
     def num_turns(self) -> int:
         return int(self.group.shape[0])
 
     @classmethod
+    def of(cls, groups: Sequence[EpisodeGroup]) -> TurnTable:
+        """The table of ``groups``, built once per batch: asked again for the same groups object (the
+        loop's estimator, then its update plan and packing), it answers the table it built.
+
+        Only the last batch is remembered; a different groups object (or one whose number of turns has
+        changed since) gets a fresh table, so an estimator called on its own is never handed a stale one.
+
+        Example:
+            >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
+            >>> groups = [EpisodeGroup("g", "t", 0, [Trajectory([Turn([], [], [], 1.0, "s")], "t", 0)])]
+            >>> TurnTable.of(groups) is TurnTable.of(groups), TurnTable.of(groups) is TurnTable.of(list(groups))
+            (True, False)
+        """
+        num_turns = sum(len(t.turns) for g in groups for t in g.trajectories)
+        last = cls._last
+        if last is not None and last[0] is groups and last[1] == num_turns:
+            return last[2]
+        table = cls.from_groups(groups)
+        TurnTable._last = (groups, num_turns, table)
+        return table
+
+    @classmethod
     def from_groups(cls, groups: Sequence[EpisodeGroup]) -> TurnTable:
+        """A new table of ``groups`` (``of`` shares one per batch)."""
         trajectories = [t for g in groups for t in g.trajectories]
         lengths = np.fromiter((len(t.turns) for t in trajectories), dtype=np.int64, count=len(trajectories))
         traj_group = np.repeat(np.arange(len(groups), dtype=np.int64),
@@ -59,7 +92,11 @@ class TurnTable:
         keys = np.array([t.state_key for t in turns], dtype=object)
         state = _group_local_ids(group, keys)
         traj_return = np.bincount(trajectory, weights=reward, minlength=len(trajectories))
-        return cls(group, trajectory, step, reward, invalid, state, traj_group, traj_return)
+        ids = np.array([t.trajectory_id for t in trajectories], dtype=object)
+        fork_turn = np.fromiter((t.fork_turn or 0 for t in trajectories), dtype=np.int64, count=len(trajectories))
+        trajectory_id = ids[trajectory] if len(turns) else np.zeros(0, dtype=object)
+        copied = step < fork_turn[trajectory] if len(turns) else np.zeros(0, dtype=bool)
+        return cls(group, trajectory, step, reward, invalid, state, traj_group, traj_return, trajectory_id, copied)
 
 
 def _group_local_ids(group: np.ndarray, keys: np.ndarray) -> np.ndarray:

@@ -31,8 +31,8 @@ from agentgym.training.packing import (
     sequence_logprobs,
     token_minibatches,
 )
-from agentgym.training.plan import TurnIndex
 from agentgym.training.terms import ForwardOutputs, total_loss
+from agentgym.training.turn_table import TurnTable
 
 if TYPE_CHECKING:
     from agentgym.training.config import LossConfig, OptimConfig, SFTConfig
@@ -100,9 +100,12 @@ class PolicyUpdate:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def __call__(self, turns: Sequence[Turn], advantages: np.ndarray, index: TurnIndex,
+    def __call__(self, turns: Sequence[Turn], advantages: np.ndarray, table: TurnTable,
                  iteration: int, *, staleness: int = 0) -> dict[str, float]:
         """Update on one iteration's turns; returns metrics (means over minibatches).
+
+        ``table`` is the turns' ``TurnTable`` (same order; ``TurnTable.of(groups)``, the estimator's):
+        the plan splits on it and packing takes each row's turn position from it.
 
         ``staleness``: updates made since the turns were sampled (asynchronous rollouts); a stale batch
         is always importance-corrected (cap ``tis_cap``, or ``offpolicy.DEFAULT_CAP``).
@@ -113,18 +116,18 @@ class PolicyUpdate:
         plan = self.recipe.plan
         collected: dict[str, list[float]] = {}
         train_tokens = loss_tokens = 0.0
-        phases = plan.phases(index)
+        phases = plan.phases(table)
         for phase in phases:
             rows = phase.rows
-            phase_advantages = np.asarray(plan.advantages(phase, index, advantages[rows]), dtype=np.float64)
+            phase_advantages = np.asarray(plan.advantages(phase, table, advantages[rows]), dtype=np.float64)
             if self.drop_zero_advantage_turns:
                 keep = phase_advantages != 0
                 rows, phase_advantages = rows[keep], phase_advantages[keep]
             if rows.size == 0:
                 continue
             batch = pack_turns([turns[i] for i in rows], phase_advantages, pad_token_id=self.pad_token_id,
-                               max_length=self.max_length, skip_forced=self.loss_cfg.skip_forced_tokens)
-            batch = dataclasses.replace(batch, turn_step=torch.as_tensor(index.step[rows], dtype=torch.long))
+                               max_length=self.max_length, skip_forced=self.loss_cfg.skip_forced_tokens,
+                               turn_step=table.step[rows])
             old = self.logprobs(batch)
             if cap is not None:
                 batch = importance_corrected(batch, old, cap, collected)
@@ -140,7 +143,7 @@ class PolicyUpdate:
             if plan.wants_logprobs_after:
                 new = self.logprobs(batch)
                 mask = batch.response_mask.bool()
-                for key, value in plan.after_phase(phase, index, _rows(old, mask), _rows(new, mask)).items():
+                for key, value in plan.after_phase(phase, table, _rows(old, mask), _rows(new, mask)).items():
                     collected.setdefault(key, []).append(value)
         if not collected:
             return {"loss/skipped": 1.0}
