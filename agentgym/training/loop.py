@@ -364,6 +364,69 @@ class Trainer:
             self.save(point.iteration, point.history, extra, rng=point.rng, plugins=point.plugins)
         return self.stopped(point.iteration, point.history, abandoned=point.abandoned)
 
+    # --- the steps of an iteration, with their stop, resume and asynchrony plumbing ---------------
+
+    def collect_iteration(self, iteration: int, history: list[dict[str, Any]]
+                          ) -> tuple[list[EpisodeGroup], CollectStats, dict[str, float], Any]:
+        """The iteration's groups, their stats and hook metrics, and the rollout record (staleness).
+
+        A stop abandons the collection: nothing has changed since the last iteration. Asynchronous: the
+        groups were collected during the last update, and the generator now catches up with it before it
+        collects the next iteration."""
+        self.resume_point = self.saved_point(history)  # a background collection may be half done
+        self.pipeline.wait()  # a background collection must not change plug-in state while it is captured
+        self.resume_point = self.capture(iteration - 1, history)
+        with self.stop.region("abandonable"):
+            (groups, stats, hook_metrics), rollout = self.pipeline.get(iteration)
+        if self.pipeline.asynchronous:
+            self.sync_generator()
+        return groups, stats, hook_metrics, rollout
+
+    def update_iteration(self, iteration: int, groups: list[EpisodeGroup], advantages: Any, rollout: Any,
+                         history: list[dict[str, Any]]) -> dict[str, float]:
+        """The policy update, the loss terms' and the schedule's step, then the new weights to the generator
+        (a no-op when it is the model). Returns the update's metrics.
+
+        A stop abandons the update: before its first optimiser step the run still stands at the end of the
+        last iteration; after it, only the last checkpoint is left to resume from."""
+        asynchronous = self.pipeline.asynchronous
+        if asynchronous and iteration < self.cfg.iterations:
+            self.pipeline.prefetch(iteration + 1)
+        started = time.perf_counter()
+        if not asynchronous and capability(self.policy, "pauses_for_updates"):
+            self.policy.offload()  # a colocated engine frees the accelerator for the update
+        try:
+            with self.stop.region("abandonable") if self.update.poll is not None else contextlib.nullcontext():
+                # The estimator's table (TurnTable.of builds one per batch), so the plan splits the same view.
+                metrics = self.update(flatten(groups), advantages, TurnTable.of(groups), iteration,
+                                      staleness=rollout.staleness)
+        except StopNow:
+            if self.update.stepped:
+                self.resume_point = self.saved_point(history)
+                if self.resume_point is not None and self.resume_point.iteration < iteration - 1:
+                    self.resume_point.abandoned = iteration
+            raise
+        self.resume_point = None
+        for term in self.recipe.terms.values():
+            metrics.update(term.end_iteration())
+        self.scheduler.step()
+        self.pipeline.updated(started, time.perf_counter())
+        if not asynchronous:
+            self.sync_generator()
+        return metrics
+
+    def evaluate_between(self, iteration: int, metrics: dict[str, float]) -> None:
+        """The held-out evaluation between iterations, into ``metrics``; a stop during it saves the iteration
+        without it. Asynchronous: the collector is busy with the next iteration, so it finishes first."""
+        try:
+            with self.stop.region("abandonable"):
+                if self.pipeline.asynchronous:
+                    self.pipeline.wait()
+                    self.sync_generator()
+                metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
+        except StopNow:
+            self.pipeline.abandon()
+
     # --- the run --------------------------------------------------------------------------------
 
     def run(self, *, resume: bool = False, overwrite: bool = False,
@@ -401,47 +464,18 @@ class Trainer:
         with MetricsLog(out, history, on_iteration) as log:
             for iteration in range(start_iteration + 1, cfg.iterations + 1):
                 it_started = time.perf_counter()
-                # --- collect (a stop may abandon it: nothing has changed since the last iteration) ----
-                self.resume_point = self.saved_point(history)  # a background collection may be half done
-                self.pipeline.wait()  # a background collection must not change plug-in state while it is captured
-                self.resume_point = self.capture(iteration - 1, history)
-                with stop.region("abandonable"):
-                    (groups, stats, hook_metrics), rollout = self.pipeline.get(iteration)
-                asynchronous = self.pipeline.asynchronous
-                if asynchronous:  # the generator catches up with the last update, then collects the next iteration
-                    self.sync_generator()
+                # --- collect ---------------------------------------------------------------------------
+                groups, stats, hook_metrics, rollout = self.collect_iteration(iteration, history)
                 self._check_tool_calls(iteration, stats)
                 with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
                     fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
-                # --- estimate ------------------------------------------------------------------------
+                # --- estimate ----------------------------------------------------------------------------
                 advantages = recipe.algorithm.estimator(groups, recipe.args)
-                # --- update, then the new weights to the generator (a no-op when it is the model) ----
-                if asynchronous and iteration < cfg.iterations:
-                    self.pipeline.prefetch(iteration + 1)
+                # --- update --------------------------------------------------------------------------------
                 update_started = time.perf_counter()
-                if not asynchronous and capability(self.policy, "pauses_for_updates"):
-                    self.policy.offload()  # a colocated engine frees the accelerator for the update
-                # A stop abandons the update: before its first optimiser step the run still stands at the
-                # end of the last iteration; after it, only the last checkpoint is left to resume from.
-                try:
-                    with stop.region("abandonable") if self.update.poll is not None else contextlib.nullcontext():
-                        update_metrics = self.update(flatten(groups), advantages, TurnTable.of(groups),
-                                                     iteration, staleness=rollout.staleness)
-                except StopNow:
-                    if self.update.stepped:
-                        self.resume_point = self.saved_point(history)
-                        if self.resume_point is not None and self.resume_point.iteration < iteration - 1:
-                            self.resume_point.abandoned = iteration
-                    raise
-                self.resume_point = None
-                for term in recipe.terms.values():
-                    update_metrics.update(term.end_iteration())
-                self.scheduler.step()
-                self.pipeline.updated(update_started, time.perf_counter())
-                if not asynchronous:
-                    self.sync_generator()
+                update_metrics = self.update_iteration(iteration, groups, advantages, rollout, history)
                 update_s = time.perf_counter() - update_started
-                # --- log -----------------------------------------------------------------------------
+                # --- log -------------------------------------------------------------------------------------
                 timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
                 metrics = iteration_metrics(iteration, groups, advantages, stats, timings,
                                             self.scheduler.get_last_lr()[0])
@@ -451,18 +485,11 @@ class Trainer:
                 if "perf/train_tokens" in update_metrics and update_s > 0:
                     metrics["perf/train_tokens_per_s"] = update_metrics["perf/train_tokens"] / update_s
                 if cfg.eval.every and iteration % cfg.eval.every == 0 and iteration != cfg.iterations:
-                    try:
-                        with stop.region("abandonable"):  # the iteration is done: a stop saves it without its eval
-                            if asynchronous:  # the collector is busy with the next iteration: let it finish first
-                                self.pipeline.wait()
-                                self.sync_generator()
-                            metrics["eval/success_rate"] = self.evaluate(f"it{iteration}")["success_rate"]
-                    except StopNow:
-                        self.pipeline.abandon()
+                    self.evaluate_between(iteration, metrics)
                 history.append(metrics)
                 log.log(metrics)
                 progress.update(iteration, iteration_status(metrics))
-                # --- checkpoint (and stop, when asked to) ----------------------------------------------
+                # --- checkpoint (and stop, when asked to) --------------------------------------------------
                 stopping = stop.requested or (stop_after is not None and iteration >= stop_after)
                 if (cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0) or iteration == cfg.iterations \
                         or stopping:
