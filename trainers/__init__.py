@@ -1,10 +1,5 @@
 """Built-in algorithms, loss terms and rollout-hook options, registered by name on import (``agentgym.trainers``)."""
 
-from importlib.util import find_spec
-
-from agentgym.trainers import arpo, dapo, gigpo, grpo, hgpo, igpo, rloo, seeupo  # noqa: F401  (registration side effects)
-
-# The loss terms are torch code: they register where the `train` extra is installed, so an env-only
-# install can still import the estimators and hook options (and list them) without torch.
-if find_spec("torch") is not None:
-    from agentgym.trainers import epo, llds  # noqa: F401
+# Importing registers them. Every module imports without torch (the loss terms import it where they
+# compute), so an env-only install can list every plug-in and check any config.
+from agentgym.trainers import arpo, dapo, epo, gigpo, grpo, hgpo, igpo, llds, rloo, seeupo  # noqa: F401

@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from agentgym.errors import ConfigError
-from agentgym.training.losses import aggregate
-from agentgym.training.packing import TokenBatch
 from agentgym.training.terms import ForwardOutputs, LossTerm, RunContext, register_loss_term
 
 if TYPE_CHECKING:
+    import torch
+
     from agentgym.training.config import LossConfig
+    from agentgym.training.packing import TokenBatch
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class EPOTerm(LossTerm):
     """Band penalty around the running per-turn-index entropy history (see the module docstring).
 
     Example (turn index 0 has history H̄_0 = 1.0; a turn at entropy 1.5 is 0.3 above κ_hi·H̄_0 = 1.2):
+        >>> import torch
         >>> from agentgym.rollout.records import Turn
         >>> from agentgym.training.config import LossConfig
         >>> from agentgym.training.packing import pack_turns
@@ -129,6 +130,11 @@ class EPOTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
+        # torch is imported where the term computes, so registering it (and checking a config) needs none.
+        import torch
+
+        from agentgym.training.losses import aggregate
+
         if outputs.entropy is None:
             raise ConfigError("the epo term got no entropies; it sets needs_entropy, so the trainer must pass them")
         if batch.turn_step is None:

@@ -20,14 +20,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from agentgym.errors import ConfigError
-from agentgym.training.packing import TokenBatch
 from agentgym.training.terms import ForwardOutputs, LossTerm, register_loss_term
 
 if TYPE_CHECKING:
+    import torch
+
     from agentgym.training.config import LossConfig
+    from agentgym.training.packing import TokenBatch
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,16 @@ def displacement_penalty(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
 
     Example (one action whose log-probs moved by −0.3 and +0.1: its sum fell, so it is gated and the
     token that fell pays 0.3, over 2 response tokens):
+        >>> import torch
         >>> old = torch.zeros(1, 3)
         >>> new = torch.tensor([[0.0, -0.3, 0.1]])
         >>> penalty, gated, actions = displacement_penalty(new, old, torch.ones(1, 3), torch.tensor([[0, 1, 1]]))
         >>> round(penalty.item(), 4), int(gated), int(actions)
         (0.15, 1, 1)
     """
+    # torch is imported where the term computes, so registering it (and checking a config) needs none.
+    import torch
+
     keep = mask.bool()
     eligible = keep & (advantages >= 0)
     zero = torch.zeros((), dtype=torch.float32, device=logprobs.device)

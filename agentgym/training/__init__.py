@@ -1,8 +1,9 @@
 """Training: turn table and statistics, algorithms and their plug-in points, packing, losses and loss
 terms, update plans, config, checkpoints, metrics, and the loop.
 
-Importing this package imports no ML framework; the modules that compute (losses, terms, packing,
-update, loop) import torch when they are imported.
+Importing this package imports no ML framework, and neither does checking a config (``load_config``):
+the loss terms import torch only where they compute, and the policy losses are looked up by name in
+``loss_registry``. The modules that compute (losses, packing, update, loop) import torch when imported.
 
 Example:
     >>> from agentgym.training import get_algorithm, load_config

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import torch
 
 from agentgym.errors import ConfigError, RegistryError
-from agentgym.plugins import PluginRegistry
 from agentgym.training.config import AGG_MODES, KL_TYPES  # declared once, beside the config's Literal types
+from agentgym.training.loss_registry import POLICY_LOSSES  # torch-free, so a config check needs no torch
 
 if TYPE_CHECKING:
     from agentgym.training.config import AggMode, KlType, LossConfig
@@ -136,7 +136,6 @@ class PolicyLoss(Protocol):
 
 
 _LossT = TypeVar("_LossT", bound=Callable[..., tuple[torch.Tensor, dict[str, float]]])
-POLICY_LOSSES: PluginRegistry[PolicyLoss] = PluginRegistry("policy loss", "agentgym.trainers", "agentgym.trainers")
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_LossT], _LossT]:
@@ -187,7 +186,8 @@ def list_policy_losses() -> list[str]:
     return POLICY_LOSSES.names()
 
 
-@register_policy_loss("ppo_clip")
+# override=True: the registry names the built-ins by reference until this module is imported.
+@register_policy_loss("ppo_clip", override=True)
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -281,7 +281,7 @@ def policy_loss(
     return loss, dict(zip(names, stats))
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", override=True)
 def gspo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -16,13 +16,14 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import HookChain, RolloutHooks
 from agentgym.rollout.policy import SamplingParams, Scorer, capability
 from agentgym.training.algorithm import Algorithm, AlgorithmNeeds, get_algorithm
+from agentgym.training.loss_registry import POLICY_LOSSES
 from agentgym.training.options import get_hook_option
 from agentgym.training.plan import UpdatePlan
+from agentgym.training.terms import EntropyArgs, EntropyTerm, KLArgs, KLTerm, LossTerm, get_loss_term
 
 if TYPE_CHECKING:
     from agentgym.training.config import TrainConfig
     from agentgym.training.losses import PolicyLoss
-    from agentgym.training.terms import LossTerm
 
 
 @dataclass
@@ -38,9 +39,7 @@ class Recipe:
     plan: UpdatePlan
     """The update plan."""
     policy_loss_name: str
-    """The registered policy loss in use."""
-    policy_loss: PolicyLoss
-    """The policy loss."""
+    """The registered policy loss in use (``policy_loss`` is its function)."""
     terms: dict[str, LossTerm]
     """The loss terms in use, by name."""
 
@@ -52,10 +51,6 @@ class Recipe:
             RegistryError: an unknown algorithm, policy loss, loss term or hook option (with suggestions).
             ConfigError: bad arguments (naming ``algorithm.args.<field>`` etc.) or a group too small.
         """
-        # The loss modules import torch; checking a config must not.
-        from agentgym.training.losses import get_policy_loss
-        from agentgym.training.terms import EntropyArgs, EntropyTerm, KLArgs, KLTerm, get_loss_term
-
         algorithm = get_algorithm(cfg.algorithm.name)
         args = algorithm.make_args(cfg.algorithm.args)
         if cfg.rollout.group_size < algorithm.min_group_size:
@@ -65,6 +60,7 @@ class Recipe:
         hooks += [get_hook_option(name).build(values) for name, values in cfg.algorithm.hooks.items()]
         plan = algorithm.update_plan(args) if algorithm.update_plan is not None else UpdatePlan()
         loss_name = cfg.loss.loss_mode or algorithm.policy_loss
+        POLICY_LOSSES.get(loss_name)  # an unknown name fails here, without importing the (torch) loss
         terms: dict[str, LossTerm] = {}
         if cfg.loss.kl_coef > 0:
             terms["kl"] = KLTerm(KLArgs(cfg.loss.kl_coef, cfg.loss.kl_type))
@@ -73,7 +69,14 @@ class Recipe:
         chosen: dict[str, Mapping[str, Any]] = {**algorithm.loss_terms, **cfg.loss.terms}
         for name, values in chosen.items():
             terms[name] = get_loss_term(name).build(values)
-        return cls(algorithm, args, HookChain(hooks), plan, loss_name, get_policy_loss(loss_name), terms)
+        return cls(algorithm, args, HookChain(hooks), plan, loss_name, terms)
+
+    @property
+    def policy_loss(self) -> PolicyLoss:
+        """The policy loss function (imports the torch loss module: only the trainer asks for it)."""
+        from agentgym.training.losses import get_policy_loss
+
+        return get_policy_loss(self.policy_loss_name)
 
     @property
     def needs_reference(self) -> bool:

@@ -18,16 +18,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
 from agentgym.errors import ConfigError
 from agentgym.plugins import PluginRegistry
 from agentgym.training.coercion import build
-from agentgym.training.losses import aggregate, entropy_bonus, kl_penalty
-from agentgym.training.packing import TokenBatch
 
+# torch is imported only where a term computes: registering terms and checking their arguments (a
+# config check) must work without it.
 if TYPE_CHECKING:
+    import torch
+
     from agentgym.training.config import LossConfig
+    from agentgym.training.packing import TokenBatch
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,6 +131,7 @@ def register_loss_term(name: str, factory: Callable[[Any], LossTerm], args_type:
         ...     def __init__(self, args):
         ...         self.coef = args.coef
         ...     def __call__(self, batch, outputs, cfg):
+        ...         from agentgym.training.losses import aggregate
         ...         value = aggregate(outputs.logprobs.square(), batch.response_mask, cfg.loss_agg_mode)
         ...         return self.coef * value, {"loss/l2": value.item()}
         >>> spec = register_loss_term("doc_l2", L2, L2Args)
@@ -168,6 +170,7 @@ class KLTerm(LossTerm):
 
     Example:
         >>> from agentgym.training.config import LossConfig
+        >>> import torch
         >>> from agentgym.rollout.records import Turn
         >>> from agentgym.training.packing import pack_turns
         >>> batch = pack_turns([Turn([1], [2, 3], [0.0, 0.0], 0.0, "s")], [1.0], pad_token_id=0)
@@ -185,6 +188,8 @@ class KLTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
+        from agentgym.training.losses import aggregate, kl_penalty
+
         if outputs.ref_logprobs is None:
             raise ConfigError("the kl term got no reference log-probs; a term that reads them must set "
                               "needs_reference = True")
@@ -212,6 +217,8 @@ class EntropyTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
+        from agentgym.training.losses import entropy_bonus
+
         if outputs.entropy is None:
             raise ConfigError("the entropy term got no entropies; a term that reads them must set needs_entropy = True")
         mask = batch.response_mask.to(outputs.logprobs.device)
