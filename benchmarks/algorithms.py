@@ -108,8 +108,8 @@ def run_one(spec: dict) -> dict:
 
     import torch
 
-    from agentgym.training.loading import load_config
-    from agentgym.training.loop import train
+    from agentgym.training.config.loading import load_config
+    from agentgym.training.run.loop import train
 
     torch.set_num_threads(1)
     overrides = [*TASKS[spec["task"]][0], f"seed={spec['seed']}", f"iterations={spec['iterations']}",
@@ -170,8 +170,8 @@ def update_cost(variants: list[str], repeats: int) -> str:
     import numpy as np
     import torch
 
-    from agentgym.training.loading import load_config
-    from agentgym.training.loop import Trainer, flatten, turn_index
+    from agentgym.training.config.loading import load_config
+    from agentgym.training.run.loop import Trainer, flatten, turn_index
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:
@@ -188,10 +188,10 @@ def update_cost(variants: list[str], repeats: int) -> str:
     for variant in [v for v in variants if preset("maze", v).is_file()]:
         with tempfile.TemporaryDirectory() as out:
             run = Trainer(load_config(ROOT / "configs" / f"quickstart_maze_{variant}.yaml", ["sft.enabled=false"]), out)
-            if run.recipe.needs_reference:
+            if run.plugins.needs_reference:
                 torch.save(weights, Path(out) / "reference.pt")
                 run.freeze_reference()
-            advantages = run.recipe.algorithm.estimator(groups, run.recipe.args)
+            advantages = run.plugins.algorithm.estimator(groups, run.plugins.args)
             counts = {"grad": 0, "no_grad": 0, "reference": 0, "rows": 0}
 
             def counter(kind: str, counts: dict = counts):

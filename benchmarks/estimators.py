@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
-from agentgym.training.algorithm import get_algorithm
+from agentgym.training.api.algorithm import get_algorithm
 
 
 def build_groups(num_turns: int, group_size: int = 8, turns_per_trajectory: int = 20, seed: int = 0

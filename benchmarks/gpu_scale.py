@@ -33,11 +33,11 @@ from agentgym.backends.tiny import build_tiny_model
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
-from agentgym.training.distributed import Distributed
-from agentgym.training.loading import load_config
-from agentgym.training.loop import flatten, turn_index
-from agentgym.training.recipe import Recipe
-from agentgym.training.update import PolicyUpdate
+from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.config.loading import load_config
+from agentgym.training.engine.update import PolicyUpdate
+from agentgym.training.run.distributed import Distributed
+from agentgym.training.run.loop import flatten, turn_index
 
 RESULTS = Path(__file__).parent / "results" / "gpu_scale.json"
 DEVICE = "cuda"
@@ -109,13 +109,13 @@ def measure_update(args: argparse.Namespace, algorithm: str, lora: bool) -> dict
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     cfg = load_config(None, [f"algorithm.name={algorithm}", "loss.kl_coef=0.01", "optim.num_minibatches=4",
                              f"optim.micro_batch_tokens={args.micro_tokens}", "optim.lr=1e-6"])
-    recipe = Recipe.from_config(cfg)
+    plugins = PluginSet.from_config(cfg)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr)
-    update = PolicyUpdate(model, optimizer, recipe, cfg.loss, cfg.optim, temperature=1.0, max_length=8192,
+    update = PolicyUpdate(model, optimizer, plugins, cfg.loss, cfg.optim, temperature=1.0, max_length=8192,
                           pad_token_id=256, seed=0, ref_model=reference, dist=Distributed.create("bf16"),
                           micro_batch_tokens=cfg.optim.micro_batch_tokens)
     batch = groups(args, np.random.default_rng(1))
-    advantages = recipe.algorithm.estimator(batch, recipe.args)
+    advantages = plugins.algorithm.estimator(batch, plugins.args)
     turns, index = flatten(batch), turn_index(batch)
     update(turns, advantages, index, 0)  # warm-up (allocates the optimiser state)
     synchronize()

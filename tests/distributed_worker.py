@@ -15,11 +15,11 @@ from turn_tables import plan_table
 from agentgym.backends.builder import make_policy
 from agentgym.backends.config import ModelConfig, TinyModelConfig
 from agentgym.rollout.records import Turn
-from agentgym.training.distributed import Distributed
-from agentgym.training.loading import load_config
-from agentgym.training.recipe import Recipe
-from agentgym.training.turn_table import TurnTable
-from agentgym.training.update import PolicyUpdate
+from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.config.loading import load_config
+from agentgym.training.engine.update import PolicyUpdate
+from agentgym.training.run.distributed import Distributed
 
 SETTINGS = {
     "token-mean": ["loss.loss_agg_mode=token-mean"],
@@ -54,7 +54,7 @@ def run(micro_batch_tokens: int | None) -> dict[str, dict[str, torch.Tensor]]:
         # gradients by their own size, which magnifies float rounding).
         optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
         trained, optimizer = dist.prepare(model, optimizer)
-        update = PolicyUpdate(trained, optimizer, Recipe.from_config(cfg), cfg.loss, cfg.optim, temperature=1.0,
+        update = PolicyUpdate(trained, optimizer, PluginSet.from_config(cfg), cfg.loss, cfg.optim, temperature=1.0,
                               max_length=64, pad_token_id=256, seed=0, ref_model=reference, dist=dist,
                               micro_batch_tokens=micro_batch_tokens)
         metrics = update(turns, advantages, index, 1)

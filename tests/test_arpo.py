@@ -30,10 +30,10 @@ from agentgym.trainers.arpo import (
     segment_entropy,
 )
 from agentgym.trainers.grpo import GRPOArgs, grpo_advantages
-from agentgym.training.algorithm import get_algorithm
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.api.algorithm import get_algorithm
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import train
 
 PRESET = ROOT / "configs" / "search_qa_arpo_tiny.yaml"
 
@@ -356,16 +356,16 @@ def test_hard_attribution_trains_shared_turns_once_in_a_real_run(tmp_path: Path)
 
 def test_needs_follow_the_arguments() -> None:
     """The top-k log-probs ARPO asks the sampler for, and the start-up check, use ``args.top_logprobs``."""
-    from agentgym.training.recipe import Recipe
+    from agentgym.training.api.plugin_set import PluginSet
 
     cfg = load_config(ROOT / "configs" / "search_qa_arpo_tiny.yaml", ["algorithm.args.top_logprobs=20"])
-    recipe = Recipe.from_config(cfg)
-    assert recipe.needs.top_logprobs == 20
-    assert recipe.sampling(SamplingParams(max_new_tokens=4)).num_top_logprobs == 20
+    plugins = PluginSet.from_config(cfg)
+    assert plugins.needs.top_logprobs == 20
+    assert plugins.sampling(SamplingParams(max_new_tokens=4)).num_top_logprobs == 20
     model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32, seed=0))
     policy = TransformersPolicy(model, tokenizer)
     policy.max_top_logprobs = 12  # a backend that returns at most 12: enough for the default 10, not for 20
     with pytest.raises(ConfigError, match="top 20 log-probs"):
-        recipe.check_needs(policy, "search-qa-v0", {"answer": "x"})
-    Recipe.from_config(load_config(ROOT / "configs" / "search_qa_arpo_tiny.yaml")).check_needs(
+        plugins.check_needs(policy, "search-qa-v0", {"answer": "x"})
+    PluginSet.from_config(load_config(ROOT / "configs" / "search_qa_arpo_tiny.yaml")).check_needs(
         policy, "search-qa-v0", {"answer": "x"})

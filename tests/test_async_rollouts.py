@@ -12,10 +12,10 @@ from learning import small
 from turn_tables import plan_table
 
 from agentgym.rollout.records import Turn
-from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, train
-from agentgym.training.offpolicy import importance_weights
-from agentgym.training.packing import pack_turns
+from agentgym.training.config.loading import load_config
+from agentgym.training.engine.offpolicy import importance_weights
+from agentgym.training.engine.packing import pack_turns
+from agentgym.training.run.loop import Trainer, train
 
 SMALL = small("iterations=3", "eval.num_episodes=2", "sft.enabled=false", "model.device=cpu")
 

@@ -12,7 +12,7 @@ import pytest
 import agentgym
 from agentgym.errors import ConfigError
 from agentgym.training import load_config, register_algorithm
-from agentgym.training.quickstart import QUICKSTART
+from agentgym.training.run.quickstart import QUICKSTART
 
 
 def test_yaml_1_1_numbers_written_as_strings_are_numbers(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentgym.training.loading import list_presets
+from agentgym.training.config.loading import list_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ import json, sys
 sys.modules["torch"] = None
 from agentgym.errors import AgentGymError
 from agentgym.training import load_config
-from agentgym.training.loading import list_presets
+from agentgym.training.config.loading import list_presets
 
 def outcome(preset, overrides=()):
     try:

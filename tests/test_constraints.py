@@ -19,7 +19,7 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.constraints import TagSpans, is_word_span, list_constraints, make_constraint
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
-from agentgym.training.loading import load_config
+from agentgym.training.config.loading import load_config
 
 PROMPT = "Question: Who founded Zorvex Labs? Doc 1(Title: Zorvex Labs) founded in 1921 by Ada Kim."
 CALL = re.compile(r"<(search|answer)>(.+)</\1>", re.DOTALL)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from agentgym.cli import app
 from agentgym.training import load_config
-from agentgym.training.loop import train
+from agentgym.training.run.loop import train
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -16,12 +16,12 @@ import torch
 from distributed_worker import SETTINGS, initial_parameters
 
 from agentgym.rollout.records import Turn
-from agentgym.training.config import OptimConfig
-from agentgym.training.distributed import aggregation_units
-from agentgym.training.loading import load_config
-from agentgym.training.packing import pack_turns
-from agentgym.training.recipe import Recipe
-from agentgym.training.update import PolicyUpdate
+from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.config.loading import load_config
+from agentgym.training.config.schema import OptimConfig
+from agentgym.training.engine.packing import pack_turns
+from agentgym.training.engine.update import PolicyUpdate
+from agentgym.training.run.distributed import aggregation_units
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed_worker.py"
@@ -71,7 +71,7 @@ def test_micro_batch_weights_add_up_to_the_whole_minibatch() -> None:
     batch = pack_turns(turns, np.ones(7), pad_token_id=256)
     for mode in ("token-mean", "seq-mean-token-mean"):
         cfg = load_config(None, [f"loss.loss_agg_mode={mode}"])
-        update = PolicyUpdate(torch.nn.Linear(1, 1), None, Recipe.from_config(cfg), cfg.loss, OptimConfig(),
+        update = PolicyUpdate(torch.nn.Linear(1, 1), None, PluginSet.from_config(cfg), cfg.loss, OptimConfig(),
                               temperature=1.0, max_length=64, pad_token_id=256, seed=0, micro_batch_tokens=16)
         parts = update.micro_batches(batch)
         assert len(parts) > 2 and all(p.num_rows * p.seq_len <= 16 or p.num_rows == 1 for p, _ in parts)
@@ -99,8 +99,8 @@ def test_accelerate_launch_trains(tmp_path: Path) -> None:
 
 
 def _one_update(tmp: Path, overrides: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    from agentgym.training.loop import Trainer, flatten
-    from agentgym.training.turn_table import TurnTable
+    from agentgym.training.api.turn_table import TurnTable
+    from agentgym.training.run.loop import Trainer, flatten
 
     cfg = load_config(None, ["rollout.num_tasks=2", "rollout.group_size=4", "env.max_turns=3", "sft.enabled=false",
                              "loss.kl_coef=0", "model.device=cpu", *overrides])

@@ -10,8 +10,8 @@ import pytest
 
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
-from agentgym.training.algorithm import get_algorithm, list_algorithms
-from agentgym.training.turn_table import TurnTable, discounted_returns
+from agentgym.training.api.algorithm import get_algorithm, list_algorithms
+from agentgym.training.api.turn_table import TurnTable, discounted_returns
 
 
 def traj(steps: list[tuple[str, float] | tuple[str, float, bool]]) -> Trajectory:

@@ -200,7 +200,7 @@ def test_tables_are_whole_when_output_is_not_a_terminal(tmp_path: Path, monkeypa
     listing = runner.invoke(app, ["envs"]).output.splitlines()
     for spec in agentgym.list_envs():
         assert any(spec.id in line and spec.description in line for line in listing), spec.id
-    from agentgym.training.algorithm import list_algorithms
+    from agentgym.training.api.algorithm import list_algorithms
 
     listing = runner.invoke(app, ["algorithms"]).output.splitlines()
     for algo in list_algorithms():

@@ -24,8 +24,8 @@ from agentgym.eval.plan import EnvEntry, EvalError, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
 from agentgym.http.launcher import free_port
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import train
 
 TINY = TinyModelConfig(num_layers=1, hidden_size=64, intermediate_size=128, max_position_embeddings=1024)
 MAZE = (EnvEntry("maze-v0", {"size": 2, "observation": "local"}, max_turns=3),)

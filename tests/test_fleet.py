@@ -241,7 +241,7 @@ def test_a_busy_answer_with_retry_after_is_retried_not_failed_over() -> None:
 
 def test_training_on_a_fleet_equals_training_in_process(live_server, tmp_path: Path) -> None:
     from agentgym.training import load_config
-    from agentgym.training.loop import env_factory, train
+    from agentgym.training.run.loop import env_factory, train
 
     servers = [live_server(["maze-v0"]), live_server(["maze-v0"])]
     small = ["iterations=2", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=2",

@@ -14,10 +14,10 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.trainers.gigpo import step_advantages
 from agentgym.trainers.hgpo import HGPOArgs, hgpo_advantages, level_advantages
-from agentgym.training.algorithm import get_algorithm
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.api.algorithm import get_algorithm
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import train
 
 
 def traj(*steps: tuple) -> Trajectory:

@@ -21,10 +21,10 @@ from agentgym.errors import ConfigError
 from agentgym.rollout import Collector, PromptRenderer, SamplingParams
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.trainers.igpo import VALUE_KEY, IGPOArgs, IGPOScoring, igpo_advantages
-from agentgym.training.algorithm import get_algorithm
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
-from agentgym.training.recipe import Recipe
+from agentgym.training.api.algorithm import get_algorithm
+from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import train
 
 PRESET = ROOT / "configs" / "search_qa_igpo_tiny.yaml"
 EPS = 1e-6
@@ -319,12 +319,12 @@ def test_scoring_over_http_matches_in_process(policy: TransformersPolicy, live_s
 
 def test_an_env_without_answers_is_refused_at_start_up(tmp_path: Path) -> None:
     cfg = load_config(None, ["algorithm.name=igpo", "algorithm.args={}"])
-    recipe = Recipe.from_config(cfg)
+    plugins = PluginSet.from_config(cfg)
     model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64))
     env = agentgym.make("maze-v0")
     _, info = env.reset(seed=0)
     with pytest.raises(ConfigError, match="info\\['answer'\\]"):
-        recipe.check_needs(TransformersPolicy(model, tokenizer), "maze-v0", info)
+        plugins.check_needs(TransformersPolicy(model, tokenizer), "maze-v0", info)
 
 
 # --- learning ------------------------------------------------------------------------------------------

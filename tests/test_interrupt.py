@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from agentgym.cli import app
 from agentgym.rollout import RolloutHooks
 from agentgym.training import load_config, register_hook_option
-from agentgym.training.loop import train
+from agentgym.training.run.loop import train
 
 #: A small run (seconds per iteration on CPU).
 TINY = ["checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=2", "eval.num_episodes=2",

@@ -126,7 +126,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_walk_sees_the_package() -> None:
-    assert {"agentgym.core", "agentgym.rollout.collector", "agentgym.training.loop",
+    assert {"agentgym.core", "agentgym.rollout.collector", "agentgym.training.run.loop",
             "agentgym.trainers.gigpo", "agentgym.envs.games.maze"} <= set(MODULES)
     assert "agentgym.rollout.records" in GRAPH["agentgym.rollout.collector"]
 

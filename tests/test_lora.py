@@ -17,10 +17,10 @@ from agentgym.backends.lora import AdapterDisabled, base_state_dict, is_lora, me
 from agentgym.backends.tiny import load_model_and_tokenizer
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import Turn
-from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, flatten, train
-from agentgym.training.packing import pack_turns, sequence_logprobs
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.config.loading import load_config
+from agentgym.training.engine.packing import pack_turns, sequence_logprobs
+from agentgym.training.run.loop import Trainer, flatten, train
 
 SMALL = small("iterations=3", "model.lora.r=4", "optim.lr=0.01")
 

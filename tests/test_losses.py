@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentgym.errors import ConfigError, RegistryError
-from agentgym.training.config import LossConfig
-from agentgym.training.losses import (
+from agentgym.training.api.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
+from agentgym.training.config.schema import LossConfig
+from agentgym.training.engine.losses import (
     AGG_MODES,
     POLICY_LOSSES,
     aggregate,
@@ -22,8 +23,7 @@ from agentgym.training.losses import (
     policy_loss,
     register_policy_loss,
 )
-from agentgym.training.packing import TokenBatch
-from agentgym.training.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
+from agentgym.training.engine.packing import TokenBatch
 
 
 def as_batch(mask, advantages, old_logprobs):

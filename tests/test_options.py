@@ -18,12 +18,12 @@ from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.trainers.dapo import DynamicSampling, DynamicSamplingArgs, informative
 from agentgym.trainers.epo import EPOArgs, EPOTerm, phase_weight
 from agentgym.trainers.llds import LLDSArgs, LLDSTerm, displacement_penalty
-from agentgym.training.config import LossConfig
-from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, train
-from agentgym.training.packing import pack_turns
-from agentgym.training.recipe import Recipe
-from agentgym.training.terms import ForwardOutputs, RunContext
+from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.api.terms import ForwardOutputs, RunContext
+from agentgym.training.config.loading import load_config
+from agentgym.training.config.schema import LossConfig
+from agentgym.training.engine.packing import pack_turns
+from agentgym.training.run.loop import Trainer, train
 
 
 def preset(name: str) -> Path:
@@ -40,7 +40,7 @@ def test_gspo_preset_has_the_papers_settings() -> None:
     assert (cfg.loss.loss_mode, cfg.loss.clip_ratio_low, cfg.loss.clip_ratio_high) == ("gspo", 3e-4, 4e-4)
     assert cfg.loss.loss_agg_mode == "seq-mean-token-mean" and cfg.loss.dual_clip_c is None
     assert cfg.loss.kl_coef == 0.0 and cfg.optim.num_minibatches == 4
-    assert Recipe.from_config(cfg).policy_loss_name == "gspo" and "kl" not in Recipe.from_config(cfg).terms
+    assert PluginSet.from_config(cfg).policy_loss_name == "gspo" and "kl" not in PluginSet.from_config(cfg).terms
     # Everything else is the GRPO quickstart: GSPO is an option on top of any algorithm.
     grpo = load_config(preset("grpo"))
     assert replace(cfg, loss=grpo.loss) == grpo
@@ -51,7 +51,7 @@ def test_gspo_tiny_clip_range_stops_rows_whose_sequence_ratio_moved() -> None:
     gradient; one that moved less still does."""
     cfg = LossConfig(loss_mode="gspo", clip_ratio_low=3e-4, clip_ratio_high=4e-4, dual_clip_c=None,
                      loss_agg_mode="seq-mean-token-mean")
-    from agentgym.training.losses import get_policy_loss
+    from agentgym.training.engine.losses import get_policy_loss
 
     mask = torch.ones(2, 3)
     old = torch.zeros(2, 3)
@@ -240,7 +240,7 @@ def test_epo_loop_equals_vectorised(seed: int) -> None:
 
 def test_epo_needs_entropies_and_turn_positions() -> None:
     term = EPOTerm(EPOArgs())
-    assert term.needs_entropy and Recipe.from_config(load_config(preset("epo"))).needs_entropy
+    assert term.needs_entropy and PluginSet.from_config(load_config(preset("epo"))).needs_entropy
     batch, ent = entropy_batch(torch.ones(1, 3), [0], [2])
     with pytest.raises(ConfigError, match="turn position"):
         term(replace(batch, turn_step=None), ForwardOutputs(torch.zeros_like(ent), entropy=ent), LossConfig())
@@ -251,7 +251,7 @@ def test_epo_needs_entropies_and_turn_positions() -> None:
 def test_epo_schedule_is_the_run_length_unless_set(tmp_path: Path) -> None:
     """The phase weight runs its course over the run's own iterations; nobody has to repeat them."""
     trainer = Trainer(load_config(preset("epo"), [*SMALL, "iterations=8"]), tmp_path / "run")
-    term = trainer.recipe.terms["epo"]
+    term = trainer.plugins.terms["epo"]
     term.iterations = 4
     assert term.weight() == pytest.approx(phase_weight(4 / 8))
     set_by_hand = EPOTerm(EPOArgs(schedule_iterations=16))

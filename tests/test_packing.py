@@ -14,16 +14,16 @@ from agentgym.backends.tiny import TinyModelConfig, build_tiny_model
 from agentgym.backends.transformers_backend import TransformersPolicy, entropy_of
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import Turn
-from agentgym.training.config import LossConfig
-from agentgym.training.losses import get_policy_loss
-from agentgym.training.packing import (
+from agentgym.training.api.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
+from agentgym.training.config.schema import LossConfig
+from agentgym.training.engine.losses import get_policy_loss
+from agentgym.training.engine.packing import (
     TokenBatch,
     minibatches,
     pack_turns,
     sequence_logprobs,
     token_minibatches,
 )
-from agentgym.training.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
 
 PAD = 256
 

@@ -28,11 +28,11 @@ from agentgym.training import (
     register_algorithm,
     register_hook_option,
 )
-from agentgym.training.algorithm import ALGORITHMS, AlgorithmNeeds
-from agentgym.training.loop import Trainer, train
-from agentgym.training.losses import aggregate
-from agentgym.training.options import HOOK_OPTIONS
-from agentgym.training.terms import LOSS_TERMS, LossTerm, register_loss_term
+from agentgym.training.api.algorithm import ALGORITHMS, AlgorithmNeeds
+from agentgym.training.api.options import HOOK_OPTIONS
+from agentgym.training.api.terms import LOSS_TERMS, LossTerm, register_loss_term
+from agentgym.training.engine.losses import aggregate
+from agentgym.training.run.loop import Trainer, train
 
 SMALL = small("iterations=3", "rollout.group_size=3", "eval.num_episodes=2")
 
@@ -352,14 +352,14 @@ def test_a_third_party_algorithm_trains_with_its_hook_plan_and_loss_term(tmp_pat
 
 
 def test_policy_loss_is_selectable_from_config(toy_algorithm) -> None:
-    from agentgym.training.recipe import Recipe
+    from agentgym.training.api.plugin_set import PluginSet
 
-    assert Recipe.from_config(load_config(None, ["algorithm.name=test_toy", "algorithm.args={}"])).policy_loss_name \
+    assert PluginSet.from_config(load_config(None, ["algorithm.name=test_toy", "algorithm.args={}"])).policy_loss_name \
         == "gspo"  # the algorithm's default
-    assert Recipe.from_config(load_config(None, ["algorithm.name=test_toy", "algorithm.args={}",
+    assert PluginSet.from_config(load_config(None, ["algorithm.name=test_toy", "algorithm.args={}",
                                                  "loss.loss_mode=ppo_clip"])).policy_loss_name == "ppo_clip"
-    recipe = Recipe.from_config(load_config(None, ["loss.kl_type=k2", "loss.loss_agg_norm_tokens=64"]))
-    assert recipe.terms["kl"].args.kl_type == "k2"
+    plugins = PluginSet.from_config(load_config(None, ["loss.kl_type=k2", "loss.loss_agg_norm_tokens=64"]))
+    assert plugins.terms["kl"].args.kl_type == "k2"
 
 
 # --- needs and group sizes fail at start-up -----------------------------------------------------------
@@ -383,11 +383,11 @@ def test_needs_are_checked_before_anything_is_created(tmp_path: Path) -> None:
 
 def test_a_scorer_need_is_checked_against_the_backend() -> None:
     from agentgym.rollout.policy import Scorer
-    from agentgym.training.recipe import Recipe
+    from agentgym.training.api.plugin_set import PluginSet
 
     register_algorithm("test_needs_scorer", toy_advantages, ToyArgs, needs=AlgorithmNeeds(scorer=True), override=True)
     try:
-        recipe = Recipe.from_config(load_config(None, ["algorithm.name=test_needs_scorer", "algorithm.args={}"]))
+        plugins = PluginSet.from_config(load_config(None, ["algorithm.name=test_needs_scorer", "algorithm.args={}"]))
 
         class GenerateOnly:
             tokenizer = None
@@ -400,7 +400,7 @@ def test_a_scorer_need_is_checked_against_the_backend() -> None:
 
         assert not isinstance(GenerateOnly(), Scorer)
         with pytest.raises(ConfigError, match="needs teacher-forced scoring"):
-            recipe.check_needs(GenerateOnly(), "maze-v0", {})
+            plugins.check_needs(GenerateOnly(), "maze-v0", {})
     finally:
         ALGORITHMS.unregister("test_needs_scorer")
 

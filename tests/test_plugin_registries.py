@@ -15,10 +15,10 @@ from agentgym.errors import ERRORS_BY_NAME, ConfigError, RegistryError, UnknownP
 from agentgym.rollout import list_constraints, make_constraint, register_constraint
 from agentgym.rollout.constraints import TagSpans
 from agentgym.training import load_config
-from agentgym.training.algorithm import ALGORITHMS, get_algorithm, register_algorithm
-from agentgym.training.losses import POLICY_LOSSES, get_policy_loss, register_policy_loss
-from agentgym.training.options import HOOK_OPTIONS, get_hook_option, register_hook_option
-from agentgym.training.terms import LOSS_TERMS, get_loss_term, register_loss_term
+from agentgym.training.api.algorithm import ALGORITHMS, get_algorithm, register_algorithm
+from agentgym.training.api.options import HOOK_OPTIONS, get_hook_option, register_hook_option
+from agentgym.training.api.terms import LOSS_TERMS, get_loss_term, register_loss_term
+from agentgym.training.engine.losses import POLICY_LOSSES, get_policy_loss, register_policy_loss
 
 
 @dataclass(frozen=True)

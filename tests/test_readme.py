@@ -65,7 +65,7 @@ def test_readme_mentions_the_slow_step_ci_runs() -> None:
 def test_kl_estimators_named_as_the_config_accepts_them() -> None:
     from typing import get_args
 
-    from agentgym.training.config import KlType
+    from agentgym.training.config.schema import KlType
 
     names = "/".join(get_args(KlType))
     for path in [README, *sorted((README.parent / "docs").glob("*.md"))]:

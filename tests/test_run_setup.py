@@ -14,8 +14,8 @@ from agentgym.eval.policies import parse_policy, run_prompt_settings
 from agentgym.eval.source import HELD_OUT_SEED_START, EnvSource
 from agentgym.rollout.prompt import PromptSettings
 from agentgym.training import load_config
-from agentgym.training.config import EvalConfig, RolloutConfig
-from agentgym.training.setup import action_format, env_factory, env_source
+from agentgym.training.config.schema import EvalConfig, RolloutConfig
+from agentgym.training.run.setup import action_format, env_factory, env_source
 
 
 def prompt_part(settings: Any) -> PromptSettings:
@@ -31,7 +31,7 @@ def test_training_and_eval_share_prompt_settings_and_their_defaults() -> None:
 def test_a_run_brings_every_prompt_setting_to_eval_its_constraint_included(tmp_path: Path) -> None:
     cfg = load_config(None, ["rollout.constraint=tag_spans", "rollout.stop_strings=[</answer>]",
                              "rollout.max_new_tokens=12"])
-    from agentgym.training.config import config_to_dict
+    from agentgym.training.config.schema import config_to_dict
 
     settings = run_prompt_settings(config_to_dict(cfg))
     assert settings == prompt_part(cfg.rollout)

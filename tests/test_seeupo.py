@@ -16,10 +16,10 @@ from turn_tables import plan_table
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.trainers.seeupo import SeeUPOArgs, SequentialTurnPlan, seeupo_advantages
-from agentgym.training.algorithm import get_algorithm
-from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, flatten, train
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.api.algorithm import get_algorithm
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import Trainer, flatten, train
 
 PRESET = ROOT / "configs" / "quickstart_maze_seeupo.yaml"
 
@@ -146,7 +146,7 @@ def test_updates_use_the_later_turns_ratios(tmp_path: Path) -> None:
     ratios its trajectory got in the phases before it (recomputed here from the plan's inputs)."""
     cfg = load_config(PRESET, [*SMALL, "sft.enabled=false", "loss.kl_coef=0", "optim.lr=3e-3"])
     run = Trainer(cfg, tmp_path)
-    plan = run.recipe.plan
+    plan = run.plugins.plan
     calls: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
     ratios_after: list[dict[str, float]] = []
     advantages_of, after_phase = plan.advantages, plan.after_phase

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from agentgym.training import load_config
-from agentgym.training.loop import train
-from agentgym.training.terms import LossTerm, register_loss_term
+from agentgym.training.api.terms import LossTerm, register_loss_term
+from agentgym.training.run.loop import train
 
 #: A small run (seconds per iteration on CPU).
 TINY = ["checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=2", "eval.num_episodes=2",

@@ -22,10 +22,10 @@ from agentgym.rollout.collector import Collector
 from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
-from agentgym.training.config import SFTConfig
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
-from agentgym.training.update import sft_update
+from agentgym.training.config.loading import load_config
+from agentgym.training.config.schema import SFTConfig
+from agentgym.training.engine.update import sft_update
+from agentgym.training.run.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "configs" / "search_qa_grpo_tiny.yaml"

@@ -11,10 +11,10 @@ import yaml
 from learning import SMALL
 
 from agentgym.errors import ConfigError
-from agentgym.training.loading import load_config
-from agentgym.training.loop import Trainer, flatten, train
-from agentgym.training.quickstart import QUICKSTART
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import Trainer, flatten, train
+from agentgym.training.run.quickstart import QUICKSTART
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,8 @@ from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
 from agentgym.eval.viewer.server import create_viewer_app
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import train
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

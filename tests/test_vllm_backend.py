@@ -27,8 +27,8 @@ from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.backends.vllm_backend import VLLMSettings, generation_from_output, sampling_params
 from agentgym.errors import ConfigError
 from agentgym.rollout.policy import SamplingParams
-from agentgym.training.loading import load_config
-from agentgym.training.loop import train
+from agentgym.training.config.loading import load_config
+from agentgym.training.run.loop import train
 
 SMALL = small("iterations=2", "eval.num_episodes=2", "sft.enabled=false", "env.max_turns=3", "model.device=cpu")
 

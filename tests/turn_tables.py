@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.api.turn_table import TurnTable
 
 
 def plan_table(trajectory_id: Sequence[str], step: Sequence[int], group: Sequence[int] | None = None,

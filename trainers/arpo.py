@@ -42,9 +42,14 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext, EpisodeView, Fork, RolloutHooks
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.records import EpisodeGroup, Turn
-from agentgym.training.algorithm import AlgorithmNeeds, register_algorithm
-from agentgym.training.plan import Phase, UpdatePlan
-from agentgym.training.turn_table import TurnTable, episode_advantages
+from agentgym.training.api import (
+    AlgorithmNeeds,
+    Phase,
+    TurnTable,
+    UpdatePlan,
+    episode_advantages,
+    register_algorithm,
+)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext, RolloutHooks
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.options import register_hook_option
+from agentgym.training.api import register_hook_option
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from agentgym.errors import ConfigError
-from agentgym.training.terms import ForwardOutputs, LossTerm, RunContext, register_loss_term
+from agentgym.training.api import ForwardOutputs, LossTerm, RunContext, register_loss_term
 
 if TYPE_CHECKING:
     import torch
 
-    from agentgym.training.config import LossConfig
-    from agentgym.training.packing import TokenBatch
+    from agentgym.training.config.schema import LossConfig
+    from agentgym.training.engine.packing import TokenBatch
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ class EPOTerm(LossTerm):
     Example (turn index 0 has history H̄_0 = 1.0; a turn at entropy 1.5 is 0.3 above κ_hi·H̄_0 = 1.2):
         >>> import torch
         >>> from agentgym.rollout.records import Turn
-        >>> from agentgym.training.config import LossConfig
-        >>> from agentgym.training.packing import pack_turns
+        >>> from agentgym.training.config.schema import LossConfig
+        >>> from agentgym.training.engine.packing import pack_turns
         >>> term = EPOTerm(EPOArgs(coef=1.0, phase_weighting=False))
         >>> term.load_state_dict({"sums": [1.0], "counts": [1], "iterations": 1})
         >>> batch = pack_turns([Turn([1], [2, 3], [0.0, 0.0], 0.0, "s")], [1.0], pad_token_id=0, turn_step=[0])
@@ -133,7 +133,7 @@ class EPOTerm(LossTerm):
         # torch is imported where the term computes, so registering it (and checking a config) needs none.
         import torch
 
-        from agentgym.training.losses import aggregate
+        from agentgym.training.engine.losses import aggregate
 
         if outputs.entropy is None:
             raise ConfigError("the epo term got no entropies; it sets needs_entropy, so the trainer must pass them")

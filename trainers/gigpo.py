@@ -16,14 +16,14 @@ from typing import Literal
 import numpy as np
 
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.algorithm import register_algorithm
-from agentgym.training.turn_table import (
+from agentgym.training.api import (
     NormMode,
     TurnTable,
     discounted_returns,
     episode_advantages,
     group_mean_std,
     normalize,
+    register_algorithm,
 )
 
 

@@ -36,8 +36,7 @@ import numpy as np
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext, RolloutHooks
 from agentgym.rollout.records import EpisodeGroup, Trajectory
-from agentgym.training.algorithm import AlgorithmNeeds, register_algorithm
-from agentgym.training.turn_table import TurnTable, discounted_returns
+from agentgym.training.api import AlgorithmNeeds, TurnTable, discounted_returns, register_algorithm
 
 #: ``Turn.extras`` key of the teacher-forced answer value v(c_t) of the turn's prompt.
 VALUE_KEY = "igpo_value"

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentgym.errors import ConfigError
-from agentgym.training.terms import ForwardOutputs, LossTerm, register_loss_term
+from agentgym.training.api import ForwardOutputs, LossTerm, register_loss_term
 
 if TYPE_CHECKING:
     import torch
 
-    from agentgym.training.config import LossConfig
-    from agentgym.training.packing import TokenBatch
+    from agentgym.training.config.schema import LossConfig
+    from agentgym.training.engine.packing import TokenBatch
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.algorithm import register_algorithm
-from agentgym.training.turn_table import TurnTable, episode_advantages
+from agentgym.training.api import TurnTable, episode_advantages, register_algorithm
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,7 @@ import numpy as np
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.algorithm import register_algorithm
-from agentgym.training.plan import Phase, UpdatePlan
-from agentgym.training.turn_table import TurnTable, group_mean_std
+from agentgym.training.api import Phase, TurnTable, UpdatePlan, group_mean_std, register_algorithm
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class AdapterDisabled:
     """The base model of a LoRA model: calls run with the adapter switched off (the KL reference).
 
     Holds no weights of its own. Usable wherever a causal LM is called for log-probs
-    (``agentgym.training.packing.sequence_logprobs``).
+    (``agentgym.training.engine.packing.sequence_logprobs``).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:

@@ -24,7 +24,7 @@ re-tokenized). Weight sync, ``model.vllm.weight_sync``:
   ``POST /reset_prefix_cache``: vLLM's development routes, ``VLLM_SERVER_DEV_MODE=1``).
 
 vLLM's log-probs are behaviour log-probs: the trainer recomputes the old log-probs itself, and
-``loss.tis_cap`` weights the loss for the gap (``agentgym.training.offpolicy``). Ask vLLM for the
+``loss.tis_cap`` weights the loss for the gap (``agentgym.training.engine.offpolicy``). Ask vLLM for the
 log-probs of the sampling distribution (``logprobs_mode: processed_logprobs``, set here for the
 colocated engine; pass ``--logprobs-mode processed_logprobs`` to ``vllm serve``) so they mean what
 ``Generation.logprobs`` means.

@@ -13,11 +13,11 @@ from rich.table import Table
 
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.errors import AgentGymError, ConfigError
-from agentgym.training.loading import list_presets
+from agentgym.training.config.loading import list_presets
 
 if TYPE_CHECKING:
-    from agentgym.training.config import TrainConfig
-    from agentgym.training.run_folder import RunFolder
+    from agentgym.training.config.schema import TrainConfig
+    from agentgym.training.run.run_folder import RunFolder
 
 #: ``errno`` values of a failed write of the run folder (a full disk, a quota, a file-size limit...).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
@@ -43,8 +43,8 @@ def train(
     resume: str | None = typer.Option(None, help="Continue the run saved in this folder."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --out first."),
 ) -> None:
-    from agentgym.training.loop import Trainer
-    from agentgym.training.progress import make_progress, quiet_third_party_bars
+    from agentgym.training.run.loop import Trainer
+    from agentgym.training.run.progress import make_progress, quiet_third_party_bars
 
     notes: list[str] = []
     # Under `accelerate launch` / torchrun every process runs this command; the main one talks.
@@ -100,10 +100,10 @@ def train(
 def _config_and_folder(config: str | None, overrides: list[str], out: str | None, resume: str | None,
                        overwrite: bool, notes: list[str]) -> tuple[TrainConfig, RunFolder]:
     """The checked config and the run folder it may go into (nothing is written)."""
-    from agentgym.training.checkpoint import checkpoint_iteration
-    from agentgym.training.config import config_to_dict
-    from agentgym.training.loading import load_config
-    from agentgym.training.run_folder import CONFIG, RunFolder
+    from agentgym.training.config.loading import load_config
+    from agentgym.training.config.schema import config_to_dict
+    from agentgym.training.run.checkpoint import checkpoint_iteration
+    from agentgym.training.run.run_folder import CONFIG, RunFolder
 
     if resume:
         if out or overwrite:
@@ -181,10 +181,10 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
 @app.command()
 def algorithms() -> None:
     """List the registered algorithms, policy losses, loss terms and rollout-hook options."""
-    from agentgym.training.algorithm import list_algorithms
-    from agentgym.training.losses import list_policy_losses
-    from agentgym.training.options import HOOK_OPTIONS
-    from agentgym.training.terms import LOSS_TERMS
+    from agentgym.training.api.algorithm import list_algorithms
+    from agentgym.training.api.options import HOOK_OPTIONS
+    from agentgym.training.api.terms import LOSS_TERMS
+    from agentgym.training.engine.losses import list_policy_losses
 
     table = Table(title="registered algorithms (algorithm.name)")
     table.add_column("name", style="bold cyan")

@@ -1,6 +1,6 @@
 """``EnvSource``: where the envs of a training run or an evaluation come from, and which task seeds are held out.
 
-Training (``agentgym.training.setup``) and ``agentgym eval`` (``agentgym.eval.harness``) describe their
+Training (``agentgym.training.run.setup``) and ``agentgym eval`` (``agentgym.eval.harness``) describe their
 envs with the same fields (id, arguments, turn budget, env services) and build them here, so both
 make the same envs the same way: in-process (``agentgym.make``), sessions on an env service
 (``RemoteEnv``), a fleet of services stepped through their batched routes (``EnvFleet``), or Ray

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from agentgym.training.algorithm import (
+from agentgym.training.api.algorithm import (
     AdvantageEstimator,
     Algorithm,
     AlgorithmNeeds,
@@ -22,7 +22,17 @@ from agentgym.training.algorithm import (
     list_algorithms,
     register_algorithm,
 )
-from agentgym.training.config import (
+from agentgym.training.api.options import HookOption, get_hook_option, list_hook_options, register_hook_option
+from agentgym.training.api.plan import Phase, UpdatePlan
+from agentgym.training.api.turn_table import (
+    TurnTable,
+    discounted_returns,
+    episode_advantages,
+    group_mean_std,
+    normalize,
+)
+from agentgym.training.config.loading import check_config, config_from_dict, load_config
+from agentgym.training.config.schema import (
     AlgorithmConfig,
     EnvConfig,
     EvalConfig,
@@ -32,16 +42,6 @@ from agentgym.training.config import (
     SFTConfig,
     TrainConfig,
     config_to_dict,
-)
-from agentgym.training.loading import check_config, config_from_dict, load_config
-from agentgym.training.options import HookOption, get_hook_option, list_hook_options, register_hook_option
-from agentgym.training.plan import Phase, UpdatePlan
-from agentgym.training.turn_table import (
-    TurnTable,
-    discounted_returns,
-    episode_advantages,
-    group_mean_std,
-    normalize,
 )
 
 __all__ = [

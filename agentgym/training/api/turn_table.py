@@ -3,7 +3,7 @@
 Estimators work on a ``TurnTable`` so no estimator loops over turns in Python: every quantity is an
 array of shape (num_turns,) in the order group → trajectory → turn, and group statistics are
 ``np.bincount`` reductions over integer group ids. The same table is what update plans split an
-iteration's turns on (``agentgym.training.plan``) and where packing reads each row's turn position:
+iteration's turns on (``agentgym.training.api.plan``) and where packing reads each row's turn position:
 the loop builds it once per iteration (``TurnTable.of``) and every consumer shares it.
 """
 

@@ -1,8 +1,8 @@
 """The training loop: SFT warm start, then RL iterations (collect → estimate → update → log → checkpoint).
 
-``Trainer.__init__`` builds every component of a run once (the recipe of plug-ins, the policy, the
+``Trainer.__init__`` builds every component of a run once (the plug-ins, the policy, the
 collector, the update step); ``Trainer.run`` reads top to bottom and is the same for every
-algorithm: what differs between algorithms lives in their plug-ins (``agentgym.training.algorithm``).
+algorithm: what differs between algorithms lives in their plug-ins (``agentgym.training.api.algorithm``).
 Every iteration's task seeds, sampling seed and minibatch order derive from ``(cfg.seed,
 iteration)``, so a resumed run replays exactly what an uninterrupted one would have done. The run
 folder (``RunFolder``), the response to Ctrl-C and SIGTERM (``StopSignals``: stop after the
@@ -36,35 +36,12 @@ from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.policy import SamplingParams, capability
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.checkpoint import (
-    checkpoint_iteration,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from agentgym.training.config import TrainConfig, config_to_dict
-from agentgym.training.distributed import Distributed
-from agentgym.training.interrupt import StopNow, StopSignals
-from agentgym.training.metrics import MetricsLog, iteration_metrics
-from agentgym.training.pipeline import RolloutPipeline, gather_groups, merge_stats
-from agentgym.training.progress import Progress, iteration_status
-from agentgym.training.recipe import Recipe
-from agentgym.training.report import plot_learning_curve
-from agentgym.training.run_folder import RunFolder
-from agentgym.training.setup import (  # noqa: F401  (flatten, env_factory: re-exported)
-    action_format,
-    env_factory,
-    env_urls,
-    flatten,
-    lr_schedule,
-    seed_everything,
-    task_seeds,
-)
-from agentgym.training.terms import RunContext
-from agentgym.training.turn_table import TurnTable
-from agentgym.training.update import PolicyUpdate, sft_update
-from agentgym.training.weights import (
+from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.api.terms import RunContext
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.config.schema import TrainConfig, config_to_dict
+from agentgym.training.engine.update import PolicyUpdate, sft_update
+from agentgym.training.engine.weights import (
     load_model_state,
     model_state,
     reference_model,
@@ -73,11 +50,34 @@ from agentgym.training.weights import (
     save_reference,
     trainable_parameters,
 )
+from agentgym.training.run.checkpoint import (
+    checkpoint_iteration,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from agentgym.training.run.curve import plot_learning_curve
+from agentgym.training.run.distributed import Distributed
+from agentgym.training.run.interrupt import StopNow, StopSignals
+from agentgym.training.run.metrics import MetricsLog, iteration_metrics
+from agentgym.training.run.pipeline import RolloutPipeline, gather_groups, merge_stats
+from agentgym.training.run.progress import Progress, iteration_status
+from agentgym.training.run.run_folder import RunFolder
+from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: re-exported)
+    action_format,
+    env_factory,
+    env_urls,
+    flatten,
+    lr_schedule,
+    seed_everything,
+    task_seeds,
+)
 
 REFERENCE = "reference.pt"
 
 
-# Set-up helpers live in agentgym.training.setup; flatten is re-exported here.
+# Set-up helpers live in agentgym.training.run.setup; flatten is re-exported here.
 
 
 @dataclass
@@ -123,8 +123,8 @@ class Trainer:
         self.saved_iteration: int | None = None
         self.extra: dict[str, Any] | None = None
         self.started = time.perf_counter()
-        self.recipe = Recipe.from_config(cfg)
-        for term in self.recipe.terms.values():
+        self.plugins = PluginSet.from_config(cfg)
+        for term in self.plugins.terms.values():
             term.begin_run(RunContext(iterations=cfg.iterations))
         seed_everything(cfg.seed)
         model_cfg = cfg.model if self.dist.device is None else replace(cfg.model, device=str(self.dist.device))
@@ -150,7 +150,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(cfg))
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_length = r.max_prompt_tokens + r.max_new_tokens
-        self.update = PolicyUpdate(self.trained, self.optimizer, self.recipe, cfg.loss, cfg.optim,
+        self.update = PolicyUpdate(self.trained, self.optimizer, self.plugins, cfg.loss, cfg.optim,
                                    temperature=r.temperature, max_length=self.max_length,
                                    pad_token_id=self.pad_token_id, seed=cfg.seed,
                                    drop_zero_advantage_turns=cfg.algorithm.drop_zero_advantage_turns,
@@ -201,7 +201,7 @@ class Trainer:
         if self.cfg.sft.enabled and not has_expert:
             raise ConfigError(f"sft.enabled needs expert demonstrations, but {self.cfg.env.id!r} has no expert; "
                               "set sft.enabled=false to start RL from the untrained policy")
-        self.recipe.check_needs(self.policy, self.cfg.env.id, info)
+        self.plugins.check_needs(self.policy, self.cfg.env.id, info)
         return bool(info.get("tools"))
 
     # --- pieces of an iteration -----------------------------------------------------------------
@@ -221,8 +221,8 @@ class Trainer:
     def collect(self, iteration: int) -> tuple[list[EpisodeGroup], CollectStats, dict[str, float]]:
         """The iteration's groups. When hooks filter groups out (DAPO dynamic sampling), more tasks are
         collected, up to the hooks' ``max_extra_rounds`` extra rounds, until the batch is full."""
-        cfg, hooks = self.cfg, self.recipe.hooks
-        sampling = self.recipe.sampling(self.sampling(cfg.rollout.temperature, cfg.seed * 100_003 + iteration))
+        cfg, hooks = self.cfg, self.plugins.hooks
+        sampling = self.plugins.sampling(self.sampling(cfg.rollout.temperature, cfg.seed * 100_003 + iteration))
         groups: list[EpisodeGroup] = []
         stats = CollectStats()
         round_ = 0
@@ -283,14 +283,14 @@ class Trainer:
         self.update.ref_model = reference_model(self.model, self.root / REFERENCE)
 
     def plugin_state(self) -> dict[str, Any]:
-        """State of the recipe's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
-        return {"hooks": self.recipe.hooks.state_dict(), "plan": self.recipe.plan.state_dict(),
-                "terms": {name: term.state_dict() for name, term in self.recipe.terms.items()}}
+        """State of the run's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
+        return {"hooks": self.plugins.hooks.state_dict(), "plan": self.plugins.plan.state_dict(),
+                "terms": {name: term.state_dict() for name, term in self.plugins.terms.items()}}
 
     def load_plugin_state(self, state: dict[str, Any]) -> None:
-        self.recipe.hooks.load_state_dict(state.get("hooks", {}))
-        self.recipe.plan.load_state_dict(state.get("plan", {}))
-        for name, term in self.recipe.terms.items():
+        self.plugins.hooks.load_state_dict(state.get("hooks", {}))
+        self.plugins.plan.load_state_dict(state.get("plan", {}))
+        for name, term in self.plugins.terms.items():
             term.load_state_dict(state.get("terms", {}).get(name, {}))
 
     # --- saving and restoring -------------------------------------------------------------------
@@ -407,7 +407,7 @@ class Trainer:
                     self.resume_point.abandoned = iteration
             raise
         self.resume_point = None
-        for term in self.recipe.terms.values():
+        for term in self.plugins.terms.values():
             metrics.update(term.end_iteration())
         self.scheduler.step()
         self.pipeline.updated(started, time.perf_counter())
@@ -444,7 +444,7 @@ class Trainer:
     def run_iterations(self, resume: bool, overwrite: bool, on_iteration: Callable[[dict[str, Any]], None] | None,
                        stop_after: int | None) -> dict[str, Any]:
         """The run itself: start (warm start, or a checkpoint), RL iterations, finish."""
-        cfg, out, recipe, stop, progress = self.cfg, self.out, self.recipe, self.stop, self.progress
+        cfg, out, plugins, stop, progress = self.cfg, self.out, self.plugins, self.stop, self.progress
         # --- start: from a checkpoint, or SFT warm start + evaluations -----------------------------
         if resume:
             history, extra, start_iteration = self.restore()
@@ -457,7 +457,7 @@ class Trainer:
             self.save(0, history, extra)
         self.extra = extra
         (out / "trajectories").mkdir(exist_ok=True)
-        if recipe.needs_reference:
+        if plugins.needs_reference:
             self.freeze_reference()
         progress.start("RL", total=cfg.iterations, completed=start_iteration)
 
@@ -470,7 +470,7 @@ class Trainer:
                 with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
                     fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
                 # --- estimate ----------------------------------------------------------------------------
-                advantages = recipe.algorithm.estimator(groups, recipe.args)
+                advantages = plugins.algorithm.estimator(groups, plugins.args)
                 # --- update --------------------------------------------------------------------------------
                 update_started = time.perf_counter()
                 update_metrics = self.update_iteration(iteration, groups, advantages, rollout, history)
@@ -549,7 +549,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwr
 
     Ctrl-C (SIGINT) stops the run after the current iteration, a second Ctrl-C or a SIGTERM at once
     (abandoning the iteration where that loses nothing else); either way the point reached is saved
-    and the returned dict says where (``agentgym.training.interrupt``).
+    and the returned dict says where (``agentgym.training.run.interrupt``).
 
     Args:
         cfg: the validated config.
@@ -558,7 +558,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwr
         on_iteration: called with each iteration's metrics.
         stop_after: stop after this iteration number without finishing the run (tests use it to
             simulate a killed run; the checkpoint of that iteration is written first).
-        progress: where progress goes (``agentgym.training.progress``; default: nowhere).
+        progress: where progress goes (``agentgym.training.run.progress``; default: nowhere).
 
     Returns:
         The report (also written to ``out_dir/report.json``), or, for a run that stopped early,

@@ -1,14 +1,14 @@
 """The shared token-level loss pieces: ``aggregate``, the policy losses (PPO-clip, GSPO) and their registry, KL.
 
-Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.training.packing`` and a
+Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.training.engine.packing`` and a
 ``response_mask`` of the same shape; only positions where the mask is 1 (generated response tokens)
 enter any term. Values at masked-out positions, even ``inf`` or ``nan``, change neither a loss nor
 its gradients: inputs are replaced by 0 there (``torch.where``) before any arithmetic.
 
 Policy losses are plain callables registered by name (verl's ``core_algos`` pattern) with one
 signature, ``fn(logprobs, old_logprobs, advantages, mask, cfg) -> (loss, metrics)``; built-ins are
-``"ppo_clip"`` and ``"gspo"``. ``cfg`` is the run's ``agentgym.training.config.LossConfig``. The KL and
-entropy terms added to the policy loss are loss terms (``agentgym.training.terms``).
+``"ppo_clip"`` and ``"gspo"``. ``cfg`` is the run's ``agentgym.training.config.schema.LossConfig``. The KL and
+entropy terms added to the policy loss are loss terms (``agentgym.training.api.terms``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,14 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import torch
 
 from agentgym.errors import ConfigError, RegistryError
-from agentgym.training.config import AGG_MODES, KL_TYPES  # declared once, beside the config's Literal types
-from agentgym.training.loss_registry import POLICY_LOSSES  # torch-free, so a config check needs no torch
+from agentgym.training.api.loss_registry import POLICY_LOSSES  # torch-free, so a config check needs no torch
+from agentgym.training.config.schema import (  # declared once, beside the config's Literal types
+    AGG_MODES,
+    KL_TYPES,
+)
 
 if TYPE_CHECKING:
-    from agentgym.training.config import AggMode, KlType, LossConfig
+    from agentgym.training.config.schema import AggMode, KlType, LossConfig
 
 #: GSPO: the log of the sequence ratio is capped here (verl's guard), so exp() stays finite.
 MAX_SEQUENCE_LOG_RATIO = 10.0
@@ -145,7 +148,7 @@ def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_Los
         RegistryError: ``name`` is empty, or taken by another function and ``override`` is False.
 
     Example:
-        >>> from agentgym.training.config import LossConfig
+        >>> from agentgym.training.config.schema import LossConfig
         >>> @register_policy_loss("doc_reinforce")
         ... def reinforce(logprobs, old_logprobs, advantages, mask, cfg):
         ...     loss = aggregate(-advantages * logprobs, mask, cfg.loss_agg_mode)
@@ -228,7 +231,7 @@ def policy_loss(
         ConfigError: Mismatched shapes.
 
     Example:
-        >>> from agentgym.training.config import LossConfig
+        >>> from agentgym.training.config.schema import LossConfig
         >>> old = torch.zeros(1, 3)
         >>> new = torch.log(torch.tensor([[1.0, 1.5, 0.5]]))
         >>> loss, metrics = policy_loss(new, old, torch.ones(1, 3), torch.tensor([[0, 1, 1]]), LossConfig())

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.api.turn_table import TurnTable
 
 
 @dataclass(frozen=True)

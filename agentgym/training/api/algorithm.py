@@ -28,8 +28,8 @@ import numpy as np
 from agentgym.plugins import PluginRegistry
 from agentgym.rollout.hooks import RolloutHooks
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.coercion import build
-from agentgym.training.plan import UpdatePlan
+from agentgym.training.api.plan import UpdatePlan
+from agentgym.training.config.coercion import build
 
 ENTRY_POINT_GROUP = "agentgym.trainers"
 

@@ -16,7 +16,7 @@ from agentgym.core import Env
 from agentgym.eval.source import EnvSource
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
-from agentgym.training.config import TrainConfig
+from agentgym.training.config.schema import TrainConfig
 
 
 def seed_everything(seed: int) -> None:

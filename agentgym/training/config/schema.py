@@ -1,7 +1,7 @@
 """Training configuration: one typed config dataclass per component, and ``--set`` overrides.
 
 ``TrainConfig`` is the whole run. Every field has a default and a docstring; YAML presets in
-``configs/`` are flat, complete files (``agentgym.training.loading.load_config`` reads them). Errors
+``configs/`` are flat, complete files (``agentgym.training.config.loading.load_config`` reads them). Errors
 name the field to fix (``rollout.group_size``) and suggest the nearest field name for typos. This
 module imports no ML framework and nothing of the training package but the coercion it builds with.
 """
@@ -18,7 +18,7 @@ from agentgym.backends.config import ModelConfig
 from agentgym.errors import ConfigError
 from agentgym.eval.source import HELD_OUT_SEED_START
 from agentgym.rollout.prompt import PromptSettings
-from agentgym.training.coercion import to_plain
+from agentgym.training.config.coercion import to_plain
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
@@ -164,7 +164,7 @@ class LossConfig:
     dual_clip_c: float | None = 3.0
     """Dual-clip bound c > 1 for negative advantages (loss ≤ -A·c); None disables dual clip."""
     loss_agg_mode: AggMode = "token-mean"
-    """How per-token losses become a scalar (``agentgym.training.losses.aggregate``). Dr.GRPO:
+    """How per-token losses become a scalar (``agentgym.training.engine.losses.aggregate``). Dr.GRPO:
     ``seq-mean-token-sum-norm``; original GRPO and GSPO: ``seq-mean-token-mean``; DAPO and verl's
     default: ``token-mean``."""
     loss_agg_norm_tokens: int | None = None
@@ -179,7 +179,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     """Weight of the ``entropy`` term (an entropy bonus subtracted from the loss); 0 turns it off."""
     terms: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Other registered loss terms by name → arguments (``agentgym.training.terms``)."""
+    """Other registered loss terms by name → arguments (``agentgym.training.api.terms``)."""
     skip_forced_tokens: bool = True
     """Under a decoding constraint (``rollout.constraint``), leave the response tokens it forced (the
     only token allowed there) out of every loss term: the policy chose nothing at them, so they carry no
@@ -189,7 +189,7 @@ class LossConfig:
     tis_cap: float | None = None
     """Truncated importance sampling for the sampler/trainer mismatch (e.g. vLLM's log-probs against
     the trainer's): each response token's policy loss is weighted by min(π_old / π_sampler, tis_cap)
-    (``agentgym.training.offpolicy``); None: no weighting (stale asynchronous batches are still
+    (``agentgym.training.engine.offpolicy``); None: no weighting (stale asynchronous batches are still
     corrected, with cap 2)."""
 
     def __post_init__(self) -> None:
@@ -277,7 +277,7 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Field ranges that no single field's type can express; raises ``ConfigError`` naming the field.
-        (``agentgym.training.loading.check_config`` adds the checks that need the registries.)"""
+        (``agentgym.training.config.loading.check_config`` adds the checks that need the registries.)"""
         positive = {
             "iterations": self.iterations, "rollout.num_tasks": self.rollout.num_tasks,
             "rollout.group_size": self.rollout.group_size, "rollout.max_new_tokens": self.rollout.max_new_tokens,

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentgym.errors import ConfigError
 from agentgym.plugins import PluginRegistry
-from agentgym.training.coercion import build
+from agentgym.training.config.coercion import build
 
 # torch is imported only where a term computes: registering terms and checking their arguments (a
 # config check) must work without it.
 if TYPE_CHECKING:
     import torch
 
-    from agentgym.training.config import LossConfig
-    from agentgym.training.packing import TokenBatch
+    from agentgym.training.config.schema import LossConfig
+    from agentgym.training.engine.packing import TokenBatch
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +131,7 @@ def register_loss_term(name: str, factory: Callable[[Any], LossTerm], args_type:
         ...     def __init__(self, args):
         ...         self.coef = args.coef
         ...     def __call__(self, batch, outputs, cfg):
-        ...         from agentgym.training.losses import aggregate
+        ...         from agentgym.training.engine.losses import aggregate
         ...         value = aggregate(outputs.logprobs.square(), batch.response_mask, cfg.loss_agg_mode)
         ...         return self.coef * value, {"loss/l2": value.item()}
         >>> spec = register_loss_term("doc_l2", L2, L2Args)
@@ -162,17 +162,17 @@ class KLArgs:
     coef: float = 0.0
     """β: weight of the KL to the reference policy."""
     kl_type: Literal["k1", "k2", "k3"] = "k3"
-    """Estimator: ``k1``, ``k2`` or ``k3`` (see ``agentgym.training.losses.kl_penalty``)."""
+    """Estimator: ``k1``, ``k2`` or ``k3`` (see ``agentgym.training.engine.losses.kl_penalty``)."""
 
 
 class KLTerm(LossTerm):
     """β·agg(KL(π ‖ π_ref)) over the response tokens, with the run's aggregation mode.
 
     Example:
-        >>> from agentgym.training.config import LossConfig
+        >>> from agentgym.training.config.schema import LossConfig
         >>> import torch
         >>> from agentgym.rollout.records import Turn
-        >>> from agentgym.training.packing import pack_turns
+        >>> from agentgym.training.engine.packing import pack_turns
         >>> batch = pack_turns([Turn([1], [2, 3], [0.0, 0.0], 0.0, "s")], [1.0], pad_token_id=0)
         >>> lp = torch.zeros(1, 3)
         >>> value, metrics = KLTerm(KLArgs(coef=0.5, kl_type="k1"))(
@@ -188,7 +188,7 @@ class KLTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-        from agentgym.training.losses import aggregate, kl_penalty
+        from agentgym.training.engine.losses import aggregate, kl_penalty
 
         if outputs.ref_logprobs is None:
             raise ConfigError("the kl term got no reference log-probs; a term that reads them must set "
@@ -217,7 +217,7 @@ class EntropyTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-        from agentgym.training.losses import entropy_bonus
+        from agentgym.training.engine.losses import entropy_bonus
 
         if outputs.entropy is None:
             raise ConfigError("the entropy term got no entropies; a term that reads them must set needs_entropy = True")

@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from agentgym.training.packing import TokenBatch
+from agentgym.training.engine.packing import TokenBatch
 
 #: Cap of the importance weight of stale (asynchronous) batches when ``loss.tis_cap`` is not set (verl's default).
 DEFAULT_CAP = 2.0

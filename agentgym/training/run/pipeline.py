@@ -5,7 +5,7 @@ update) and, under several training processes, ``gather_groups`` (every process'
 thread collects iteration i+1's episodes with the weights from before that update (the generator
 holds its own copy of them, or lives elsewhere: a vLLM server). Iteration i+1 then trains on episodes
 one update old: ``staleness`` 1, and the update importance-corrects them
-(``agentgym.training.offpolicy``). Every iteration's tasks, seeds and order stay those of a
+(``agentgym.training.engine.offpolicy``). Every iteration's tasks, seeds and order stay those of a
 synchronous run; only the weights that sampled them differ. With ``max_staleness: 0`` episodes are
 collected when asked for, between updates, which is synchronous training exactly.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from agentgym.rollout.collector import CollectStats
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.interrupt import StopNow
+from agentgym.training.run.interrupt import StopNow
 
 
 @dataclass

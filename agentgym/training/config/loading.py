@@ -20,10 +20,10 @@ import yaml
 from agentgym.backends.builder import list_backends, make_policy
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout.constraints import make_constraint
-from agentgym.training.algorithm import get_algorithm
-from agentgym.training.coercion import build
-from agentgym.training.config import AlgorithmConfig, EnvConfig, TrainConfig, apply_overrides
-from agentgym.training.recipe import Recipe
+from agentgym.training.api.algorithm import get_algorithm
+from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.config.coercion import build
+from agentgym.training.config.schema import AlgorithmConfig, EnvConfig, TrainConfig, apply_overrides
 
 #: Settings that describe one env rather than the run: dropped when an override changes ``env.id``.
 ENV_SETTINGS = ("env.kwargs", "env.max_turns", "rollout.action_format")
@@ -38,7 +38,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
             raise type(exc)(f"rollout.constraint: {exc}") from None
     if cfg.model.backend not in list_backends():
         make_policy(cfg.model)  # raises the registry's error, with suggestions
-    Recipe.from_config(cfg)
+    PluginSet.from_config(cfg)
     return cfg
 
 
@@ -57,7 +57,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def presets_dir() -> Path:
     """The ``configs/`` folder of presets next to the package (a source checkout)."""
-    return Path(__file__).resolve().parents[2] / "configs"
+    return Path(__file__).resolve().parents[3] / "configs"
 
 
 def list_presets() -> list[str]:
@@ -201,7 +201,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         RegistryError: an unknown algorithm, policy loss, loss term or hook option (with suggestions).
     """
     if path is None:
-        from agentgym.training.quickstart import QUICKSTART
+        from agentgym.training.run.quickstart import QUICKSTART
 
         base: Any = QUICKSTART
     else:

@@ -1,13 +1,13 @@
 """The two updates: ``PolicyUpdate`` (RL: phases × epochs × minibatches of policy loss + loss terms) and ``sft_update``.
 
-``PolicyUpdate`` is built once per run from the recipe (policy loss, loss terms, update plan) and
+``PolicyUpdate`` is built once per run from the run's plug-ins (policy loss, loss terms, update plan) and
 called once per iteration with the iteration's turns and advantages. For every phase of the plan it
 packs the phase's turns (advantages broadcast to response tokens in one place: ``pack_turns``),
 recomputes the "old" log-probs with the current weights (as verl does: they then match the first
 minibatch's own forward pass exactly), and takes ``optim.num_epochs`` passes of
 ``optim.num_minibatches`` optimiser steps. Under several processes each takes its share of every
 minibatch's rows, in micro-batches of at most ``optim.micro_batch_tokens`` padded tokens, with the
-loss normalised over the whole minibatch (``agentgym.training.distributed``).
+loss normalised over the whole minibatch (``agentgym.training.run.distributed``).
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ import numpy as np
 import torch
 
 from agentgym.rollout.records import Turn
-from agentgym.training.distributed import Distributed, aggregation_units
-from agentgym.training.offpolicy import DEFAULT_CAP, importance_corrected
-from agentgym.training.packing import (
+from agentgym.training.api.terms import ForwardOutputs, total_loss
+from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.engine.offpolicy import DEFAULT_CAP, importance_corrected
+from agentgym.training.engine.packing import (
     TokenBatch,
     minibatches,
     pack_turns,
     sequence_logprobs,
     token_minibatches,
 )
-from agentgym.training.terms import ForwardOutputs, total_loss
-from agentgym.training.turn_table import TurnTable
+from agentgym.training.run.distributed import Distributed, aggregation_units
 
 if TYPE_CHECKING:
-    from agentgym.training.config import LossConfig, OptimConfig, SFTConfig
-    from agentgym.training.recipe import Recipe
+    from agentgym.training.api.plugin_set import PluginSet
+    from agentgym.training.config.schema import LossConfig, OptimConfig, SFTConfig
 
 #: Rows per no-grad forward pass when recomputing log-probs (bounds activation memory).
 LOGPROB_CHUNK_ROWS = 64
@@ -48,7 +48,7 @@ class PolicyUpdate:
     Args:
         model: the policy model being trained.
         optimizer: its optimiser.
-        recipe: the run's recipe (policy loss, loss terms, update plan).
+        plugins: the run's plug-ins (policy loss, loss terms, update plan).
         loss: the loss settings.
         optim: epochs, minibatches, gradient clipping.
         temperature: the sampling temperature; ratios are taken under the distribution the rollouts
@@ -63,19 +63,19 @@ class PolicyUpdate:
             within a minibatch); None: one pass per process and minibatch.
         tis_cap: truncated importance sampling: weight each response token's policy loss by
             min(π_old / π_sampler, tis_cap), the gap between the trainer's recomputed log-probs and the
-            sampler's (``agentgym.training.offpolicy``); None: no correction unless the batch is stale.
+            sampler's (``agentgym.training.engine.offpolicy``); None: no correction unless the batch is stale.
         poll: called between log-prob chunks, minibatches and micro-batches; what it raises ends the
             update there (a run's stop: ``StopSignals.poll``). None: the update always runs to its end.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, recipe: Recipe, loss: LossConfig,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, plugins: PluginSet, loss: LossConfig,
                  optim: OptimConfig, *, temperature: float, max_length: int, pad_token_id: int, seed: int,
                  drop_zero_advantage_turns: bool = False, ref_model: torch.nn.Module | None = None,
                  dist: Distributed | None = None, micro_batch_tokens: int | None = None,
                  tis_cap: float | None = None, poll: Callable[[], None] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.recipe = recipe
+        self.plugins = plugins
         self.loss_cfg = loss
         self.optim = optim
         self.temperature = temperature if temperature > 0 else 1.0
@@ -113,7 +113,7 @@ class PolicyUpdate:
         cap = self.tis_cap if self.tis_cap is not None else (DEFAULT_CAP if staleness > 0 else None)
         self.stepped = False
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + iteration)
-        plan = self.recipe.plan
+        plan = self.plugins.plan
         collected: dict[str, list[float]] = {}
         train_tokens = loss_tokens = 0.0
         phases = plan.phases(table)
@@ -185,7 +185,7 @@ class PolicyUpdate:
         return [(part, aggregation_units(part, mode) / total if total else 0.0) for part in parts]
 
     def _step(self, mb: TokenBatch) -> dict[str, float]:
-        recipe, dist = self.recipe, self.dist
+        plugins, dist = self.plugins, self.dist
         cfg = self.loss_cfg
         if cfg.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.loss_agg_norm_tokens is None:
             # The padded width of the whole minibatch, not of each (trimmed) micro-batch.
@@ -202,14 +202,14 @@ class PolicyUpdate:
             with sync:
                 with dist.autocast():
                     logprobs, entropy = sequence_logprobs(self.model, part, temperature=self.temperature,
-                                                          return_entropy=recipe.needs_entropy)
+                                                          return_entropy=plugins.needs_entropy)
                     ref_logprobs = None
-                    if recipe.needs_reference:
+                    if plugins.needs_reference:
                         with torch.no_grad():
                             ref_logprobs = sequence_logprobs(self.ref_model, part, temperature=self.temperature)[0]
                 outputs = ForwardOutputs(logprobs.float(), None if entropy is None else entropy.float(),
                                          None if ref_logprobs is None else ref_logprobs.float())
-                loss, metrics = total_loss(recipe.policy_loss, recipe.terms, part, outputs, cfg)
+                loss, metrics = total_loss(plugins.policy_loss, plugins.terms, part, outputs, cfg)
                 # Gradients are averaged over processes (DDP/FSDP): scale up so they add up instead.
                 dist.backward(loss * (weight * dist.world_size))
             # Metrics are weighted like the loss (so loss/policy is the minibatch's); under the sum-norm

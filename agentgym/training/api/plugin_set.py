@@ -1,6 +1,6 @@
-"""``Recipe``: an algorithm's plug-ins built for one run from the config, and the start-up checks of its needs.
+"""``PluginSet``: an algorithm's plug-ins built for one run from the config, and the start-up checks of its needs.
 
-The recipe is everything that makes a run's algorithm what it is — estimator and arguments,
+The plug-in set is everything that makes a run's algorithm what it is — estimator and arguments,
 rollout hooks (the algorithm's and the options'), update plan, policy loss and loss terms — built
 once, before any model or folder exists, so that a config that cannot work fails at start-up with a
 message naming the field to change.
@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import HookChain, RolloutHooks
 from agentgym.rollout.policy import SamplingParams, Scorer, capability
-from agentgym.training.algorithm import Algorithm, AlgorithmNeeds, get_algorithm
-from agentgym.training.loss_registry import POLICY_LOSSES
-from agentgym.training.options import get_hook_option
-from agentgym.training.plan import UpdatePlan
-from agentgym.training.terms import EntropyArgs, EntropyTerm, KLArgs, KLTerm, LossTerm, get_loss_term
+from agentgym.training.api.algorithm import Algorithm, AlgorithmNeeds, get_algorithm
+from agentgym.training.api.loss_registry import POLICY_LOSSES
+from agentgym.training.api.options import get_hook_option
+from agentgym.training.api.plan import UpdatePlan
+from agentgym.training.api.terms import EntropyArgs, EntropyTerm, KLArgs, KLTerm, LossTerm, get_loss_term
 
 if TYPE_CHECKING:
-    from agentgym.training.config import TrainConfig
-    from agentgym.training.losses import PolicyLoss
+    from agentgym.training.config.schema import TrainConfig
+    from agentgym.training.engine.losses import PolicyLoss
 
 
 @dataclass
-class Recipe:
-    """One run's algorithm, built from the config (``Recipe.from_config``)."""
+class PluginSet:
+    """One run's algorithm, built from the config (``PluginSet.from_config``)."""
 
     algorithm: Algorithm
     """The registered algorithm."""
@@ -44,7 +44,7 @@ class Recipe:
     """The loss terms in use, by name."""
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig) -> Recipe:
+    def from_config(cls, cfg: TrainConfig) -> PluginSet:
         """Build (and so validate) every plug-in the config names.
 
         Raises:
@@ -74,7 +74,7 @@ class Recipe:
     @property
     def policy_loss(self) -> PolicyLoss:
         """The policy loss function (imports the torch loss module: only the trainer asks for it)."""
-        from agentgym.training.losses import get_policy_loss
+        from agentgym.training.engine.losses import get_policy_loss
 
         return get_policy_loss(self.policy_loss_name)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentgym.training.report import learning_curve_figure, plot_learning_curve, smooth
+from agentgym.training.run.curve import learning_curve_figure, plot_learning_curve, smooth
 
 
 def _eval(rate: float) -> dict:

@@ -25,7 +25,7 @@ from agentgym.backends.lora import (
     merged_state_dict,
 )
 from agentgym.errors import ConfigError
-from agentgym.training.checkpoint import write_torch
+from agentgym.training.run.checkpoint import write_torch
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

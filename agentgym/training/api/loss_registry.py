@@ -1,9 +1,9 @@
 """The policy-loss registry, torch-free: ``POLICY_LOSSES`` and ``LazyPolicyLoss`` (a built-in named by where it lives).
 
-The policy losses are torch code (``agentgym.training.losses``), but checking a config's
+The policy losses are torch code (``agentgym.training.engine.losses``), but checking a config's
 ``loss.loss_mode`` must not import torch. So the built-ins are registered here by module and function
-name; importing ``agentgym.training.losses`` replaces each reference by its function. Plug-ins register
-their function itself (``agentgym.training.losses.register_policy_loss``).
+name; importing ``agentgym.training.engine.losses`` replaces each reference by its function. Plug-ins register
+their function itself (``agentgym.training.engine.losses.register_policy_loss``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class LazyPolicyLoss:
     """A registered policy loss that is imported on first use.
 
     Example:
-        >>> LazyPolicyLoss("agentgym.training.losses", "gspo_policy_loss").resolve().__name__
+        >>> LazyPolicyLoss("agentgym.training.engine.losses", "gspo_policy_loss").resolve().__name__
         'gspo_policy_loss'
     """
 
@@ -39,5 +39,5 @@ class LazyPolicyLoss:
 
 #: Policy losses by name (values of ``loss.loss_mode``): functions, or built-ins not imported yet.
 POLICY_LOSSES: PluginRegistry[Any] = PluginRegistry("policy loss", "agentgym.trainers", "agentgym.trainers")
-POLICY_LOSSES.register("ppo_clip", LazyPolicyLoss("agentgym.training.losses", "policy_loss"))
-POLICY_LOSSES.register("gspo", LazyPolicyLoss("agentgym.training.losses", "gspo_policy_loss"))
+POLICY_LOSSES.register("ppo_clip", LazyPolicyLoss("agentgym.training.engine.losses", "policy_loss"))
+POLICY_LOSSES.register("gspo", LazyPolicyLoss("agentgym.training.engine.losses", "gspo_policy_loss"))

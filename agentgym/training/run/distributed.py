@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from agentgym.errors import ConfigError
-from agentgym.training.packing import TokenBatch
+from agentgym.training.engine.packing import TokenBatch
 
 
 def aggregation_units(batch: TokenBatch, mode: str) -> float:
@@ -38,7 +38,7 @@ def aggregation_units(batch: TokenBatch, mode: str) -> float:
 
     Example:
         >>> from agentgym.rollout.records import Turn
-        >>> from agentgym.training.packing import pack_turns
+        >>> from agentgym.training.engine.packing import pack_turns
         >>> batch = pack_turns([Turn([1], [2, 3], [0, 0], 0, "a"), Turn([1], [2], [0], 0, "b")], [1, 1], pad_token_id=0)
         >>> aggregation_units(batch, "token-mean"), aggregation_units(batch, "seq-mean-token-mean")
         (3.0, 2.0)

@@ -12,7 +12,7 @@ from typing import Any
 
 from agentgym.plugins import PluginRegistry
 from agentgym.rollout.hooks import RolloutHooks
-from agentgym.training.coercion import build
+from agentgym.training.config.coercion import build
 
 
 @dataclass(frozen=True)
