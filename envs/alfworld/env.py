@@ -126,14 +126,15 @@ def collect_games(root: Path, split: str, task_types: Iterable[str], label: str,
         task_id = trial.relative_to(root / "json_2.1.1").as_posix()
         if "movable" in task_id or "Sliced" in task_id:
             continue  # not supported by ALFWorld's text engine either
-        traj = _read_json(trial / "traj_data.json", "ALFWorld's expert reads traj_data.json next to game.tw-pddl; "
+        traj = _read_json(trial / "traj_data.json",
+                          "ALFWorld's expert reads traj_data.json next to game.tw-pddl; "
                           "re-run alfworld-download")
         if not isinstance(traj, dict) or traj.get("task_type") not in types:
             continue
         data = _read_json(game, "re-run alfworld-download")
         if not isinstance(data, dict) or not {"pddl_domain", "grammar", "pddl_problem"} <= set(data):
-            raise ConfigError(f"{game} is not an ALFWorld game file (needs pddl_domain, grammar, pddl_problem); "
-                              "re-run alfworld-download")
+            raise ConfigError(f"{game} is not an ALFWorld game file "
+                              "(needs pddl_domain, grammar, pddl_problem); re-run alfworld-download")
         if not data.get("solvable"):
             continue
         found.append((task_id, game))
@@ -217,7 +218,8 @@ class AlfWorldEnv(Env):
         self.num_receptacles, self.num_distractors = gen.validate_difficulty(num_receptacles, num_distractors)
         if num_games is not None and (isinstance(num_games, bool) or not isinstance(num_games, int)
                                       or not 1 <= num_games <= gen.SPLIT_SEED_SPAN):
-            raise ConfigError(f"num_games must be None or an integer in [1, {gen.SPLIT_SEED_SPAN}], got {num_games!r}")
+            raise ConfigError(f"num_games must be None or an integer in [1, {gen.SPLIT_SEED_SPAN}], "
+                              f"got {num_games!r}")
         self.cache_dir = Path(game_cache_dir) if game_cache_dir is not None else gen.default_cache_dir()
         require_alfworld()  # fail at construction, not at the first reset, when it is missing
         source = _data_source(data_dir)
@@ -248,13 +250,15 @@ class AlfWorldEnv(Env):
         if task_id is not None:
             path = self._resolve_task(task_id)
         else:
-            index = seed % self.num_games if seed is not None else int(self.np_random.integers(self.num_games))
+            index = (seed % self.num_games if seed is not None
+                     else int(self.np_random.integers(self.num_games)))
             task_id, path = self._pool_entry(index)
         if self._engine is None:
             self._engine = AlfredEngine.acquire(self.expert_type)
         self._state = None
         self._engine.load(path)
-        self._traj = _read_json(path.parent / "traj_data.json", "ALFWorld's expert reads it next to game.tw-pddl")
+        self._traj = _read_json(path.parent / "traj_data.json",
+                                "ALFWorld's expert reads it next to game.tw-pddl")
         self._state = self._engine.reset()
         self._task_id = str(task_id)
         self._over = False
@@ -313,7 +317,8 @@ class AlfWorldEnv(Env):
             raise ConfigError(f"task_id must be a str, got {task_id!r}")
         if self.data_dir is None:
             match = _GEN_TASK_RE.fullmatch(task_id)
-            if match is None or match.group(4) not in gen.TASK_TYPES or int(match.group(5)) >= gen.SPLIT_SEED_SPAN:
+            if (match is None or match.group(4) not in gen.TASK_TYPES
+                    or int(match.group(5)) >= gen.SPLIT_SEED_SPAN):
                 raise ConfigError(
                     f"malformed alfworld task_id {task_id!r} for generated games: expected "
                     f"'gen-r<receptacles>-d<distractors>/<split>/<task type>/seed<N>', e.g. "
@@ -338,7 +343,8 @@ class AlfWorldEnv(Env):
         return path
 
     def _generated_id(self, split: str, task_type: str, index: int) -> str:
-        """The task id of generated game ``index`` of ``task_type`` in ``split`` (what ``_GEN_TASK_RE`` reads)."""
+        """The task id of generated game ``index`` of ``task_type`` in ``split`` (what ``_GEN_TASK_RE``
+        reads)."""
         return f"gen-r{self.num_receptacles}-d{self.num_distractors}/{split}/{task_type}/seed{index}"
 
     def _admissible(self) -> list[str]:

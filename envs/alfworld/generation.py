@@ -62,7 +62,8 @@ TASK_TYPES: tuple[str, ...] = (
 SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
 #: Game seeds of split ``s`` are ``SPLIT_FIRST_SEED[s] + k`` for ``0 <= k < SPLIT_SEED_SPAN``.
 SPLIT_SEED_SPAN = 1_000_000
-SPLIT_FIRST_SEED: dict[str, int] = {"train": 0, "valid_seen": SPLIT_SEED_SPAN, "valid_unseen": 2 * SPLIT_SEED_SPAN}
+SPLIT_FIRST_SEED: dict[str, int] = {"train": 0, "valid_seen": SPLIT_SEED_SPAN,
+                                    "valid_unseen": 2 * SPLIT_SEED_SPAN}
 #: Room layouts (per room type) each split draws from: ``valid_unseen`` rooms are never in ``train``.
 SCENES: dict[str, tuple[int, int]] = {"train": (0, 200), "valid_seen": (0, 200), "valid_unseen": (200, 250)}
 MIN_RECEPTACLES, MAX_RECEPTACLES = 5, 20
@@ -99,13 +100,13 @@ _ROOMS: dict[str, dict[str, tuple[int, int]]] = {
 # Pickupable object types found in each room (ALFRED's classes; placement follows the package's
 # VAL_RECEPTACLE_OBJECTS, so a type goes only where ALFRED lets it be).
 _ROOM_OBJECTS: dict[str, tuple[str, ...]] = {
-    "Kitchen": ("Apple", "Bowl", "Bread", "ButterKnife", "Cup", "DishSponge", "Egg", "Fork", "Kettle", "Knife",
-                "Ladle", "Lettuce", "Mug", "Pan", "PepperShaker", "Plate", "Pot", "Potato", "SaltShaker",
-                "SoapBottle", "Spatula", "Spoon", "Tomato", "WineBottle"),
-    "Bathroom": ("Candle", "Cloth", "DishSponge", "HandTowel", "Plunger", "SoapBar", "SoapBottle", "SprayBottle",
-                 "TissueBox", "ToiletPaper", "Towel"),
-    "Bedroom": ("AlarmClock", "BaseballBat", "BasketBall", "Book", "CD", "CellPhone", "CreditCard", "KeyChain",
-                "Laptop", "Pen", "Pencil", "Pillow", "TennisRacket", "Watch"),
+    "Kitchen": ("Apple", "Bowl", "Bread", "ButterKnife", "Cup", "DishSponge", "Egg", "Fork", "Kettle",
+                "Knife", "Ladle", "Lettuce", "Mug", "Pan", "PepperShaker", "Plate", "Pot", "Potato",
+                "SaltShaker", "SoapBottle", "Spatula", "Spoon", "Tomato", "WineBottle"),
+    "Bathroom": ("Candle", "Cloth", "DishSponge", "HandTowel", "Plunger", "SoapBar", "SoapBottle",
+                 "SprayBottle", "TissueBox", "ToiletPaper", "Towel"),
+    "Bedroom": ("AlarmClock", "BaseballBat", "BasketBall", "Book", "CD", "CellPhone", "CreditCard",
+                "KeyChain", "Laptop", "Pen", "Pencil", "Pillow", "TennisRacket", "Watch"),
     "LivingRoom": ("Book", "Candle", "CellPhone", "CreditCard", "KeyChain", "Laptop", "Newspaper", "Pillow",
                    "RemoteControl", "Statue", "TissueBox", "Vase", "Watch"),
 }
@@ -161,7 +162,8 @@ def validate_task_types(task_types: Iterable[str | int] | None) -> tuple[str, ..
         task_types = [task_types]
     chosen: list[str] = []
     for item in task_types:
-        if isinstance(item, (int, np.integer)) and not isinstance(item, bool) and 1 <= item <= len(TASK_TYPES):
+        if (isinstance(item, (int, np.integer)) and not isinstance(item, bool)
+                and 1 <= item <= len(TASK_TYPES)):
             name = TASK_TYPES[int(item) - 1]
         elif isinstance(item, str) and item in TASK_TYPES:
             name = item
@@ -212,7 +214,8 @@ def split_of_seed(game_seed: int) -> str:
     for split in SPLITS:
         if SPLIT_FIRST_SEED[split] <= game_seed < SPLIT_FIRST_SEED[split] + SPLIT_SEED_SPAN:
             return split
-    raise ConfigError(f"game seed {game_seed} is outside every split (0 <= seed < {len(SPLITS) * SPLIT_SEED_SPAN})")
+    raise ConfigError(f"game seed {game_seed} is outside every split "
+                      f"(0 <= seed < {len(SPLITS) * SPLIT_SEED_SPAN})")
 
 
 def pool_game(split: str, index: int, task_types: Sequence[str]) -> tuple[str, int]:
@@ -328,7 +331,8 @@ def _build(task_type: str, game_seed: int, num_receptacles: int, num_distractors
         objects.append((kind, _alfred_id(kind, rng, ids), int(where[int(rng.integers(len(where)))])))
 
     forbidden = {parent, "Fridge"} if task_type == "pick_cool_then_place_in_recep" else {parent}
-    sources = [i for i, (kind, _, _) in enumerate(receptacles) if target in holds[kind] and kind not in forbidden]
+    sources = [i for i, (kind, _, _) in enumerate(receptacles)
+               if target in holds[kind] and kind not in forbidden]
     copies = (2 if task_type == "pick_two_obj_and_place" else 1) + int(rng.random() < 0.3)
     for _ in range(copies):
         place(target, sources)
@@ -336,7 +340,8 @@ def _build(task_type: str, game_seed: int, num_receptacles: int, num_distractors
     if room in ("Bedroom", "LivingRoom"):
         lamp = "DeskLamp" if rng.random() < 0.6 else "FloorLamp"
         holders = [i for i, (kind, _, _) in enumerate(receptacles)
-                   if (kind in _LAMP_HOLDERS if lamp == "DeskLamp" else kind not in constants.OPENABLE_CLASS_LIST)]
+                   if (kind in _LAMP_HOLDERS if lamp == "DeskLamp"
+                       else kind not in constants.OPENABLE_CLASS_LIST)]
         place(lamp, holders)
         toggle = lamp if is_look else ""
     distractor_kinds = [o for o in _ROOM_OBJECTS[room] if o != target and any(o in holds[k] for k in present)]
@@ -389,7 +394,8 @@ def _problem(task_type: str, game_seed: int, receptacles: list[tuple[str, str, s
     declared += [f"{kind}Type - otype" for kind in otypes] + [f"{kind}Type - rtype" for kind in rtypes]
     declared += [f"{_pddl_name(oid)} - object" for _, oid, _ in objects]
     declared += [f"{_pddl_name(rid)} - receptacle" for _, rid, _ in receptacles]
-    declared += [f"{_pddl_name(loc)} - location" for _, _, loc in receptacles] + [f"{_pddl_name(start)} - location"]
+    declared += ([f"{_pddl_name(loc)} - location" for _, _, loc in receptacles]
+                 + [f"{_pddl_name(start)} - location"])
     facts = [f"(atLocation agent1 {_pddl_name(start)})"]
     for kind, rid, loc in receptacles:
         facts.append(f"(receptacleType {_pddl_name(rid)} {kind}Type)")
@@ -411,7 +417,8 @@ def _problem(task_type: str, game_seed: int, receptacles: list[tuple[str, str, s
     goal = goal.replace("#", "-")
     indent = "\n        "
     return (f"(define (problem plan_gen_{task_type}_{game_seed})\n    (:domain alfred)\n    (:objects"
-            f"{indent}{indent.join(declared)}\n    )\n    (:init{indent}{indent.join(facts)}\n    )\n{goal}\n")
+            f"{indent}{indent.join(declared)}\n    )\n"
+            f"    (:init{indent}{indent.join(facts)}\n    )\n{goal}\n")
 
 
 def build_game(task_type: str, game_seed: int, *, num_receptacles: int = DEFAULT_RECEPTACLES,
@@ -548,7 +555,8 @@ def ensure_game(task_type: str, game_seed: int, *, num_receptacles: int = DEFAUL
 
 
 def official_name(traj_data: Mapping[str, Any]) -> str:
-    """``<task>-<Obj>-<Mrecep>-<Parent>-<scene>/trial_G<seed>``: ALFWorld's folder naming for a generated game.
+    """``<task>-<Obj>-<Mrecep>-<Parent>-<scene>/trial_G<seed>``: ALFWorld's folder naming for a generated
+    game.
 
     Look-at-in-light tasks put the lamp in the parent slot, as ALFWorld's folders do.
 

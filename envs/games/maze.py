@@ -194,7 +194,9 @@ class _Level:
     def render_local(self, pos: int) -> str:
         r, c = divmod(pos, self.width)
         rows = self.rows
-        window = f"{rows[r - 1][c - 1 : c + 2]}\n{rows[r][c - 1]}{PLAYER}{rows[r][c + 1]}\n{rows[r + 1][c - 1 : c + 2]}"
+        window = (f"{rows[r - 1][c - 1 : c + 2]}\n"
+                  f"{rows[r][c - 1]}{PLAYER}{rows[r][c + 1]}\n"
+                  f"{rows[r + 1][c - 1 : c + 2]}")
         gr, gc = divmod(self.goal, self.width)
         parts = []
         if gr != r:

@@ -540,7 +540,7 @@ class SokobanEnv(Env):
         assert level is not None
         floor, player, boxes = level.floor, self._player, self._boxes
         admissible = []
-        for name, d in zip(ACTIONS, level.deltas):
+        for name, d in zip(ACTIONS, level.deltas, strict=True):
             q = player + d
             if floor[q] and (q not in boxes or (floor[q + d] and q + d not in boxes)):
                 admissible.append(name)

@@ -1,4 +1,5 @@
-"""``ToyTextEnv``: any discrete Gymnasium toy-text env as a text env (``frozenlake-v0`` and ``blackjack-v0`` use it).
+"""``ToyTextEnv``: any discrete Gymnasium toy-text env as a text env (``frozenlake-v0`` and
+``blackjack-v0`` use it).
 
 Wrap your own toy-text env (``Discrete`` actions; ``Discrete`` or ``Tuple``-of-``Discrete``
 observations) in a few lines: name its actions, and say when an episode counts as solved.

@@ -162,7 +162,8 @@ def validate_settings(challenge: str, settings: dict[str, Any] | None) -> dict[s
             f"tw-cooking setting 'take' ({full['take']}) must be <= 'recipe' ({full['recipe']})"
         )
     if challenge == "tw-cooking" and full["recipe_seed"] and not full["take"]:
-        raise ConfigError("tw-cooking setting 'recipe_seed' > 0 needs 'take' >= 1 (TextWorld shuffles the recipe)")
+        raise ConfigError("tw-cooking setting 'recipe_seed' > 0 needs 'take' >= 1 "
+                          "(TextWorld shuffles the recipe)")
     return full
 
 
@@ -277,7 +278,8 @@ def clean_feedback(text: str) -> str:
     status line (room, score/moves counter), and runs of blank lines.
 
     Example:
-        >>> clean_feedback("  ___  \\n |$$|  \\n\\nWelcome!\\n\\n\\n\\n-= Kitchen =-\\n\\n>   -= Kitchen =-0/1")
+        >>> clean_feedback("  ___  \\n |$$|  \\n\\nWelcome!\\n\\n\\n\\n-= Kitchen =-\\n\\n"
+        ...                ">   -= Kitchen =-0/1")
         'Welcome!\\n\\n-= Kitchen =-'
     """
     lines = _PROMPT_LINE.sub("", text).splitlines()
@@ -383,7 +385,8 @@ class TextWorldEnv(Env):
         if task_id is not None:
             game_seed = self._parse_task_id(task_id)
         elif self.num_games is not None:
-            index = seed % self.num_games if seed is not None else int(self.np_random.integers(self.num_games))
+            index = (seed % self.num_games if seed is not None
+                     else int(self.np_random.integers(self.num_games)))
             game_seed = self.game_seed_offset + index
         else:
             raw = seed if seed is not None else int(self.np_random.integers(_GAME_SEED_BOUND))

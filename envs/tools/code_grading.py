@@ -332,7 +332,8 @@ def grade(problem: CodeProblem, code: str, runner: CodeRunner, test_s: float) ->
     if setup is not None:
         error = str(setup.get("setup", ""))[:SHOW_CHARS * 2]
         printed = str(setup.get("stdout", ""))[:SHOW_CHARS]
-        return Grade(tuple(CaseOutcome(False, "the code did not load") for _ in problem.tests), error, printed)
+        return Grade(tuple(CaseOutcome(False, "the code did not load") for _ in problem.tests),
+                     error, printed)
     missing = describe_end(result, runner.limits) or (
         f"no result: the program ended early (exit status {result.exit_code})" if result.exit_code else
         "no result: the program ended early")

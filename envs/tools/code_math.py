@@ -61,7 +61,8 @@ _INSTRUCTIONS = (
     "- A turn either runs code (up to {cells} cells, run in order) or answers. You may think before the "
     "tag.\n"
     "- The JSON form works too: <tool_call>{{\"name\": \"python\", \"arguments\": {{\"code\": \"...\"}}}}"
-    "</tool_call> and <tool_call>{{\"name\": \"answer\", \"arguments\": {{\"answer\": \"...\"}}}}</tool_call>."
+    "</tool_call> and <tool_call>{{\"name\": \"answer\", \"arguments\": {{\"answer\": \"...\"}}}}"
+    "</tool_call>."
 )
 
 
@@ -163,8 +164,8 @@ class CodeMathEnv(Env):
         difficulty: 1 (easy) to 3 (hard).
         templates: the templates to draw from (default: the word problems, all of ``TEMPLATES``); the
             drill ``"expression"`` (``DRILLS``) asks to evaluate an arithmetic expression whose copy into a
-            cell is the whole solution: a first tool task for small models (with the ``tag_spans:python,answer``
-            decoding constraint, ``configs/code_math_*_tiny.yaml``).
+            cell is the whole solution: a first tool task for small models (with the
+            ``tag_spans:python,answer`` decoding constraint, ``configs/code_math_*_tiny.yaml``).
         format_penalty: subtracted from the reward of an invalid action (``>= 0``).
         max_output_chars: each cell's output is cut to this many characters in the observation.
         limits: sandbox ``Limits`` of a run, or a dict of fields overriding ``DEFAULT_LIMITS``.

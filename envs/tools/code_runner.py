@@ -117,7 +117,8 @@ class CodeRunner:
                  backend: str = "auto") -> None:
         self.limits = limits
         sandbox_url = sandbox_url if sandbox_url is not None else (os.environ.get(URL_ENV_VAR) or None)
-        sandbox_token = sandbox_token if sandbox_token is not None else (os.environ.get(TOKEN_ENV_VAR) or None)
+        sandbox_token = (sandbox_token if sandbox_token is not None
+                         else (os.environ.get(TOKEN_ENV_VAR) or None))
         self.sandbox_url = sandbox_url
         if sandbox_url is not None:
             if not isinstance(sandbox_url, str) or not sandbox_url.startswith(("http://", "https://")):

@@ -43,8 +43,8 @@ _INSTRUCTIONS = (
     "- You may think before the code block."
 )
 _FEEDBACK_TEXT = {
-    "full": ", and for up to {k} failing ones the input, the expected value and what your function returned or "
-            "raised",
+    "full": ", and for up to {k} failing ones the input, the expected value and what your function "
+            "returned or raised",
     "inputs": ", and for up to {k} failing ones the input and what your function returned or raised",
     "count": "",
 }
@@ -258,7 +258,8 @@ class CodeTestsEnv(Env):
             if verdict.setup_printed:
                 lines.append(f"It printed: {verdict.setup_printed!r}")
         elif self.feedback != "count" and self.max_failures_shown:
-            failing = [(args, expected, o) for (args, expected), o in zip(problem.tests, verdict.outcomes)
+            failing = [(args, expected, o)
+                       for (args, expected), o in zip(problem.tests, verdict.outcomes, strict=True)
                        if not o.passed]
             if failing:
                 shown = failing[: self.max_failures_shown]
@@ -289,7 +290,8 @@ class CodeTestsEnv(Env):
         assert problem is not None
         examples = "\n".join(f"    {_call(problem, args)} == {_short(expected)}"
                              for args, expected in problem.examples)
-        return (f"Problem: {problem.title}\n{problem.prompt}\n\nWrite this function:\n    {problem.signature}\n\n"
+        return (f"Problem: {problem.title}\n{problem.prompt}\n\n"
+                f"Write this function:\n    {problem.signature}\n\n"
                 f"Examples:\n{examples}")
 
     def _info(self, *, invalid: bool, success: bool, tool_calls: int = 0) -> dict[str, Any]:

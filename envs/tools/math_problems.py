@@ -170,16 +170,17 @@ def _work(r: _Draw, d: int) -> _Made:
     top = 6 + 6 * d
     a, b = r.int(2, top), r.int(2, top)
     if d == 1:
-        question = (f"Pipe A alone fills a tank in {a} hours and pipe B alone fills it in {b} hours. With both "
-                    "pipes open, how many hours does it take to fill the empty tank? Give the exact value.")
+        question = (f"Pipe A alone fills a tank in {a} hours and pipe B alone fills it in {b} hours. With "
+                    "both pipes open, how many hours does it take to fill the empty tank? Give the exact "
+                    "value.")
         rate = Fraction(1, a) + Fraction(1, b)
         code = f"from fractions import Fraction as F\nrate = F(1, {a}) + F(1, {b})\nprint(1 / rate)"
         return question, 1 / rate, code
     if d == 2:
         c = r.int(math.floor(1 / (Fraction(1, a) + Fraction(1, b))) + 1, 3 * top)
         question = (f"Pipe A alone fills a tank in {a} hours and pipe B alone in {b} hours, while a drain "
-                    f"empties a full tank in {c} hours. With both pipes and the drain open, how many hours does "
-                    "it take to fill the empty tank? Give the exact value.")
+                    f"empties a full tank in {c} hours. With both pipes and the drain open, how many hours "
+                    "does it take to fill the empty tank? Give the exact value.")
         rate = Fraction(1, a) + Fraction(1, b) - Fraction(1, c)
         code = ("from fractions import Fraction as F\n"
                 f"rate = F(1, {a}) + F(1, {b}) - F(1, {c})\nprint(1 / rate)")
@@ -190,8 +191,8 @@ def _work(r: _Draw, d: int) -> _Made:
     rest = 1 - days * pair
     total = days + rest / (pair + Fraction(1, c))
     question = (f"Ann can paint a fence alone in {a} days, Ben in {b} days and Cal in {c} days. Ann and Ben "
-                f"work together for {days} day{'s' if days > 1 else ''}, then Cal joins them until the fence is "
-                "done. How many days does the whole job take? Give the exact value.")
+                f"work together for {days} day{'s' if days > 1 else ''}, then Cal joins them until the fence "
+                "is done. How many days does the whole job take? Give the exact value.")
     code = ("from fractions import Fraction as F\n"
             f"pair = F(1, {a}) + F(1, {b})\n"
             f"left = 1 - {days} * pair\n"
@@ -234,8 +235,8 @@ def _count(r: _Draw, d: int) -> _Made:
     if kind == "committee":
         men, women = r.int(5, 8 * d + 6), r.int(5, 8 * d + 6)
         a, b = r.int(2, min(men - 1, 2 + 2 * d)), r.int(2, min(women - 1, 2 + 2 * d))
-        question = (f"A club has {men} men and {women} women. In how many ways can a committee of {a} men and "
-                    f"{b} women be chosen?")
+        question = (f"A club has {men} men and {women} women. In how many ways can a committee of {a} men "
+                    f"and {b} women be chosen?")
         code = f"from math import comb\nprint(comb({men}, {a}) * comb({women}, {b}))"
         return question, Fraction(math.comb(men, a) * math.comb(women, b)), code
     if kind == "strings":
@@ -248,8 +249,8 @@ def _count(r: _Draw, d: int) -> _Made:
         x, y = r.int(3, 4 + 3 * d), r.int(3, 4 + 3 * d)
         p, q = r.int(1, x - 1), r.int(1, y - 1)
         total = math.comb(x + y, x) - math.comb(p + q, p) * math.comb(x - p + y - q, x - p)
-        question = (f"A robot walks on a grid from (0, 0) to ({x}, {y}), moving one unit right or one unit up "
-                    f"each step. How many different paths avoid the point ({p}, {q})?")
+        question = (f"A robot walks on a grid from (0, 0) to ({x}, {y}), moving one unit right or one unit "
+                    f"up each step. How many different paths avoid the point ({p}, {q})?")
         code = (f"from math import comb\n"
                 f"print(comb({x + y}, {x}) - comb({p + q}, {p}) * comb({x - p + y - q}, {x - p}))")
         return question, Fraction(total), code
@@ -258,8 +259,8 @@ def _count(r: _Draw, d: int) -> _Made:
     ways = [1] + [0] * coins
     for _ in range(boxes):
         ways = [sum(ways[n - k] for k in range(min(cap, n) + 1)) for n in range(coins + 1)]
-    question = (f"In how many ways can {coins} identical coins be put into {boxes} different boxes so that no "
-                f"box holds more than {cap} coins? (Boxes may stay empty.)")
+    question = (f"In how many ways can {coins} identical coins be put into {boxes} different boxes so that "
+                f"no box holds more than {cap} coins? (Boxes may stay empty.)")
     code = (f"ways = [1] + [0] * {coins}\n"
             f"for _ in range({boxes}):\n"
             f"    ways = [sum(ways[n - k] for k in range(min({cap}, n) + 1)) for n in range({coins} + 1)]\n"
@@ -281,13 +282,14 @@ def _modular(r: _Draw, d: int) -> _Made:
         moduli.append(prime)
     rests = [r.int(0, m - 1) for m in moduli]
     answer, step = 0, 1
-    for modulus, rest in zip(moduli, rests):  # sieve: keep the remainders met so far while stepping
+    # Sieve: keep the remainders met so far while stepping.
+    for modulus, rest in zip(moduli, rests, strict=True):
         while answer % modulus != rest:
             answer += step
         step *= modulus
-    parts = ", ".join(f"remainder {k} when divided by {m}" for m, k in zip(moduli, rests))
+    parts = ", ".join(f"remainder {k} when divided by {m}" for m, k in zip(moduli, rests, strict=True))
     question = f"What is the smallest positive integer that leaves {parts}?"
-    code = (f"pairs = {list(zip(moduli, rests))}\n"
+    code = (f"pairs = {list(zip(moduli, rests, strict=True))}\n"
             "x, step = 0, 1\n"
             "for m, k in pairs:\n"
             "    while x % m != k:\n"
@@ -313,8 +315,8 @@ def _series(r: _Draw, d: int) -> _Made:
     if kind == "arithmetic":
         first, step, count = r.int(-50 * d, 100 * d), r.int(-9 * d, 12 * d), r.int(20, 60 * d)
         total = count * (2 * first + (count - 1) * step) // 2
-        question = (f"A sequence starts at {first}, and each term is {step} more than the one before. What is "
-                    f"the sum of its first {count} terms?")
+        question = (f"A sequence starts at {first}, and each term is {step} more than the one before. What "
+                    f"is the sum of its first {count} terms?")
         return question, Fraction(total), f"print(sum({first} + {step} * k for k in range({count})))"
     if kind == "telescoping":
         shift, low = r.int(1, d + 1), r.int(1, 5)
@@ -328,8 +330,8 @@ def _series(r: _Draw, d: int) -> _Made:
     first, num, den, count = r.int(2, 20 * d), r.int(1, 4), r.int(2, 5), r.int(4, 4 + 3 * d)
     ratio = Fraction(num, den) if num != den else Fraction(num + 1, den)
     total = sum(first * ratio**k for k in range(count))
-    question = (f"A sequence starts at {first}, and each term is {ratio} times the one before. What is the sum "
-                f"of its first {count} terms? Give the exact value.")
+    question = (f"A sequence starts at {first}, and each term is {ratio} times the one before. What is the "
+                f"sum of its first {count} terms? Give the exact value.")
     code = (f"from fractions import Fraction as F\n"
             f"print(sum({first} * F({ratio.numerator}, {ratio.denominator}) ** k for k in range({count})))")
     return question, total, code
@@ -349,12 +351,14 @@ def _digits(r: _Draw, d: int) -> _Made:
         for mask in range(1 << len(factors)):  # inclusion-exclusion over the prime factors
             chosen = [p for i, p in enumerate(factors) if mask >> i & 1]
             total += (-1) ** len(chosen) * (limit // math.prod(chosen))
-        question = f"How many integers from 1 to {limit} share no common factor greater than 1 with {modulus}?"
+        question = (f"How many integers from 1 to {limit} share no common factor greater than 1 with "
+                    f"{modulus}?")
         code = f"from math import gcd\nprint(sum(1 for n in range(1, {limit} + 1) if gcd(n, {modulus}) == 1))"
         return question, Fraction(total), code
     exponents = [r.int(0, 2 + d) for _ in _PRIMES[: 3 + d]]
     exponents[0] = max(exponents[0], 1)
-    number = math.prod(p**e for p, e in zip(_PRIMES, exponents))
+    # strict=False: exponents covers only the first 3 + d primes, the rest of _PRIMES is not drawn.
+    number = math.prod(p**e for p, e in zip(_PRIMES, exponents, strict=False))
     count = math.prod(e + 1 for e in exponents)
     question = f"How many positive divisors does {number} have?"
     code = (f"n, count, p = {number}, 1, 2\n"
@@ -378,11 +382,11 @@ def _expression(r: _Draw, d: int) -> _Made:
                      key=math.prod, reverse=True)
     terms = [math.prod(f) for f in factors]
     signs = [r.pick((1, -1)) for _ in terms[1:]]
-    value = terms[0] + sum(s * t for s, t in zip(signs, terms[1:]))
+    value = terms[0] + sum(s * t for s, t in zip(signs, terms[1:], strict=True))
     if value <= 0:
         signs, value = [1] * len(signs), sum(terms)
     expression = " * ".join(map(str, factors[0]))
-    for sign, term in zip(signs, factors[1:]):
+    for sign, term in zip(signs, factors[1:], strict=True):
         expression += f" {'+' if sign > 0 else '-'} " + " * ".join(map(str, term))
     return f"Compute {expression}. Give the exact value.", Fraction(value), expression
 

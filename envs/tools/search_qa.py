@@ -1,4 +1,5 @@
-"""``SearchQAEnv`` (``search-qa-v0``): Search-R1-style multi-turn QA with a search tool; also the EM/F1 answer scoring.
+"""``SearchQAEnv`` (``search-qa-v0``): Search-R1-style multi-turn QA with a search tool; also the EM/F1
+answer scoring.
 
 The agent searches a corpus (``<search>query</search>`` → ``<information>…</information>``) as
 often as the turn budget allows, then answers once (``<answer>text</answer>``), which ends the
@@ -47,7 +48,8 @@ _INSTRUCTIONS = (
     "This ends the episode; you answer once.\n"
     "- A turn either searches (up to {max_searches} queries) or answers. You may think before the tag.\n"
     "- The JSON form works too: <tool_call>{{\"name\": \"search\", \"arguments\": {{\"query\": \"...\"}}}}"
-    "</tool_call> and <tool_call>{{\"name\": \"answer\", \"arguments\": {{\"answer\": \"...\"}}}}</tool_call>."
+    "</tool_call> and <tool_call>{{\"name\": \"answer\", \"arguments\": {{\"answer\": \"...\"}}}}"
+    "</tool_call>."
 )
 
 
@@ -188,7 +190,8 @@ class SearchQAEnv(Env):
         reward: ``"em"`` or ``"f1"``.
         format_penalty: subtracted from the reward of an invalid action (``>= 0``).
         max_doc_chars: documents are cut to this many characters in observations.
-        retriever_token: bearer token of the retrieval service (``None``: ``$AGENTGYM_RETRIEVAL_TOKEN`` if set).
+        retriever_token: bearer token of the retrieval service (``None``: ``$AGENTGYM_RETRIEVAL_TOKEN``
+            if set).
         max_hops: keep only the questions whose evidence chain takes at most this many searches
             (``None``: all; questions without a chain are dropped when it is set).
 
@@ -218,7 +221,8 @@ class SearchQAEnv(Env):
             raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
         check_non_negative(format_penalty, "format_penalty")
         if not isinstance(retriever, str) or not (retriever == "bm25" or retriever.startswith(("http://", "https://"))):
-            raise ConfigError(f"retriever must be 'bm25' or a retrieval service URL (http://...), got {retriever!r}")
+            raise ConfigError("retriever must be 'bm25' or a retrieval service URL (http://...), "
+                              f"got {retriever!r}")
         if dataset is None:
             self.items, index = _synthetic(int(corpus_seed), int(num_entities))
         else:
@@ -228,7 +232,8 @@ class SearchQAEnv(Env):
         if retriever != "bm25":
             from agentgym.retrieval.client import RetrievalClient
 
-            token = retriever_token if retriever_token is not None else os.environ.get("AGENTGYM_RETRIEVAL_TOKEN") or None
+            token = (retriever_token if retriever_token is not None
+                     else os.environ.get("AGENTGYM_RETRIEVAL_TOKEN") or None)
             self.retriever = RetrievalClient(retriever, token=token)
         elif corpus is not None:
             self.retriever = _corpus_index(str(corpus))
@@ -258,7 +263,8 @@ class SearchQAEnv(Env):
         task_id = (options or {}).get("task_id")
         if task_id is not None:
             if task_id not in self.by_id:
-                raise ConfigError(f"unknown search-qa task_id {task_id!r}; ids look like {self.items[0]['id']!r}")
+                raise ConfigError(f"unknown search-qa task_id {task_id!r}; "
+                                  f"ids look like {self.items[0]['id']!r}")
             self._item = self.items[self.by_id[task_id]]
         else:
             self._item = self.items[int(self.np_random.integers(len(self.items)))]
@@ -286,12 +292,14 @@ class SearchQAEnv(Env):
             verdict = "correct" if em == 1.0 else "not correct"
             info = self._info(invalid=False, success=em == 1.0)
             info.update(em=em, f1=f1)
-            return f"Your answer: {shown}. It is {verdict}.", em if self.reward_kind == "em" else f1, True, False, info
+            return (f"Your answer: {shown}. It is {verdict}.", em if self.reward_kind == "em" else f1,
+                    True, False, info)
         results = self.retriever.search(searches, self.top_k)
         blocks = []
         for hits in results:
             self._retrieved.update(hit.id for hit in hits)
-            lines = [f"Doc {rank}(Title: {hit.title}) {self._cut(hit.text)}" for rank, hit in enumerate(hits, 1)]
+            lines = [f"Doc {rank}(Title: {hit.title}) {self._cut(hit.text)}"
+                     for rank, hit in enumerate(hits, 1)]
             blocks.append("<information>" + ("\n".join(lines) or "No documents found.") + "</information>")
         info = self._info(invalid=False, success=False, tool_calls=len(searches))
         return "\n".join(blocks), 0.0, False, False, info
@@ -304,7 +312,9 @@ class SearchQAEnv(Env):
         item = self._current()
         if self._over or not item.get("search_queries"):
             return None
-        for doc_id, query in zip(item["supporting_docs"] or [], item["search_queries"]):
+        # strict=False: a file may give search_queries without supporting_docs (None: no hop to check);
+        # the expert then answers at once, as it always has.
+        for doc_id, query in zip(item["supporting_docs"] or [], item["search_queries"], strict=False):
             if doc_id not in self._retrieved:
                 return f"<search>{query}</search>"
         return f"<answer>{item['golden_answers'][0]}</answer>"
@@ -312,7 +322,8 @@ class SearchQAEnv(Env):
     def snapshot(self) -> bytes:
         """Question id, retrieved doc ids and ``np_random`` as pickled bytes."""
         item = self._current()
-        return pack_snapshot(self, {"task_id": item["id"], "retrieved": sorted(self._retrieved), "over": self._over})
+        return pack_snapshot(self, {"task_id": item["id"], "retrieved": sorted(self._retrieved),
+                                    "over": self._over})
 
     def restore(self, data: bytes) -> None:
         """Reinstate a ``snapshot`` (trusted bytes only: pickle)."""

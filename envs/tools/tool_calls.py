@@ -139,7 +139,8 @@ def validate_arguments(spec: Mapping[str, Any], arguments: Any) -> str | None:
     are checked for their top-level type only.
 
     Example:
-        >>> spec = tool_spec("search", "Search.", {"query": {"type": "string"}, "k": {"type": "integer"}}, ["query"])
+        >>> spec = tool_spec("search", "Search.", {"query": {"type": "string"}, "k": {"type": "integer"}},
+        ...                  ["query"])
         >>> validate_arguments(spec, {"query": "x"}) is None
         True
         >>> validate_arguments(spec, {"k": 3})
@@ -198,7 +199,8 @@ def _text_argument(spec: Mapping[str, Any]) -> str | None:
 def _tag_call(name: str, body: str, specs: Mapping[str, Mapping[str, Any]]) -> ToolCall | ParseError:
     spec = specs.get(name)
     if spec is None:
-        return ParseError(f"unknown tool {name!r}; available tools: {', '.join(specs) or 'none'}", f"<{name}>")
+        return ParseError(f"unknown tool {name!r}; available tools: {', '.join(specs) or 'none'}",
+                          f"<{name}>")
     key = _text_argument(spec)
     if key is None:
         schema = _function(spec).get("parameters") or {}
@@ -254,11 +256,14 @@ def parse_tool_calls(response: str, tools: Sequence[Mapping[str, Any]]) -> Parse
         >>> tools = [tool_spec("search", "Search.", {"query": {"type": "string"}}),
         ...          tool_spec("answer", "Answer.", {"answer": {"type": "string"}})]
         >>> parsed = parse_tool_calls('<search>Zorvex Labs</search> <tool_call>{"name": "answer", '
-        ...                           '"arguments": "{\\\\"answer\\\\": \\\\"Ostavia\\\\"}"}</tool_call>', tools)
+        ...                           '"arguments": "{\\\\"answer\\\\": \\\\"Ostavia\\\\"}"}</tool_call>',
+        ...                           tools)
         >>> [(c.name, c.arguments, c.form) for c in parsed.calls]
         [('search', {'query': 'Zorvex Labs'}, 'tag'), ('answer', {'answer': 'Ostavia'}, 'json')]
-        >>> parse_tool_calls("I think it is Ostavia.", tools).errors[0].message
-        'no tool call found; use <search>...</search>, <answer>...</answer> or <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+        >>> message = parse_tool_calls("I think it is Ostavia.", tools).errors[0].message
+        >>> print(message)  # doctest: +NORMALIZE_WHITESPACE
+        no tool call found; use <search>...</search>, <answer>...</answer> or
+        <tool_call>{"name": ..., "arguments": {...}}</tool_call>
     """
     specs: dict[str, Mapping[str, Any]] = {}
     for spec in tools:
@@ -267,7 +272,8 @@ def parse_tool_calls(response: str, tools: Sequence[Mapping[str, Any]]) -> Parse
             specs[name] = spec
     text = response[:MAX_RESPONSE_CHARS] if isinstance(response, str) else ""
     text = _THINK_RE.sub(" ", text)
-    tags = sorted({*TAG_TOOLS, *(n for n in specs if re.fullmatch(r"[A-Za-z_][\w-]*", n))}, key=len, reverse=True)
+    tags = sorted({*TAG_TOOLS, *(n for n in specs if re.fullmatch(r"[A-Za-z_][\w-]*", n))},
+                  key=len, reverse=True)
     opener = re.compile(r"<(tool_call|" + "|".join(re.escape(t) for t in tags) + r")>")
     found: list[ToolCall | ParseError] = []
     pos = 0
@@ -279,7 +285,8 @@ def parse_tool_calls(response: str, tools: Sequence[Mapping[str, Any]]) -> Parse
         close = f"</{name}>"
         end = text.find(close, match.end())
         if end < 0:
-            found.append(ParseError(f"<{name}> is never closed; end it with {close}", _snippet(text[match.start():])))
+            found.append(ParseError(f"<{name}> is never closed; end it with {close}",
+                                    _snippet(text[match.start():])))
             break
         body = text[match.end():end]
         found.append(_json_call(body, specs) if name == "tool_call" else _tag_call(name, body, specs))
