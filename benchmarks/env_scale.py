@@ -62,7 +62,8 @@ class InstantPolicy:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         out = []
         for index, prompt in enumerate(prompts):
-            digest = hashlib.blake2b(f"{params.seed}|{index}".encode() + bytes(prompt[-200:]), digest_size=2).digest()
+            digest = hashlib.blake2b(f"{params.seed}|{index}".encode() + bytes(prompt[-200:]),
+                                     digest_size=2).digest()
             ids = [*MOVES[digest[0] % 4].encode(), 0]
             out.append(Generation(ids, [0.0] * len(ids), "stop"))
         return out
@@ -78,7 +79,8 @@ def _collector(make_env: Any) -> Collector:
     return Collector(make_env, policy, renderer)
 
 
-def serve(env_ids: Sequence[str], *extra: str, port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def serve(env_ids: Sequence[str], *extra: str,
+          port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = port or free_port()
     command = [str(BIN / "agentgym"), "serve", *env_ids, "--host", HOST, "--port", str(port),
                "--max-sessions", "4096", "--log-level", "error", *extra]
@@ -102,13 +104,15 @@ def _time_collects(collector: Collector, episodes: int, duration_s: float, seed:
     rounds = 0
     started = time.perf_counter()
     while time.perf_counter() - started < duration_s or rounds < 2:
-        collector.collect([seed * 1000 + rounds * groups + g for g in range(groups)], episodes // groups, sampling)
+        collector.collect([seed * 1000 + rounds * groups + g for g in range(groups)], episodes // groups,
+                          sampling)
         stats = collector.last_stats
         steps += stats.turns
         env_s += stats.env_s
         total_s += stats.total_s
         rounds += 1
-    return {"steps": steps, "env_steps_per_s": steps / env_s, "steps_per_s": steps / total_s, "rounds": rounds}
+    return {"steps": steps, "env_steps_per_s": steps / env_s, "steps_per_s": steps / total_s,
+            "rounds": rounds}
 
 
 def collector_path(episode_counts: Sequence[int], duration_s: float) -> list[dict[str, Any]]:
@@ -120,7 +124,8 @@ def collector_path(episode_counts: Sequence[int], duration_s: float) -> list[dic
     process, url = serve(["maze-v0"])
     try:
         for n in episode_counts:
-            capacity = batch_capacity(url, process.pid, 64, min(duration_s, 3.0))  # the same minute as the row
+            # The batch route's capacity in the same minute as the row.
+            capacity = batch_capacity(url, process.pid, 64, min(duration_s, 3.0))
             client = EnvClient(url, retries=0)
             paths = {
                 "in-process": lambda: agentgym.make("maze-v0"),
@@ -144,7 +149,8 @@ def collector_path(episode_counts: Sequence[int], duration_s: float) -> list[dic
             rows.append(row)
             print(f"  collector {n:>4} episodes: before {before['env_steps_per_s']:>8,.0f}  now "
                   f"{now['env_steps_per_s']:>8,.0f} env steps/s (x{row['speedup_env_path']:.1f}; "
-                  f"{100 * row['fleet_vs_batch_route']:.0f}% of the batch route's {capacity:,.0f})", flush=True)
+                  f"{100 * row['fleet_vs_batch_route']:.0f}% of the batch route's {capacity:,.0f})",
+                  flush=True)
     finally:
         stop_service(process)
     return rows
@@ -159,8 +165,9 @@ def batch_capacity(url: str, pid: int, sessions: int, duration_s: float) -> floa
 
 
 def collector_table(rows: list[dict[str, Any]]) -> str:
-    lines = [("| episodes | in-process env steps/s | per-session RemoteEnv (before) | EnvFleet batched (now) | now ÷ before "
-             "| now ÷ batch route | batch route steps/s (64 sessions, raw client) | load avg |"),
+    lines = [("| episodes | in-process env steps/s | per-session RemoteEnv (before) | EnvFleet batched (now) "
+              "| now ÷ before | now ÷ batch route | batch route steps/s (64 sessions, raw client) "
+              "| load avg |"),
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
@@ -174,7 +181,8 @@ def collector_table(rows: list[dict[str, Any]]) -> str:
 # --- 2. env-worker processes for a heavy env ----------------------------------------------------
 
 
-def _drive_batches(url: str, env_id: str, sessions: int, duration_s: float, seeds: int = 4) -> dict[str, float]:
+def _drive_batches(url: str, env_id: str, sessions: int, duration_s: float,
+                   seeds: int = 4) -> dict[str, float]:
     """Step ``sessions`` sessions through ``/batch/step`` (random admissible actions) for ``duration_s``."""
     import random
 
@@ -188,13 +196,15 @@ def _drive_batches(url: str, env_id: str, sessions: int, duration_s: float, seed
         steps = resets_done = 0
         started = time.perf_counter()
         while time.perf_counter() - started < duration_s:
-            results = client.batch_step([(sid, rng.choice(acts)) for sid, acts in zip(ids, actions)])
+            results = client.batch_step([(sid, rng.choice(acts))
+                                         for sid, acts in zip(ids, actions, strict=True)])
             steps += len(results)
             done = [i for i, r in enumerate(results) if r["terminated"] or r["truncated"]]
             for i, r in enumerate(results):
                 actions[i] = r["info"].get("admissible_actions") or ["look"]
             if done:
-                for i, r in zip(done, client.batch_reset([(ids[i], rng.randrange(seeds), None) for i in done])):
+                again = client.batch_reset([(ids[i], rng.randrange(seeds), None) for i in done])
+                for i, r in zip(done, again, strict=True):
                     actions[i] = r["info"].get("admissible_actions") or ["look"]
                 resets_done += len(done)
         elapsed = time.perf_counter() - started
@@ -238,15 +248,16 @@ def workers_curve(env_ids: Sequence[str], worker_counts: Sequence[int], sessions
             base = base or row["steps_per_s"]
             row["speedup"] = row["steps_per_s"] / base
             rows.append(row)
-            print(f"  {env_id} workers={workers}: {row['steps_per_s']:,.1f} steps/s (x{row['speedup']:.2f})", flush=True)
+            print(f"  {env_id} workers={workers}: {row['steps_per_s']:,.1f} steps/s (x{row['speedup']:.2f})",
+                  flush=True)
     return rows
 
 
 def workers_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| env | worker processes | sessions | steps/s | vs 1 worker | service CPU ms/step | load avg |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['env_id']} | {r['workers']} | {r['sessions']} | {r['steps_per_s']:,.1f} | {r['speedup']:.2f}× | "
-              f"{r['service_cpu_ms_per_step']:.1f} | {r['load']} |" for r in rows]
+    lines += [f"| {r['env_id']} | {r['workers']} | {r['sessions']} | {r['steps_per_s']:,.1f} | "
+              f"{r['speedup']:.2f}× | {r['service_cpu_ms_per_step']:.1f} | {r['load']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -300,12 +311,13 @@ def fleet_kill(episodes: int, kill_turn: int = 5) -> list[dict[str, Any]]:
 
 
 def fleet_table(rows: list[dict[str, Any]]) -> str:
-    lines = [("| run | episodes back | lost | identical to in-process | time to finish | episodes moved | steps replayed "
-             "| load avg |"), "|---|---:|---:|---|---:|---:|---:|---:|"]
+    lines = [("| run | episodes back | lost | identical to in-process | time to finish | episodes moved "
+              "| steps replayed | load avg |"), "|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         run = "one service SIGKILLed after turn 5" if r["killed"] else "both services up"
-        lines.append(f"| {run} | {r['episodes_back']}/{r['episodes']} | {r['lost']} | {r['identical_to_local']} | "
-                     f"{r['wall_s']:.2f} s | {r['moved']} | {r['replayed_steps']} | {r['load']} |")
+        lines.append(f"| {run} | {r['episodes_back']}/{r['episodes']} | {r['lost']} | "
+                     f"{r['identical_to_local']} | {r['wall_s']:.2f} s | {r['moved']} | "
+                     f"{r['replayed_steps']} | {r['load']} |")
     return "\n".join(lines)
 
 
@@ -315,12 +327,13 @@ SECTIONS = ("collector", "workers", "fleet", "ws", "clients")
 
 
 def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: float, out: Path,
-              heavy_envs: Sequence[str] = ("alfworld-v0", "textworld-v0"), worker_counts: Sequence[int] = (1, 2),
-              heavy_sessions: int = 8) -> int:
+              heavy_envs: Sequence[str] = ("alfworld-v0", "textworld-v0"),
+              worker_counts: Sequence[int] = (1, 2), heavy_sessions: int = 8) -> int:
     """Run the named sections, print their tables, update ``out`` (JSON) with their results."""
     import json
 
-    results: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}  # other sections' results stay
+    # Other sections' results stay.
+    results: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
     results.update({"cpu_cores": os.cpu_count(), "load_average_start": load()})
     record = provenance()
     ran = [s for s in SECTIONS if s in sections]
@@ -329,8 +342,8 @@ def run_scale(sections: Sequence[str], *, episodes: Sequence[int], duration_s: f
     if "collector" in sections:
         rows = collector_path(episodes, duration_s)
         results["collector"] = rows
-        tables.append((("The trainer's collector path, maze-v0, instant policy (env steps/s = turns ÷ time in env "
-                       "calls)"), collector_table(rows)))
+        tables.append((("The trainer's collector path, maze-v0, instant policy (env steps/s = turns ÷ time "
+                        "in env calls)"), collector_table(rows)))
     if "workers" in sections:
         rows = workers_curve(heavy_envs, worker_counts, heavy_sessions, duration_s)
         results["workers"] = rows

@@ -5,8 +5,8 @@
   over the same env), both as shipped (``uvicorn`` defaults), each pinned to core 0 while a lean
   client (hand-built WebSocket frames) drives it from core 1.
 * ``clients``: at 64 sessions against one agentgym service (pinned the same way): the lean HTTP
-  client of env_server.py, our ``AsyncEnvClient`` (httpx over its lean transport), our ``AsyncSocketEnv`` and the lean
-  WebSocket client, one step per request or message.
+  client of env_server.py, our ``AsyncEnvClient`` (httpx over its lean transport), our
+  ``AsyncSocketEnv`` and the lean WebSocket client, one step per request or message.
 
 Also ``python env_scale_sockets.py --openenv-server PORT`` serves maze-v0 with OpenEnv's server.
 """
@@ -83,15 +83,16 @@ async def _ws_load(port: int, path: str, sessions: int, warmup_s: float, duratio
     async def reset(conn: Any) -> list[str]:
         if client == "ours":
             return (await conn.reset(seed=rng.randrange(SEED_RANGE)))[1]["admissible_actions"]
-        data = json.loads(await conn.ask(json.dumps({"type": "reset", "data": {"seed": rng.randrange(SEED_RANGE)}}
-                                                    ).encode()))["data"]
+        request = {"type": "reset", "data": {"seed": rng.randrange(SEED_RANGE)}}
+        data = json.loads(await conn.ask(json.dumps(request).encode()))["data"]
         return data["observation"]["info"]["admissible_actions"]
 
     async def step(conn: Any, action: str) -> tuple[bool, list[str]]:
         if client == "ours":
             _, _, terminated, truncated, info = await conn.step(action)
             return terminated or truncated, info["admissible_actions"]
-        data = json.loads(await conn.ask(b'{"type":"step","data":{"action":"' + action.encode() + b'"}}'))["data"]
+        message = b'{"type":"step","data":{"action":"' + action.encode() + b'"}}'
+        data = json.loads(await conn.ask(message))["data"]
         return data["done"], data["observation"]["info"]["admissible_actions"]
 
     conns = [await connect() for _ in range(sessions)]
@@ -181,7 +182,8 @@ def agentgym_server(port: int) -> Any:
 
 def openenv_server(port: int) -> Any:
     # quiet: OpenEnv's server logs a traceback for every client that closes its connection
-    return _start([sys.executable, str(Path(__file__).resolve()), "--openenv-server", str(port)], port, quiet=True)
+    return _start([sys.executable, str(Path(__file__).resolve()), "--openenv-server", str(port)], port,
+                  quiet=True)
 
 
 def serve_openenv(port: int) -> None:
@@ -207,7 +209,8 @@ def serve_openenv(port: int) -> None:
             super().__init__()
             self.env = agentgym.make("maze-v0")
 
-        def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> MazeObservation:
+        def reset(self, seed: int | None = None, episode_id: str | None = None,
+                  **kwargs: Any) -> MazeObservation:
             obs, info = self.env.reset(seed=seed)
             return MazeObservation(text=obs, info=info, done=False, reward=None)
 
@@ -242,15 +245,16 @@ def compare_ws(session_counts: Sequence[int], duration_s: float) -> list[dict[st
         finally:
             stop_service(process)
     for row in rows:
-        theirs = next(r for r in rows if r["sessions"] == row["sessions"] and r["server"].startswith("OpenEnv"))
+        theirs = next(r for r in rows
+                      if r["sessions"] == row["sessions"] and r["server"].startswith("OpenEnv"))
         row["vs_openenv"] = row["steps_per_s"] / theirs["steps_per_s"]
     return rows
 
 
 def ws_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| server | sessions | steps/s | vs OpenEnv's server | load avg |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['server']} | {r['sessions']} | {r['steps_per_s']:,.0f} | {r['vs_openenv']:.2f}× | {r['load']} |"
-              for r in rows]
+    lines += [f"| {r['server']} | {r['sessions']} | {r['steps_per_s']:,.0f} | {r['vs_openenv']:.2f}× | "
+              f"{r['load']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -261,11 +265,12 @@ def compare_clients(sessions: int, duration_s: float) -> list[dict[str, Any]]:
     try:
         runs = {
             "lean HTTP client (one request per step)": (_http_load, (port, "raw", sessions, 1.0, duration_s)),
-            "AsyncEnvClient, httpx + lean transport (one request per step)": (_http_load, (port, "httpx", sessions, 1.0, duration_s)),
-            "AsyncSocketEnv (one message per step)": (_ws_child, (port, "/openenv/maze-v0/ws", sessions, 1.0,
-                                                                  duration_s, "ours")),
-            "lean WebSocket client (one message per step)": (_ws_child, (port, "/openenv/maze-v0/ws", sessions, 1.0,
-                                                                         duration_s, "lean")),
+            "AsyncEnvClient, httpx + lean transport (one request per step)":
+                (_http_load, (port, "httpx", sessions, 1.0, duration_s)),
+            "AsyncSocketEnv (one message per step)":
+                (_ws_child, (port, "/openenv/maze-v0/ws", sessions, 1.0, duration_s, "ours")),
+            "lean WebSocket client (one message per step)":
+                (_ws_child, (port, "/openenv/maze-v0/ws", sessions, 1.0, duration_s, "lean")),
         }
         for name, (target, args) in runs.items():
             out = pinned(target, *args)
@@ -282,8 +287,8 @@ def compare_clients(sessions: int, duration_s: float) -> list[dict[str, Any]]:
 
 def clients_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| client | sessions | steps/s | ÷ lean HTTP client | load avg |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['client']} | {r['sessions']} | {r['steps_per_s']:,.0f} | {r['vs_lean_http']:.2f} | {r['load']} |"
-              for r in rows]
+    lines += [f"| {r['client']} | {r['sessions']} | {r['steps_per_s']:,.0f} | {r['vs_lean_http']:.2f} | "
+              f"{r['load']} |" for r in rows]
     return "\n".join(lines)
 
 

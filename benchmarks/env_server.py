@@ -1,6 +1,7 @@
 """Throughput and latency of the env service (``agentgym serve``) on ``maze-v0``.
 
-    python benchmarks/env_server.py [--sessions 1 16 64] [--duration-s 5] [--out benchmarks/results/env_server.json]
+    python benchmarks/env_server.py [--sessions 1 16 64] [--duration-s 5]
+                                    [--out benchmarks/results/env_server.json]
 
 For each number of concurrent sessions it measures steps/s and p50/p99 latency of
 
@@ -14,8 +15,9 @@ HTTP modes run twice: with ``raw``, a minimal asyncio HTTP/1.1 client (hand-buil
 Content-Length framing, keep-alive) that costs a few tens of microseconds per request, so the
 numbers measure the server; and with ``httpx`` (``agentgym.http.client.AsyncEnvClient``), what a
 user's client gets (httpx's API over ``agentgym.http.transport.LeanAsyncTransport``: about a
-hundred microseconds of client CPU per request, where httpx's own transport spent ~1 ms). The server is a separate process (``python -m agentgym serve``), so it does not share
-a GIL with the load generator -- but it does share the machine's cores, which the output states.
+hundred microseconds of client CPU per request, where httpx's own transport spent ~1 ms). The
+server is a separate process (``python -m agentgym serve``), so it does not share a GIL with the
+load generator -- but it does share the machine's cores, which the output states.
 
 Actions are drawn with a seeded RNG from ``info["admissible_actions"]``. An episode ends when the
 goal is reached or after 50 turns; its session is then reset (``/reset`` or ``/batch/reset``).
@@ -67,11 +69,13 @@ stop_server = stop_service
 
 
 def _ms(value: float) -> str:
-    return f"{value:.1f}" if value >= 10 else f"{value:.2f}" if value >= 1 else f"{value:.3f}" if value >= 0.01 else f"{value:.4f}"
+    return (f"{value:.1f}" if value >= 10 else f"{value:.2f}" if value >= 1
+            else f"{value:.3f}" if value >= 0.01 else f"{value:.4f}")
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    header = "| mode | client | sessions | steps/s | p50 ms | p99 ms | server CPU % | client CPU % | server CPU µs/step |"
+    header = ("| mode | client | sessions | steps/s | p50 ms | p99 ms | server CPU % | client CPU % "
+              "| server CPU µs/step |")
     lines = [header,
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -104,7 +108,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.text(1, 20_000, " target: batch", va="bottom", fontsize=8, color="grey")
     ax.text(1, 2_500, " target: single @64", va="bottom", fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r["sessions"] for r in rows}), [str(n) for n in sorted({r["sessions"] for r in rows})])
+    ax.set_xticks(sorted({r["sessions"] for r in rows}),
+                  [str(n) for n in sorted({r["sessions"] for r in rows})])
     ax.set_yscale("log")
     ax.set_xlabel("concurrent sessions")
     ax.set_ylabel("steps/s")
@@ -127,26 +132,30 @@ CLIENT_SATURATED_PCT = 80.0
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64], help="concurrent sessions per cell")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64],
+                        help="concurrent sessions per cell")
     parser.add_argument("--duration-s", type=float, default=5.0, help="measured seconds per cell")
     parser.add_argument("--warmup-s", type=float, default=1.0, help="unmeasured seconds before each cell")
     parser.add_argument("--modes", nargs="+", default=["single", "batch", "inproc"],
                         choices=["single", "batch", "inproc"])
     parser.add_argument("--clients", nargs="+", default=["raw", "httpx"], choices=["raw", "httpx"])
     parser.add_argument("--raw-procs", default="auto",
-                        help="client processes for the raw client in single mode: a number, or auto (1; the cell "
-                             f"is repeated with 2 when the client used over {CLIENT_SATURATED_PCT:g}%% of a core)")
+                        help="client processes for the raw client in single mode: a number, or auto (1; the "
+                             "cell is repeated with 2 when the client used over "
+                             f"{CLIENT_SATURATED_PCT:g}%% of a core)")
     parser.add_argument("--server-workers", type=int, default=None,
                         help="--threads of the served app (threads running env code); default: the server's")
     parser.add_argument("--server-cmd", default=None,
                         help="serve with this command instead (A/B runs of a modified server); {port} and "
                              "{python} are filled in, e.g. '{python} my_server.py --port {port}'")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "env_server.json", help="JSON results; the PNG goes beside it")
-    parser.add_argument("--note", default="", help="free text stored with the results (e.g. 'measured under load')")
+    parser.add_argument("--out", type=Path, default=RESULTS / "env_server.json",
+                        help="JSON results; the PNG goes beside it")
+    parser.add_argument("--note", default="",
+                        help="free text stored with the results (e.g. 'measured under load')")
     parser.add_argument("--scale", nargs="+", default=None, metavar="SECTION",
-                        help="run the scale sections instead (benchmarks/env_scale.py): collector, workers, fleet, "
-                             "ws, clients; results go to results/env_scale.json")
+                        help="run the scale sections instead (benchmarks/env_scale.py): collector, workers, "
+                             "fleet, ws, clients; results go to results/env_scale.json")
     parser.add_argument("--episodes", type=int, nargs="+", default=[16, 64, 256],
                         help="--scale collector: episodes per collection")
     parser.add_argument("--heavy-envs", nargs="+", default=["alfworld-v0", "textworld-v0"],
@@ -166,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     shared = (f"client and server share this machine's {cores} CPU cores" if cores <= 4
               else f"{cores} CPU cores")
     print(f"agentgym {agentgym.__version__}, Python {platform.python_version()}, {shared}; "
-          f"load average at start {os.getloadavg()[0]:.2f}; client loop: {'uvloop' if uvloop_ok else 'asyncio'}",
-          flush=True)
+          f"load average at start {os.getloadavg()[0]:.2f}; "
+          f"client loop: {'uvloop' if uvloop_ok else 'asyncio'}", flush=True)
 
     started = time.monotonic()
     load_start = os.getloadavg()[0]
@@ -208,15 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()[0]
     meta = {
         "env_id": ENV_ID, "agentgym_version": agentgym.__version__, "python": platform.python_version(),
-        "platform": platform.platform(), "cpu_cores": cores, "client_loop": "uvloop" if uvloop_ok else "asyncio",
+        "platform": platform.platform(), "cpu_cores": cores,
+        "client_loop": "uvloop" if uvloop_ok else "asyncio",
         "server_command": " ".join(server_command(0, 512, args.server_workers, args.server_cmd)).replace(
             "--port 0", "--port <free>") if http_modes else None,
         "duration_s": args.duration_s, "warmup_s": args.warmup_s, "seed": args.seed,
         "load_average_start": load_start, "load_average_end": load_end, "wall_s": time.monotonic() - started,
         "note": args.note, "provenance": provenance(argv, script=__file__),
         "notes": [
-            f"client and server processes share the same {cores} CPU cores" if cores <= 4 else f"{cores} cores",
-            "steps/s counts steps only; resets (on terminated/truncated) are extra requests inside the window",
+            (f"client and server processes share the same {cores} CPU cores" if cores <= 4
+             else f"{cores} cores"),
+            "steps/s counts steps only; resets (on terminated/truncated) are extra requests inside the "
+            "window",
             "batch: latency is per /batch/step request carrying every session's step",
             "raw: minimal asyncio HTTP/1.1 client; httpx: agentgym.http.client.AsyncEnvClient",
             "client_procs > 1: the load came from that many forked processes; latency samples merged",

@@ -53,7 +53,8 @@ def expert_policy(env: Any, _obs: str, _info: dict[str, Any], _rng: random.Rando
 
 
 def random_policy(env_id: str) -> Policy:
-    """A uniformly random policy for ``env_id``; it answers ``None`` (no action) where there is no natural one."""
+    """A uniformly random policy for ``env_id``; it answers ``None`` (no action) where there is no natural
+    one."""
     if env_id == "wordle-v0":
         from agentgym.envs.games.wordle import load_words
 
@@ -69,10 +70,12 @@ def random_policy(env_id: str) -> Policy:
             return text
 
         return expression
-    return lambda _env, _obs, info, rng: rng.choice(info["admissible_actions"]) if info.get("admissible_actions") else None
+    return (lambda _env, _obs, info, rng:
+            rng.choice(info["admissible_actions"]) if info.get("admissible_actions") else None)
 
 
-def run_episodes(env: Any, policy: Policy, episodes: int, seed: int, distinct: int | None = None) -> dict[str, Any]:
+def run_episodes(env: Any, policy: Policy, episodes: int, seed: int,
+                 distinct: int | None = None) -> dict[str, Any]:
     """Play ``episodes`` episodes on seeds ``seed, seed + 1, …`` (cycling over ``distinct`` of them);
     returns success rate, mean turns and steps/s over step calls only."""
     rng = random.Random(seed)
@@ -123,14 +126,14 @@ def measure_child(env_id: str, episodes: int, cold_seeds: int) -> dict[str, Any]
     env.close()
 
     port = free_port()
-    server = start_server([sys.executable, "-m", "agentgym", "serve", env_id, "--host", HOST, "--port", str(port),
-                           "--log-level", "warning"], port)
+    server = start_server([sys.executable, "-m", "agentgym", "serve", env_id, "--host", HOST,
+                           "--port", str(port), "--log-level", "warning"], port)
     try:
         from agentgym.http.client import RemoteEnv
 
         remote = RemoteEnv(env_id, base_url=f"http://{HOST}:{port}")
-        result["http"] = run_episodes(remote, expert_policy if remote.has_expert else policy, min(episodes, 10),
-                                      EPISODE_SEED)
+        result["http"] = run_episodes(remote, expert_policy if remote.has_expert else policy,
+                                      min(episodes, 10), EPISODE_SEED)
         remote.close()
     finally:
         stop_server(server)
@@ -146,8 +149,9 @@ def _num(value: float | None, spec: str = ".2f") -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = [("| env | make s | first reset ms | cold reset ms | cached reset ms | steps/s in-process | steps/s HTTP | "
-              "expert success | expert return | expert turns | random success | random return |"),
+    lines = [("| env | make s | first reset ms | cold reset ms | cached reset ms | steps/s in-process "
+              "| steps/s HTTP | expert success | expert return | expert turns | random success "
+              "| random return |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if "error" in row:
@@ -156,20 +160,24 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         expert, rand, http = row["expert"], row["random"], row["http"]
         inproc = expert or rand
         lines.append(
-            f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['first_reset_ms']:.1f} | {row['cold_reset_ms']:.1f} | "
-            f"{row['cached_reset_ms']:.2f} | "
-            f"{inproc['steps_per_s']:,.0f} | {http['steps_per_s']:,.0f} | {_pct(expert and expert['success'])} | "
+            f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['first_reset_ms']:.1f} | "
+            f"{row['cold_reset_ms']:.1f} | {row['cached_reset_ms']:.2f} | "
+            f"{inproc['steps_per_s']:,.0f} | {http['steps_per_s']:,.0f} | "
+            f"{_pct(expert and expert['success'])} | "
             f"{_num(expert and expert['mean_return'])} | {_num(expert and expert['mean_turns'], '.1f')} | "
             f"{_pct(rand and rand['success'])} | {_num(rand and rand['mean_return'])} |"
-            if inproc and http else f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['first_reset_ms']:.1f} | "
+            if inproc and http
+            else f"| `{row['env_id']}` | {row['make_s']:.2f} | {row['first_reset_ms']:.1f} | "
             f"{row['cold_reset_ms']:.1f} | {row['cached_reset_ms']:.2f} | — | — | — | — | — | — | — |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("env_ids", nargs="*", help="env ids (default: every registered env)")
-    parser.add_argument("--episodes", type=int, default=20, help="expert episodes per env (random: 5x as many)")
+    parser.add_argument("--episodes", type=int, default=20,
+                        help="expert episodes per env (random: 5x as many)")
     parser.add_argument("--cold-seeds", type=int, default=3, help="seeds reset cold, then again cached")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="limit per env")
     parser.add_argument("--out", type=Path, default=RESULTS / "envs.json")
@@ -193,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s,
                                       env={**os.environ, "AGENTGYM_CACHE": cache}, check=False)
                 if done.returncode != 0:
-                    raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output")
+                    raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip()
+                                       else "no output")
                 row = json.loads(done.stdout.strip().splitlines()[-1])
             except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
                 row = {"env_id": env_id, "error": str(exc)}
@@ -201,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table([row]).splitlines()[-1], flush=True)
     print("\n" + markdown_table(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine, "provenance": provenance(argv, script=__file__), "episodes": args.episodes,
-                                          "rows": rows}, indent=2))
+    args.out.write_text(json.dumps({"machine": machine, "provenance": provenance(argv, script=__file__),
+                                    "episodes": args.episodes, "rows": rows}, indent=2))
     print(f"\nwrote {args.out}")
     return 0
 

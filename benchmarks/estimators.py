@@ -31,7 +31,8 @@ def build_groups(num_turns: int, group_size: int = 8, turns_per_trajectory: int 
             rewards = np.zeros(length)
             rewards[-1] = float(rng.random() < 0.5)
             invalid = rng.random(length) < 0.1
-            turns = [Turn([], [], [], float(r), f"s{s}", bool(i)) for s, r, i in zip(states, rewards, invalid)]
+            turns = [Turn([], [], [], float(r), f"s{s}", bool(i))
+                     for s, r, i in zip(states, rewards, invalid, strict=True)]
             trajectories.append(Trajectory(turns, f"task{len(groups)}", len(groups)))
             made += length
             if made >= num_turns:
@@ -61,8 +62,8 @@ def main() -> None:
                     start = time.perf_counter()
                     algo.estimator(groups, algo_args)
                     times.append(time.perf_counter() - start)
-                print(f"| {name} | {num_turns:,} | {length} | {min(times):.4f} | {float(np.median(times)):.4f} |",
-                      flush=True)
+                print(f"| {name} | {num_turns:,} | {length} | {min(times):.4f} | "
+                      f"{float(np.median(times)):.4f} |", flush=True)
 
 
 if __name__ == "__main__":

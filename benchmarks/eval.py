@@ -18,7 +18,8 @@ concurrently; the server batches concurrent requests); both must produce the sam
 per generated token = (HTTP time − in-process time) / generated tokens (best of ``--repeats``), in
 wall time and in CPU time (client process plus server process, from ``/proc``; CPU time is what a
 busy machine distorts least). Both processes run torch with ``--torch-threads`` threads (default 1:
-OpenMP threads spinning on shared cores otherwise make either path many times slower at random). Client and server share the machine's cores.
+OpenMP threads spinning on shared cores otherwise make either path many times slower at random).
+Client and server share the machine's cores.
 
 Prints markdown tables and writes ``benchmarks/results/eval.json``.
 """
@@ -98,7 +99,8 @@ def bench_harness(env_ids: list[str], episodes: int, concurrencies: list[int]) -
         for env_id in env_ids:
             for where, concurrency in [("in-process", 1), *(("HTTP", c) for c in concurrencies)]:
                 entry = EnvEntry(env_id, url=url if where == "HTTP" else None)
-                plan = EvalPlan((parse_policy("expert"),), (entry,), tuple(range(episodes)), concurrency=concurrency)
+                plan = EvalPlan((parse_policy("expert"),), (entry,), tuple(range(episodes)),
+                                concurrency=concurrency)
                 with tempfile.TemporaryDirectory() as out:
                     cpu_before = time.process_time() + cpu_s(server.pid)
                     started = time.perf_counter()
@@ -107,12 +109,13 @@ def bench_harness(env_ids: list[str], episodes: int, concurrencies: list[int]) -
                     cpu = time.process_time() + cpu_s(server.pid) - cpu_before
                 row = results["results"][0]
                 steps = row["mean_turns"] * row["episodes"]
-                rows.append({"env": env_id, "where": where, "concurrency": concurrency, "episodes": row["episodes"],
-                             "success": row["success_rate"], "wall_s": wall, "episodes_per_s": row["episodes"] / wall,
+                rows.append({"env": env_id, "where": where, "concurrency": concurrency,
+                             "episodes": row["episodes"], "success": row["success_rate"], "wall_s": wall,
+                             "episodes_per_s": row["episodes"] / wall,
                              "steps_per_s": steps / wall, "mean_turns": row["mean_turns"],
                              "cpu_ms_per_episode": 1000 * cpu / row["episodes"]})
-                print(f"  {env_id:12s} {where:10s} c={concurrency:<3d} {rows[-1]['episodes_per_s']:8.1f} episodes/s",
-                      flush=True)
+                print(f"  {env_id:12s} {where:10s} c={concurrency:<3d} "
+                      f"{rows[-1]['episodes_per_s']:8.1f} episodes/s", flush=True)
     return rows
 
 
@@ -125,7 +128,8 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_openai(batches: list[int], new_tokens: int, repeats: int, torch_threads: int) -> list[dict[str, Any]]:
+def bench_openai(batches: list[int], new_tokens: int, repeats: int,
+                 torch_threads: int) -> list[dict[str, Any]]:
     from agentgym.backends.openai_backend import OpenAIEndpoint, OpenAIPolicy
     from agentgym.backends.tiny import TinyModelConfig, build_tiny_model, save_tiny
     from agentgym.backends.transformers_backend import TransformersPolicy
@@ -139,8 +143,10 @@ def bench_openai(batches: list[int], new_tokens: int, repeats: int, torch_thread
         torch.set_num_threads(torch_threads)
         local = TransformersPolicy.from_pretrained(model_dir, device="cpu")
         port = free_port()
-        with serving(["serve-policy", str(model_dir), "--port", str(port), "--device", "cpu", "--name", "tiny"],
-                     f"http://127.0.0.1:{port}/health", env={"OMP_NUM_THREADS": str(torch_threads)}) as server:
+        with serving(["serve-policy", str(model_dir), "--port", str(port), "--device", "cpu",
+                      "--name", "tiny"],
+                     f"http://127.0.0.1:{port}/health",
+                     env={"OMP_NUM_THREADS": str(torch_threads)}) as server:
             remote = OpenAIPolicy(OpenAIEndpoint(f"http://127.0.0.1:{port}/v1", "tiny"), local.tokenizer,
                                   concurrency=max(batches))
             params = SamplingParams(max_new_tokens=new_tokens, temperature=0)
@@ -173,9 +179,10 @@ def bench_openai(batches: list[int], new_tokens: int, repeats: int, torch_thread
                              "overhead_ms_per_token": 1000 * (best["HTTP"] - best["in-process"]) / count,
                              "in_process_cpu_ms_per_token": 1000 * least["in-process"] / count,
                              "http_cpu_ms_per_token": 1000 * least["HTTP"] / count,
-                             "overhead_cpu_ms_per_token": 1000 * (least["HTTP"] - least["in-process"]) / count})
-                print(f"  batch {batch:3d}: in-process {rows[-1]['in_process_ms_per_token']:.3f} ms/token, HTTP "
-                      f"{rows[-1]['http_ms_per_token']:.3f} ms/token", flush=True)
+                             "overhead_cpu_ms_per_token":
+                                 1000 * (least["HTTP"] - least["in-process"]) / count})
+                print(f"  batch {batch:3d}: in-process {rows[-1]['in_process_ms_per_token']:.3f} ms/token, "
+                      f"HTTP {rows[-1]['http_ms_per_token']:.3f} ms/token", flush=True)
             remote.close()
     return rows
 
@@ -190,9 +197,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=1,
-                        help="torch CPU threads of both processes (1: no OpenMP spinning when cores are shared)")
+                        help="torch CPU threads of both processes "
+                             "(1: no OpenMP spinning when cores are shared)")
     args = parser.parse_args()
-    report: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+    report: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count(),
+                              "python": sys.version.split()[0],
                               "load_average_before": os.getloadavg(), "provenance": provenance()}
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the run", flush=True)
     if args.part in ("harness", "both"):
@@ -201,15 +210,18 @@ def main() -> None:
         print("\n| env | envs | concurrency | episodes | episodes/s | steps/s | mean turns | CPU ms/episode |"
               "\n|---|---|---|---|---|---|---|---|")
         for r in report["harness"]:
-            print(f"| {r['env']} | {r['where']} | {r['concurrency']} | {r['episodes']} | {r['episodes_per_s']:.1f} | "
-                  f"{r['steps_per_s']:.0f} | {r['mean_turns']:.1f} | {r['cpu_ms_per_episode']:.1f} |")
+            print(f"| {r['env']} | {r['where']} | {r['concurrency']} | {r['episodes']} | "
+                  f"{r['episodes_per_s']:.1f} | {r['steps_per_s']:.0f} | {r['mean_turns']:.1f} | "
+                  f"{r['cpu_ms_per_episode']:.1f} |")
     if args.part in ("openai", "both"):
         print(f"\nOpenAI-compatible path, {args.new_tokens} greedy tokens per prompt:", flush=True)
         report["openai"] = bench_openai(args.batch, args.new_tokens, args.repeats, args.torch_threads)
-        print("\n| batch | tokens | in-process ms/token | HTTP ms/token | overhead ms/token | in-process CPU ms/token "
-              "| HTTP CPU ms/token (client + server) | CPU overhead ms/token |\n|---|---|---|---|---|---|---|---|")
+        print("\n| batch | tokens | in-process ms/token | HTTP ms/token | overhead ms/token "
+              "| in-process CPU ms/token | HTTP CPU ms/token (client + server) | CPU overhead ms/token |"
+              "\n|---|---|---|---|---|---|---|---|")
         for r in report["openai"]:
-            print(f"| {r['batch']} | {r['tokens']} | {r['in_process_ms_per_token']:.3f} | {r['http_ms_per_token']:.3f} | "
+            print(f"| {r['batch']} | {r['tokens']} | {r['in_process_ms_per_token']:.3f} | "
+                  f"{r['http_ms_per_token']:.3f} | "
                   f"{r['overhead_ms_per_token']:.3f} | {r['in_process_cpu_ms_per_token']:.3f} | "
                   f"{r['http_cpu_ms_per_token']:.3f} | {r['overhead_cpu_ms_per_token']:.3f} |")
     report["load_average_after"] = os.getloadavg()

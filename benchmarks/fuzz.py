@@ -83,12 +83,14 @@ def policy_command(workdir: Path) -> list[str]:
 #: its negative-data check does not count as a rejection by default.
 CONFIG = """
 [checks.negative_data_rejection]
-expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429",
+                     "5xx"]
 """
 
 
 def parse_summary(text: str) -> dict[str, Any]:
-    """Cases generated and the failures (``ST201 Schema-violating request accepted: 1``...) from the summary."""
+    """Cases generated and the failures (``ST201 Schema-violating request accepted: 1``...) from the
+    summary."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
     counts: dict[str, Any] = {"generated": 0, "failed": 0}
     match = re.search(r"Test cases:\s*\n\s*(.+)", plain)
@@ -100,7 +102,8 @@ def parse_summary(text: str) -> dict[str, Any]:
         counts["failed"] = int(found.group(1)) if found else 0
     section = re.search(r"Failures:[ \t]*\n((?:[ \t]+\S.*\n)+)", plain)
     counts["failures"] = [line.strip(" ❌") for line in section.group(1).splitlines()] if section else []
-    last = [line for line in plain.splitlines() if line.startswith("=") and ("found" in line or "failure" in line)]
+    last = [line for line in plain.splitlines()
+            if line.startswith("=") and ("found" in line or "failure" in line)]
     counts["verdict"] = last[-1].strip("= ") if last else ""
     return counts
 
@@ -129,7 +132,8 @@ def fuzz(name: str, command: list[str], args: argparse.Namespace, workdir: Path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-examples", type=int, default=100, help="examples per operation and phase")
     parser.add_argument("--max-time-s", type=int, default=120, help="time budget per service")
     parser.add_argument("--services", nargs="+", default=["env", "sandbox", "retrieval", "viewer", "policy"])
@@ -143,8 +147,8 @@ def main() -> None:
         for name in args.services:
             rows.append(fuzz(name, commands[name], args, Path(tmp)))
             row = rows[-1]
-            print(f"{name}: {row['generated']} cases, {row['failed']} failures ({row['seconds']} s) {row['verdict']}",
-                  flush=True)
+            print(f"{name}: {row['generated']} cases, {row['failed']} failures ({row['seconds']} s) "
+                  f"{row['verdict']}", flush=True)
     print("\n| service | cases | unique failures | service alive after | failures |")
     print("|---|---:|---:|---|---|")
     for row in rows:
@@ -154,7 +158,8 @@ def main() -> None:
     previous = json.loads(saved.read_text()).get("services", []) if saved.is_file() else []
     ran = {row["service"] for row in rows}
     kept = [row for row in previous if row.get("service") not in ran]
-    saved.write_text(json.dumps({"max_examples": args.max_examples, "services": kept + stamp(rows, provenance())}, indent=2))
+    saved.write_text(json.dumps({"max_examples": args.max_examples,
+                                 "services": kept + stamp(rows, provenance())}, indent=2))
 
 
 if __name__ == "__main__":

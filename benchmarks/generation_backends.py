@@ -107,7 +107,8 @@ def main() -> None:
         policy.stop_token_ids = frozenset({eos})
     print("| backend | batch | generated tokens | s (median) | tokens/s |\n|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['backend']} | {r['batch']} | {r['tokens']} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} |")
+        print(f"| {r['backend']} | {r['batch']} | {r['tokens']} | {r['seconds']:.3f} | "
+              f"{r['tokens_per_s']:.0f} |")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({"model": "tiny (quickstart shape)", "threads": torch.get_num_threads(),
                                    "provenance": provenance(), "rows": rows}, indent=2))

@@ -70,7 +70,8 @@ def groups(args: argparse.Namespace, rng: np.random.Generator) -> list[EpisodeGr
         trajectories = []
         for t in range(4):
             success = bool(rng.integers(0, 2))
-            turns = [Turn(rng.integers(0, 256, args.prompt).tolist(), rng.integers(0, 256, args.response).tolist(),
+            turns = [Turn(rng.integers(0, 256, args.prompt).tolist(),
+                          rng.integers(0, 256, args.response).tolist(),
                           [-5.5] * args.response, float(success and i == 3), f"s{rng.integers(0, 3)}")
                      for i in range(4)]
             trajectories.append(Trajectory(turns, f"task{g}", g, success, trajectory_id=f"g{g}t{t}"))
@@ -155,8 +156,9 @@ def main() -> None:
     generation = measure_generation(args)
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     print(f"model: {generation['parameters_m']:.0f} M parameters on {name}")
-    print(f"generation: {generation['tokens_per_s']:.0f} tokens/s (batch {args.gen_batch} x {args.gen_tokens} new "
-          f"tokens, bf16), peak {generation['peak_gib']:.2f} GiB")
+    print(f"generation: {generation['tokens_per_s']:.0f} tokens/s "
+          f"(batch {args.gen_batch} x {args.gen_tokens} new tokens, bf16), "
+          f"peak {generation['peak_gib']:.2f} GiB")
     rows = [measure_update(args, "grpo", False), measure_update(args, "gigpo", False),
             measure_update(args, "gigpo", True)]
     print("| algorithm | weights trained | trainable M | train tokens/s | peak GiB |\n|---|---|---|---|---|")

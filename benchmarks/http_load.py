@@ -65,7 +65,8 @@ class RawConnection:
 
     async def delete(self, path: str) -> None:
         assert self.reader is not None and self.writer is not None
-        self.writer.write(b"DELETE " + path.encode() + b" HTTP/1.1\r\n" + self._host_line + b"Content-Length: 0\r\n\r\n")
+        self.writer.write(b"DELETE " + path.encode() + b" HTTP/1.1\r\n" + self._host_line
+                          + b"Content-Length: 0\r\n\r\n")
         head = await self.reader.readuntil(b"\r\n\r\n")
         at = head.lower().find(b"\r\ncontent-length:")
         if at >= 0:
@@ -216,7 +217,8 @@ async def load(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
         conn = conns[0 if batched else i]
         sid = await api.create(conn)
         sids.append(sid)
-        admissible.append((await api.reset(conn, sid, rng.randrange(SEED_RANGE)))["info"]["admissible_actions"])
+        first = await api.reset(conn, sid, rng.randrange(SEED_RANGE))
+        admissible.append(first["info"]["admissible_actions"])
     if barrier is not None:
         await asyncio.get_running_loop().run_in_executor(None, barrier.wait)
     window = Window(spec["warmup_s"], spec["duration_s"])
@@ -252,7 +254,8 @@ async def load(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
             window.mark_cpu(t0)
             if t0 >= window.end:
                 return
-            results = await api.batch_step(conn, [(sid, rng.choice(acts)) for sid, acts in zip(sids, admissible)])
+            results = await api.batch_step(conn, [(sid, rng.choice(acts))
+                                                  for sid, acts in zip(sids, admissible, strict=True)])
             t1 = time.perf_counter()
             inside = window.start <= t1 < window.end  # counted by completion time
             if inside:
@@ -267,7 +270,7 @@ async def load(spec: dict[str, Any], barrier: Any) -> dict[str, Any]:
                     admissible[i] = result["info"]["admissible_actions"]
             if done:
                 reset = await api.batch_reset(conn, [(sids[i], rng.randrange(SEED_RANGE)) for i in done])
-                for i, result in zip(done, reset):
+                for i, result in zip(done, reset, strict=True):
                     admissible[i] = result["info"]["admissible_actions"]
                 if inside:
                     counts["resets"] += len(done)
@@ -317,7 +320,8 @@ def run_http_cell(port: int, server_pid: int, mode: str, client: str, sessions: 
             barrier.wait(timeout=60)
         except threading.BrokenBarrierError:  # a client failed while setting up: report its error
             outs = [queue.get(timeout=10)]
-            raise RuntimeError(f"{mode}/{client}/{sessions}: client process failed: {outs[0].get('error')}") from None
+            raise RuntimeError(f"{mode}/{client}/{sessions}: client process failed: "
+                               f"{outs[0].get('error')}") from None
         time.sleep(warmup_s)
         server_cpu0 = _process_cpu_s(server_pid)
         time.sleep(duration_s)

@@ -20,10 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """``git rev-parse HEAD`` of the checkout, with ``+dirty`` when tracked files have changes; ``unknown`` outside git."""
+    """``git rev-parse HEAD`` of the checkout, with ``+dirty`` when tracked files have changes; ``unknown``
+    outside git."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30,
-                              check=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
         changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                  capture_output=True, text=True, timeout=30, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -54,7 +55,8 @@ def _torch() -> tuple[str | None, list[str]]:
         import torch
     except ImportError:
         return None, []
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available() else [])
     return torch.__version__, gpus
 
 

@@ -53,11 +53,14 @@ EXPECTED = f"{sum(i * i for i in range(10_000))}\n"
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile of ``values`` (not necessarily sorted), in the same unit."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))] if ordered else float("nan")
+    return (ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))] if ordered
+            else float("nan"))
 
 
-async def drive(url: str, clients: int, duration_s: float, make_request: Any, warmup_s: float = 1.0) -> dict[str, Any]:
-    """``clients`` loops posting ``make_request(rng)`` → (path, json, items) for ``duration_s`` after a warm-up."""
+async def drive(url: str, clients: int, duration_s: float, make_request: Any,
+                warmup_s: float = 1.0) -> dict[str, Any]:
+    """``clients`` loops posting ``make_request(rng)`` → (path, json, items) for ``duration_s`` after a
+    warm-up."""
     latencies: list[float] = []
     counts = {"requests": 0, "items": 0, "busy": 0, "errors": 0}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -105,8 +108,9 @@ def sandbox_rows(backends: list[str], clients: list[int], duration_s: float) -> 
             continue
         for pool in (0, 8):
             port = free_port()
-            command = [sys.executable, "-m", "agentgym", "sandbox", "serve", "--backend", backend, "--host", HOST,
-                       "--port", str(port), "--pool-size", str(pool), "--max-concurrency", str(max(clients))]
+            command = [sys.executable, "-m", "agentgym", "sandbox", "serve", "--backend", backend,
+                       "--host", HOST, "--port", str(port), "--pool-size", str(pool),
+                       "--max-concurrency", str(max(clients))]
             server = start_server(command, port)
             try:
                 url = f"http://{HOST}:{port}"
@@ -114,7 +118,8 @@ def sandbox_rows(backends: list[str], clients: list[int], duration_s: float) -> 
                 if check["stdout"] != EXPECTED:
                     raise RuntimeError(f"{backend}: unexpected sandbox output {check!r}")
                 for count in clients:
-                    cell = asyncio.run(drive(url, count, duration_s, lambda _rng: ("/run", {"code": PROGRAM}, 1)))
+                    cell = asyncio.run(drive(url, count, duration_s,
+                                             lambda _rng: ("/run", {"code": PROGRAM}, 1)))
                     rows.append({"backend": backend, "pool": pool, "clients": count, **cell})
                     print(f"  sandbox {backend} pool={pool} clients={count}: {cell['per_s']:.1f} calls/s, "
                           f"p50 {cell['p50_ms']:.1f} ms", flush=True)
@@ -124,7 +129,8 @@ def sandbox_rows(backends: list[str], clients: list[int], duration_s: float) -> 
 
 
 def sandbox_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| backend | warm pool | clients | calls/s | p50 ms | p99 ms | 503s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| backend | warm pool | clients | calls/s | p50 ms | p99 ms | 503s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         if "unavailable" in row:
             lines.append(f"| {row['backend']} | — | — | unavailable: {row['unavailable'][:90]} | | | |")
@@ -172,10 +178,10 @@ def retrieval_rows(num_docs: int, clients: list[int], duration_s: float, workdir
     build = queue.get(timeout=1800)
     child.join()
     disk_mb = sum(f.stat().st_size for f in (workdir / "index").rglob("*") if f.is_file()) / 2**20
-    summary: dict[str, Any] = {"docs": len(docs), "questions": len(queries), "generate_s": generate_s, **build,
-                               "index_disk_mb": disk_mb}
-    print(f"  retrieval: {len(docs):,} docs built in {build['build_s']:.1f} s, peak RSS {build['peak_rss_mb']:.0f} MB",
-          flush=True)
+    summary: dict[str, Any] = {"docs": len(docs), "questions": len(queries), "generate_s": generate_s,
+                               **build, "index_disk_mb": disk_mb}
+    print(f"  retrieval: {len(docs):,} docs built in {build['build_s']:.1f} s, "
+          f"peak RSS {build['peak_rss_mb']:.0f} MB", flush=True)
 
     index = Index.load(workdir / "index")
     rng = random.Random(0)
@@ -206,8 +212,8 @@ def retrieval_rows(num_docs: int, clients: list[int], duration_s: float, workdir
                 return "/retrieve", {"queries": [local.choice(queries) for _ in range(batch)], "k": 3}, batch
 
             cell = asyncio.run(drive(url, count, duration_s, request))
-            rows.append({"mode": "service", "query": "question", "clients": count, "queries_per_request": batch,
-                         **cell})
+            rows.append({"mode": "service", "query": "question", "clients": count,
+                         "queries_per_request": batch, **cell})
             print(f"  retrieval service clients={count} batch={batch}: {cell['per_s']:.0f} q/s, "
                   f"p50 {cell['p50_ms']:.2f} ms", flush=True)
     finally:
@@ -217,23 +223,28 @@ def retrieval_rows(num_docs: int, clients: list[int], duration_s: float, workdir
 
 def retrieval_tables(result: dict[str, Any]) -> str:
     s = result["summary"]
-    lines = ["| documents | generate s | index build s | build peak RSS MB | RSS growth over loaded corpus MB | index on disk MB |",
+    lines = [("| documents | generate s | index build s | build peak RSS MB "
+              "| RSS growth over loaded corpus MB | index on disk MB |"),
              "|---:|---:|---:|---:|---:|---:|",
              (f"| {s['docs']:,} | {s['generate_s']:.1f} | {s['build_s']:.1f} | {s['peak_rss_mb']:.0f} | "
               f"{s['peak_rss_mb'] - s['rss_loaded_mb']:.0f} | {s['index_disk_mb']:.0f} |"), "",
              "| mode | query | clients | queries/request | queries/s | p50 ms | p99 ms |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
-        lines.append(f"| {row['mode']} | {row['query']} | {row['clients']} | {row['queries_per_request']} | {row['per_s']:,.0f} | "
-                     f"{row['p50_ms']:.2f} | {row['p99_ms']:.2f} |")
+        lines.append(f"| {row['mode']} | {row['query']} | {row['clients']} | {row['queries_per_request']} | "
+                     f"{row['per_s']:,.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=5.0, help="measured seconds per cell (after 1 s warm-up)")
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients per cell")
-    parser.add_argument("--backends", nargs="+", default=["bwrap", "subprocess", "docker"], help="sandbox backends")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=5.0,
+                        help="measured seconds per cell (after 1 s warm-up)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32],
+                        help="concurrent clients per cell")
+    parser.add_argument("--backends", nargs="+", default=["bwrap", "subprocess", "docker"],
+                        help="sandbox backends")
     parser.add_argument("--docs", type=int, default=100_000, help="documents in the retrieval corpus")
     parser.add_argument("--skip-sandbox", action="store_true")
     parser.add_argument("--skip-retrieval", action="store_true")
