@@ -34,10 +34,11 @@ from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.training.api.plugin_set import PluginSet
+from agentgym.training.api.turn_table import TurnTable
 from agentgym.training.config.loading import load_config
 from agentgym.training.engine.update import PolicyUpdate
 from agentgym.training.run.distributed import Distributed
-from agentgym.training.run.loop import flatten, turn_index
+from agentgym.training.run.setup import flatten
 
 RESULTS = Path(__file__).parent / "results" / "gpu_scale.json"
 DEVICE = "cuda"
@@ -117,7 +118,7 @@ def measure_update(args: argparse.Namespace, algorithm: str, lora: bool) -> dict
                           micro_batch_tokens=cfg.optim.micro_batch_tokens)
     batch = groups(args, np.random.default_rng(1))
     advantages = plugins.algorithm.estimator(batch, plugins.args)
-    turns, index = flatten(batch), turn_index(batch)
+    turns, index = flatten(batch), TurnTable.of(batch)
     update(turns, advantages, index, 0)  # warm-up (allocates the optimiser state)
     synchronize()
     reset_peak()
