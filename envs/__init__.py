@@ -2,7 +2,8 @@
 
 ``games`` (maze, Sokoban, toy text, Wordle, tic-tac-toe, Countdown), ``textworld``, ``alfworld`` and
 ``tools`` (search QA, code and math with a sandbox, function calling) hold the envs; every id is
-registered in ``registration``. ``arguments`` and ``game_cache`` are shared by several families.
+registered in ``registration``. ``arguments`` is shared by several families; generated games are cached
+through ``agentgym.cache``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from agentgym.envs.game_cache import build_entry, entry_complete
+from agentgym.cache import build_entry, entry_complete
 
 
 def test_concurrent_builders_build_an_entry_once_and_keep_it(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from agentgym.envs import game_cache
+from agentgym import cache
 from agentgym.envs.alfworld.engine import AlfredEngine, expert_command, require_alfworld
 from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError
@@ -232,7 +232,7 @@ def pool_game(split: str, index: int, task_types: Sequence[str]) -> tuple[str, i
 
 def default_cache_dir() -> Path:
     """``$AGENTGYM_CACHE/alfworld`` when the variable is set, else ``~/.cache/agentgym/alfworld``."""
-    return game_cache.cache_dir("alfworld")
+    return cache.cache_dir("alfworld")
 
 
 def _package_logic() -> tuple[str, str]:
@@ -518,7 +518,7 @@ def ensure_game(task_type: str, game_seed: int, *, num_receptacles: int = DEFAUL
     root = generated_root(num_receptacles, num_distractors, cache_dir)
     entry = root / "json_2.1.1" / split / f"{task_type}-seed{game_seed - SPLIT_FIRST_SEED[split]}"
     trial = entry / "trial_generated"
-    if game_cache.entry_complete(entry):
+    if cache.entry_complete(entry):
         return trial / "game.tw-pddl"
     _ensure_logic(root)
     require_alfworld()
@@ -550,7 +550,7 @@ def ensure_game(task_type: str, game_seed: int, *, num_receptacles: int = DEFAUL
         generation_count += 1
         return [f"{trial.name}/game.tw-pddl", f"{trial.name}/traj_data.json"], {}
 
-    game_cache.build_entry(entry, build)
+    cache.build_entry(entry, build)
     return trial / "game.tw-pddl"
 
 

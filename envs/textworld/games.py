@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from agentgym import cache
 from agentgym.core import Env
-from agentgym.envs import game_cache
 from agentgym.errors import ConfigError
 from agentgym.http.launcher import python_command
 
@@ -192,7 +192,7 @@ def format_task_id(challenge: str, settings: dict[str, Any], game_seed: int) -> 
 
 def default_cache_dir() -> Path:
     """``$AGENTGYM_CACHE/textworld`` when the variable is set, else ``~/.cache/agentgym/textworld``."""
-    return game_cache.cache_dir("textworld")
+    return cache.cache_dir("textworld")
 
 
 def _textworld_version() -> str:
@@ -269,7 +269,7 @@ def ensure_game(challenge: str, settings: dict[str, Any], game_seed: int, cache_
         (tmp / "game.ni").unlink(missing_ok=True)  # the Inform 7 source; playing does not need it
         return ["game.z8", "game.json"], params
 
-    game_cache.build_entry(entry, build)
+    cache.build_entry(entry, build)
     return entry / "game.z8"
 
 

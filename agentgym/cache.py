@@ -1,9 +1,10 @@
-"""The on-disk cache of generated games (TextWorld, ALFWorld): where it lives, and atomic, checked entries.
+"""agentgym's on-disk cache: where it lives, and atomic, checked entries.
 
-An entry is a folder. It is built in a temporary folder next to it and renamed into place, with a
-``meta.json`` holding the checksums of its files written last, so a reader sees either a complete
-entry or none; an entry whose files do not match their checksums counts as missing and is rebuilt.
-Two processes building the same entry at once both succeed, and the first one's entry stays.
+Generated games (TextWorld, ALFWorld) and models converted from GGUF files are cached here. An entry is
+a folder. It is built in a temporary folder next to it and renamed into place, with a ``meta.json``
+holding the checksums of its files written last, so a reader sees either a complete entry or none; an
+entry whose files do not match their checksums counts as missing and is rebuilt. Two processes
+building the same entry at once both succeed, and the first one's entry stays.
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ def cache_dir(kind: str) -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """Hex SHA-256 of a file's bytes (read in 1 MiB blocks: model weights are hundreds of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def entry_complete(entry: Path) -> bool:
@@ -49,6 +54,18 @@ def entry_complete(entry: Path) -> bool:
         meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
         digests = meta["sha256"]
         return bool(digests) and all(sha256_file(entry / name) == digest for name, digest in digests.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def entry_present(entry: Path) -> bool:
+    """True when ``entry/meta.json`` exists and every file it lists has the size it was written with: the
+    quick check for entries too big to checksum on every use (a model's weights); an entry is renamed into
+    place whole, so only a later change on disk could make it differ."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        sizes = meta["sizes"]
+        return bool(sizes) and all((entry / name).stat().st_size == size for name, size in sizes.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
@@ -72,7 +89,8 @@ def _entry_lock(entry: Path) -> Iterator[None]:
         yield  # the flock goes with the file's close
 
 
-def build_entry(entry: Path, build: Callable[[Path], tuple[Iterable[str], dict[str, Any]]]) -> None:
+def build_entry(entry: Path, build: Callable[[Path], tuple[Iterable[str], dict[str, Any]]], *,
+                complete: Callable[[Path], bool] = entry_complete) -> None:
     """Build ``entry`` atomically unless it is complete already.
 
     Args:
@@ -80,21 +98,25 @@ def build_entry(entry: Path, build: Callable[[Path], tuple[Iterable[str], dict[s
         build: called with an empty temporary folder; fills it and returns the paths (relative to
             it) to checksum and the other ``meta.json`` fields. It runs at most once at a time per
             entry. Whatever it raises propagates, and the temporary folder is removed.
+        complete: what counts as complete: every checksum matches (``entry_complete``), or, for entries
+            too big to checksum on every use, every size does (``entry_present``).
     """
-    if entry_complete(entry):
+    if complete(entry):
         return
     entry.parent.mkdir(parents=True, exist_ok=True)
     with _entry_lock(entry):
-        if entry_complete(entry):  # built by whoever held the lock before
+        if complete(entry):  # built by whoever held the lock before
             return
         if entry.exists():  # corrupt or half-deleted: rebuild
             shutil.rmtree(entry, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
         try:
             names, meta = build(tmp)
+            names = list(names)
             digests = {name: sha256_file(tmp / name) for name in names}
-            (tmp / "meta.json").write_text(json.dumps({**meta, "sha256": digests}, sort_keys=True),
-                                           encoding="utf-8")
+            sizes = {name: (tmp / name).stat().st_size for name in names}
+            record = {**meta, "sha256": digests, "sizes": sizes}
+            (tmp / "meta.json").write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
             os.rename(tmp, entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
