@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_torch_thread
 from learning import LEARN, ROOT, assert_learns
 
 from agentgym.errors import ConfigError
@@ -284,5 +285,8 @@ def test_registered_with_its_defaults() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_regression_pin_hgpo_learns_the_quickstart_maze_seed0(tmp_path: Path) -> None:
-    report = train(load_config(ROOT / "configs" / "quickstart_maze_hgpo.yaml", LEARN), tmp_path)
-    assert_learns(report)
+    """Measured in a fresh process at 76582b8: 27% -> 39% in 30 iterations on one torch thread and on two
+    (60 iterations: 27% -> 42%)."""
+    with one_torch_thread():
+        report = train(load_config(ROOT / "configs" / "quickstart_maze_hgpo.yaml", LEARN), tmp_path)
+    assert_learns(report, min_gain=0.10)

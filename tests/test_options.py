@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import one_torch_thread
 from learning import LEARN, LEARN_FULL, ON_GIGPO, ROOT, SMALL, assert_learns
 
 from agentgym.errors import ConfigError
@@ -364,6 +365,8 @@ def test_regression_pin_llds_learns_the_quickstart_maze_seed0(tmp_path: Path) ->
 def test_regression_pin_gspo_learns_the_quickstart_maze_seed0(tmp_path: Path) -> None:
     """The GSPO loss trains; at a clip range for this scale. The paper's 3e-4/4e-4 assumes the small
     steps of a large model at lr ~1e-6: at lr 3e-4 on the tiny model every minibatch after the first
-    moves each sequence ratio past it, so nearly every token is clipped (27% -> 28% in 60 iterations)."""
+    moves each sequence ratio past it, so nearly every token is clipped (27% -> 28% in 60 iterations).
+    Measured in a fresh process at 76582b8: 27% -> 53% on one torch thread (on two: 27% -> 30%)."""
     clip = ["loss.clip_ratio_low=0.05", "loss.clip_ratio_high=0.05"]
-    assert_learns(train(load_config(preset("gspo"), [*LEARN, *ON_GIGPO, *clip]), tmp_path))
+    with one_torch_thread():
+        assert_learns(train(load_config(preset("gspo"), [*LEARN, *ON_GIGPO, *clip]), tmp_path))
