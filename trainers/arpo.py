@@ -1,4 +1,5 @@
-"""ARPO: agentic reinforced policy optimisation with entropy-based adaptive rollout (``arpo``; arXiv 2507.19849).
+"""ARPO: agentic reinforced policy optimisation with entropy-based adaptive rollout
+(``arpo``; arXiv 2507.19849).
 
 Rollout (``EntropyBranching``, a rollout hook): each task starts ``rollout.group_size`` (N) full
 rollouts within a budget of M rollouts per task. After every turn that ran a tool, a live rollout
@@ -124,7 +125,8 @@ def vocabulary_log(tokenizer: Any) -> float:
     except TypeError:
         size = getattr(tokenizer, "vocab_size", None)
     if not size or size < 2:
-        raise ConfigError(f"arpo normalises entropies by ln|V|, but {type(tokenizer).__name__} reports no vocabulary size")
+        raise ConfigError(f"arpo normalises entropies by ln|V|, but {type(tokenizer).__name__} reports no "
+                          "vocabulary size")
     return math.log(size)
 
 
@@ -174,8 +176,8 @@ class EntropyBranching(RolloutHooks):
         initial = max(counts)
         self._budget = self.args.budget or 2 * initial
         if self._budget < initial:
-            raise ConfigError(f"algorithm.args.budget ({self._budget}) must be at least rollout.group_size ({initial}): "
-                              "it counts the initial rollouts too")
+            raise ConfigError(f"algorithm.args.budget ({self._budget}) must be at least rollout.group_size "
+                              f"({initial}): it counts the initial rollouts too")
         self._counts = counts
         self._rng = np.random.default_rng([self.args.seed, context.iteration, self._round])
         self._log_vocab = vocabulary_log(context.tokenizer)
@@ -258,16 +260,19 @@ def original_turns(groups: Sequence[EpisodeGroup], table: TurnTable) -> np.ndarr
     Example (t1 forks t0 after 1 turn; t2 forks t1 after 2 turns, so its first turn is t0's):
         >>> from agentgym.rollout.records import Trajectory
         >>> def traj(n, tid, parent=None, at=None):
-        ...     return Trajectory([Turn([], [], [], 0.0, "s")] * n, "t", 0, trajectory_id=tid, parent_id=parent, fork_turn=at)
-        >>> groups = [EpisodeGroup("g", "t", 0, [traj(2, "t0"), traj(3, "t1", "t0", 1), traj(3, "t2", "t1", 2)])]
+        ...     return Trajectory([Turn([], [], [], 0.0, "s")] * n, "t", 0, trajectory_id=tid,
+        ...                       parent_id=parent, fork_turn=at)
+        >>> groups = [EpisodeGroup("g", "t", 0,
+        ...                        [traj(2, "t0"), traj(3, "t1", "t0", 1), traj(3, "t2", "t1", 2)])]
         >>> original_turns(groups, TurnTable.from_groups(groups)).tolist()
         [0, 1, 0, 2, 3, 0, 2, 4]
     """
     trajectories = [t for g in groups for t in g.trajectories]
     position = {t.trajectory_id: i for i, t in enumerate(trajectories)}
-    parent = np.array([position.get(t.parent_id, -1) if t.parent_id is not None else -1 for t in trajectories],
-                      dtype=np.int64)
-    fork_turn = np.array([(t.fork_turn or 0) if t.parent_id in position else 0 for t in trajectories], dtype=np.int64)
+    parent = np.array([position.get(t.parent_id, -1) if t.parent_id is not None else -1
+                       for t in trajectories], dtype=np.int64)
+    fork_turn = np.array([(t.fork_turn or 0) if t.parent_id in position else 0 for t in trajectories],
+                         dtype=np.int64)
     owner = table.trajectory.copy()
     for _ in range(len(trajectories)):
         moving = table.step < fork_turn[owner]
@@ -304,7 +309,8 @@ def arpo_advantages(groups: Sequence[EpisodeGroup], args: ARPOArgs) -> np.ndarra
     """
     table = TurnTable.of(groups)
     mode = "mean_std_norm" if args.normalize_std else "mean_norm"
-    advantages = episode_advantages(table, args.invalid_action_penalty, mode, args.epsilon, baseline="trajectory")
+    advantages = episode_advantages(table, args.invalid_action_penalty, mode, args.epsilon,
+                                    baseline="trajectory")
     if args.attribution == "soft" or table.num_turns == 0:
         return advantages
     if args.attribution != "hard":

@@ -76,7 +76,8 @@ class DynamicSampling(RolloutHooks):
     Example:
         >>> from agentgym.rollout.records import Trajectory, Turn
         >>> def traj(r): return Trajectory([Turn([], [], [], r, "s")], "t", 0)
-        >>> groups = [EpisodeGroup("a", "t", 0, [traj(1.0), traj(0.0)]), EpisodeGroup("b", "t", 0, [traj(0.0), traj(0.0)])]
+        >>> groups = [EpisodeGroup("a", "t", 0, [traj(1.0), traj(0.0)]),
+        ...           EpisodeGroup("b", "t", 0, [traj(0.0), traj(0.0)])]
         >>> hook = DynamicSampling(DynamicSamplingArgs(max_extra_rounds=1))
         >>> context = CollectContext(tokenizer=None, iteration=1)
         >>> [g.group_id for g in hook.after_collect(groups, context)], hook.metrics()
@@ -110,4 +111,5 @@ class DynamicSampling(RolloutHooks):
 
 
 register_hook_option("dapo", DynamicSampling, DynamicSamplingArgs,
-                     description="DAPO dynamic sampling: drop all-equal groups, refill the batch with extra rounds")
+                     description="DAPO dynamic sampling: drop all-equal groups, refill the batch with extra "
+                                 "rounds")

@@ -78,7 +78,8 @@ def history_groups(table: TurnTable, num_levels: int) -> list[np.ndarray]:
     Example (two trajectories A→B→C and B→B→C; the third turns share the last 2 states but not 3):
         >>> from agentgym.rollout.records import Trajectory, Turn
         >>> def traj(*keys): return Trajectory([Turn([], [], [], 0.0, k) for k in keys], "t", 0)
-        >>> table = TurnTable.from_groups([EpisodeGroup("g", "t", 0, [traj("A", "B", "C"), traj("B", "B", "C")])])
+        >>> table = TurnTable.from_groups([EpisodeGroup("g", "t", 0,
+        ...                                             [traj("A", "B", "C"), traj("B", "B", "C")])])
         >>> [ids.tolist() for ids in history_groups(table, 3)]
         [[0, 1, 2, 1, 1, 2], [-1, 0, 2, -1, 1, 2], [-1, -1, 0, -1, -1, 1]]
     """
@@ -192,4 +193,5 @@ def hgpo_advantages(groups: Sequence[EpisodeGroup], args: HGPOArgs) -> np.ndarra
 
 
 register_algorithm("hgpo", hgpo_advantages, HGPOArgs,
-                   description="HGPO: weighted advantages over history-consistent step groups (levels 1..K+1)")
+                   description="HGPO: weighted advantages over history-consistent step groups "
+                               "(levels 1..K+1)")

@@ -72,7 +72,8 @@ class IGPOArgs:
         if self.epsilon < 0 or self.variance_floor < 0:
             raise ConfigError("IGPOArgs.epsilon and IGPOArgs.variance_floor must be >= 0")
         if isinstance(self.score_batch_size, bool) or self.score_batch_size < 1:
-            raise ConfigError(f"IGPOArgs.score_batch_size must be an integer >= 1, got {self.score_batch_size!r}")
+            raise ConfigError("IGPOArgs.score_batch_size must be an integer >= 1, "
+                              f"got {self.score_batch_size!r}")
 
 
 def answer_text(answer: Any) -> str:
@@ -92,12 +93,13 @@ def answer_text(answer: Any) -> str:
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` without special tokens (the tokenizer must offer ``encode``)."""
     if not hasattr(tokenizer, "encode"):
-        raise ConfigError(f"igpo needs a tokenizer with encode() to score answers; {type(tokenizer).__name__} has none")
+        raise ConfigError("igpo needs a tokenizer with encode() to score answers; "
+                          f"{type(tokenizer).__name__} has none")
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def group_statistics(ids: np.ndarray, values: np.ndarray, member: np.ndarray, num_ids: int, variance_floor: float
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def group_statistics(ids: np.ndarray, values: np.ndarray, member: np.ndarray, num_ids: int,
+                     variance_floor: float) -> tuple[np.ndarray, np.ndarray]:
     """Per id, mean and σ = sqrt(population variance + floor) of the member values (σ = 1 for ≤ 1 member).
 
     Example:
@@ -191,11 +193,13 @@ class IGPOScoring(RolloutHooks):
         >>> from agentgym.rollout.records import Turn
         >>> policy = TransformersPolicy(*build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1,
         ...                                                               intermediate_size=64)))
-        >>> turns = [Turn(policy.tokenizer.encode(text), [1], [0.0], 0.0, "s") for text in ("Q?", "Q? Paris.")]
+        >>> turns = [Turn(policy.tokenizer.encode(text), [1], [0.0], 0.0, "s")
+        ...          for text in ("Q?", "Q? Paris.")]
         >>> group = EpisodeGroup("g", "t", 0, [Trajectory(turns, "t", 0, answer=["Paris"])])
         >>> hook = IGPOScoring(IGPOArgs())
         >>> [scored] = hook.after_collect([group], CollectContext(policy.tokenizer, policy))
-        >>> [turn.extras[VALUE_KEY] < 0 for turn in scored.trajectories[0].turns], hook.metrics()["igpo/scored_contexts"]
+        >>> ([turn.extras[VALUE_KEY] < 0 for turn in scored.trajectories[0].turns],
+        ...  hook.metrics()["igpo/scored_contexts"])
         ([True, True], 2.0)
     """
 
@@ -209,7 +213,8 @@ class IGPOScoring(RolloutHooks):
 
     def after_collect(self, groups: list[EpisodeGroup], context: CollectContext) -> list[EpisodeGroup]:
         if context.scorer is None:
-            raise ConfigError("igpo needs a policy that can score (a Scorer, e.g. model.backend=transformers)")
+            raise ConfigError("igpo needs a policy that can score "
+                              "(a Scorer, e.g. model.backend=transformers)")
         started = time.perf_counter()
         prefix = encode(context.tokenizer, self.args.answer_prefix) if self.args.answer_prefix else []
         answers: dict[str, list[int]] = {}
@@ -224,29 +229,33 @@ class IGPOScoring(RolloutHooks):
         keys = list(pairs)
         prompts = [list(prompt) for prompt, _ in keys]
         continuations = [prefix + answers[text] for _, text in keys]
-        scored = context.scorer.score(prompts, continuations, batch_size=self.args.score_batch_size) if keys else []
+        scored = (context.scorer.score(prompts, continuations, batch_size=self.args.score_batch_size)
+                  if keys else [])
         values = [float(np.mean(lp[len(prefix):])) if len(lp) > len(prefix) else math.nan for lp in scored]
         out = []
         for group in groups:
             trajectories = []
             for trajectory in group.trajectories:
                 text = self._answer(trajectory)
-                turns = [replace(turn, extras={**turn.extras, VALUE_KEY: values[pairs[(tuple(turn.prompt_ids), text)]]})
+                turns = [replace(turn, extras={**turn.extras,
+                                               VALUE_KEY: values[pairs[(tuple(turn.prompt_ids), text)]]})
                          for turn in trajectory.turns]
                 trajectories.append(replace(trajectory, turns=turns))
             out.append(replace(group, trajectories=trajectories))
         _, reward, is_ig = turn_rewards(out, self.args)
         self._gains += reward[is_ig].tolist()
+        scored_tokens = sum(len(p) + len(c) for p, c in zip(prompts, continuations, strict=True))
         for key, value in (("score_s", time.perf_counter() - started), ("scored_contexts", float(len(keys))),
-                           ("scored_tokens", float(sum(len(p) + len(c) for p, c in zip(prompts, continuations))))):
+                           ("scored_tokens", float(scored_tokens))):
             self._totals[key] = self._totals.get(key, 0.0) + value
         return out
 
     @staticmethod
     def _answer(trajectory: Trajectory) -> str:
         if trajectory.answer is None:
-            raise ConfigError(f"igpo: trajectory {trajectory.trajectory_id!r} of task {trajectory.task_id!r} has no "
-                              "info['answer']; igpo needs an env that gives the ground truth (e.g. search-qa-v0)")
+            raise ConfigError(f"igpo: trajectory {trajectory.trajectory_id!r} of task {trajectory.task_id!r} "
+                              "has no info['answer']; igpo needs an env that gives the ground truth "
+                              "(e.g. search-qa-v0)")
         return answer_text(trajectory.answer)
 
     def metrics(self) -> dict[str, float]:
@@ -259,5 +268,5 @@ class IGPOScoring(RolloutHooks):
 
 register_algorithm("igpo", igpo_advantages, IGPOArgs, hooks=IGPOScoring,
                    needs=AlgorithmNeeds(answer=True, scorer=True),
-                   description="IGPO: information-gain turn rewards (teacher-forced answer log-probs) + outcome, "
-                               "group-normalised, discounted")
+                   description="IGPO: information-gain turn rewards (teacher-forced answer log-probs) + "
+                               "outcome, group-normalised, discounted")

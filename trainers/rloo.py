@@ -29,7 +29,8 @@ def rloo_advantages(groups: Sequence[EpisodeGroup], args: RLOOArgs) -> np.ndarra
     Example:
         >>> from agentgym.rollout.records import Trajectory, Turn
         >>> def traj(r): return Trajectory([Turn([], [], [], r, "s")], "t", 0)
-        >>> rloo_advantages([EpisodeGroup("g", "t", 0, [traj(1.0), traj(0.0), traj(0.0)])], RLOOArgs()).tolist()
+        >>> rloo_advantages([EpisodeGroup("g", "t", 0, [traj(1.0), traj(0.0), traj(0.0)])],
+        ...                 RLOOArgs()).tolist()
         [1.0, -0.5, -0.5]
     """
     table = TurnTable.of(groups)
@@ -41,4 +42,5 @@ def rloo_advantages(groups: Sequence[EpisodeGroup], args: RLOOArgs) -> np.ndarra
     return np.where(size > 1, centred * size / np.maximum(size - 1.0, 1.0) - penalty, 0.0)
 
 
-register_algorithm("rloo", rloo_advantages, RLOOArgs, description="REINFORCE leave-one-out trajectory advantages")
+register_algorithm("rloo", rloo_advantages, RLOOArgs,
+                   description="REINFORCE leave-one-out trajectory advantages")

@@ -135,7 +135,7 @@ class SequentialTurnPlan(UpdatePlan):
         steps, starts = np.unique(-table.step[order], return_index=True)
         bounds = np.r_[starts[1:], order.shape[0]]
         return [Phase(f"turn{-step}", np.sort(order[start:stop]))
-                for step, start, stop in zip(steps, starts, bounds)]
+                for step, start, stop in zip(steps, starts, bounds, strict=True)]
 
     def advantages(self, phase: Phase, table: TurnTable, advantages: np.ndarray) -> np.ndarray:
         return advantages * self._ratios[self._code[phase.rows]]
@@ -144,7 +144,7 @@ class SequentialTurnPlan(UpdatePlan):
                     new_logprobs: list[np.ndarray]) -> dict[str, float]:
         c, cc = self.args.ratio_clip, self.args.cumulative_ratio_clip
         log_ratio = np.array([float(np.mean(new - old)) if new.size else 0.0
-                              for old, new in zip(old_logprobs, new_logprobs)])
+                              for old, new in zip(old_logprobs, new_logprobs, strict=True)])
         raw = np.exp(np.minimum(log_ratio, 20.0))
         ratio = np.clip(raw, 1.0 - c, 1.0 + c)
         codes = self._code[phase.rows]
@@ -154,7 +154,7 @@ class SequentialTurnPlan(UpdatePlan):
                 "seeupo/cumulative_ratio_mean": float(self._ratios[codes].mean())}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ratios": {str(i): float(r) for i, r in zip(self._ids, self._ratios)}}
+        return {"ratios": {str(i): float(r) for i, r in zip(self._ids, self._ratios, strict=True)}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         ratios = dict(state.get("ratios", {}))
@@ -163,5 +163,7 @@ class SequentialTurnPlan(UpdatePlan):
         self._code = np.zeros(0, dtype=np.int64)
 
 
-register_algorithm("seeupo", seeupo_advantages, SeeUPOArgs, update_plan=SequentialTurnPlan, policy_loss="gspo",
-                   description="SeeUPO: turn-by-turn updates, last turn first, ratio-weighted GRAE, GSPO loss")
+register_algorithm("seeupo", seeupo_advantages, SeeUPOArgs, update_plan=SequentialTurnPlan,
+                   policy_loss="gspo",
+                   description="SeeUPO: turn-by-turn updates, last turn first, ratio-weighted GRAE, "
+                               "GSPO loss")

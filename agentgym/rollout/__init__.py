@@ -29,9 +29,9 @@ from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 __all__ = [
     "ACTION_FORMATS", "ActionFormat", "Actor", "ActorTurn", "ChatTokenizer", "CollectContext", "CollectStats",
-    "Collector", "Conversation", "DecodingConstraint", "EnvPool", "EpisodeGroup", "EpisodeView", "ExpertActor",
-    "Fork", "Generation", "HookChain", "LocalEnvPool", "ParsedAction", "Policy", "PoolEnv", "PromptMode",
-    "PromptRenderer", "RandomActor", "RolloutHooks", "SamplingParams", "Scorer", "TagSpans", "TokenActor",
-    "Trajectory", "Turn", "TurnRequest", "collect_demos", "format_action", "list_constraints", "make_constraint",
-    "parse_action", "register_constraint",
+    "Collector", "Conversation", "DecodingConstraint", "EnvPool", "EpisodeGroup", "EpisodeView",
+    "ExpertActor", "Fork", "Generation", "HookChain", "LocalEnvPool", "ParsedAction", "Policy", "PoolEnv",
+    "PromptMode", "PromptRenderer", "RandomActor", "RolloutHooks", "SamplingParams", "Scorer", "TagSpans",
+    "TokenActor", "Trajectory", "Turn", "TurnRequest", "collect_demos", "format_action", "list_constraints",
+    "make_constraint", "parse_action", "register_constraint",
 ]

@@ -120,7 +120,8 @@ class TokenActor:
             if generation.entropies is not None:
                 extras["entropies"] = generation.entropies
             if generation.top_logprobs is not None:
-                extras["top_logprobs"] = [[list(pair) for pair in position] for position in generation.top_logprobs]
+                extras["top_logprobs"] = [[list(pair) for pair in position]
+                                          for position in generation.top_logprobs]
             if "forced_positions" in generation.extras:
                 extras["forced_positions"] = list(generation.extras["forced_positions"])
             turns.append(ActorTurn(parsed.action, list(generation.token_ids), list(generation.logprobs),
@@ -149,8 +150,8 @@ class ExpertActor:
 
     def _turn(self, request: TurnRequest) -> ActorTurn:
         if request.env is None:
-            raise ConfigError("the expert needs envs it can ask for expert_action(): give the collector an env "
-                              "factory (agentgym.make, RemoteEnv), not an env pool")
+            raise ConfigError("the expert needs envs it can ask for expert_action(): give the collector an "
+                              "env factory (agentgym.make, RemoteEnv), not an env pool")
         action = request.env.expert_action()
         if action is None:
             return ActorTurn(cut="the expert has no action here")
@@ -169,7 +170,8 @@ class RandomActor:
     (by ``seed``, the group id and the member index), so a rerun plays the same moves.
 
     Example:
-        >>> request = TurnRequest("g0-t0", "g0", 0, 0, [], "a room", {"admissible_actions": ["up", "down"]}, None)
+        >>> request = TurnRequest("g0-t0", "g0", 0, 0, [], "a room", {"admissible_actions": ["up", "down"]},
+        ...                       None)
         >>> [turn] = RandomActor(seed=1).act([request], SamplingParams())
         >>> turn.action in ("up", "down")
         True
@@ -183,7 +185,9 @@ class RandomActor:
         for request in requests:
             rng = request.memory.get("rng")
             if rng is None:
-                rng = request.memory["rng"] = random.Random(f"{self.seed}:{request.group_id}/{request.member}")
-            choices = list(request.info.get("admissible_actions") or []) or request.observation.split() or ["?"]
+                rng = request.memory["rng"] = random.Random(
+                    f"{self.seed}:{request.group_id}/{request.member}")
+            choices = (list(request.info.get("admissible_actions") or []) or request.observation.split()
+                       or ["?"])
             turns.append(ActorTurn(str(rng.choice(choices))))
         return turns

@@ -1,4 +1,5 @@
-"""``Collector``: the only place that plays episodes; runs B tasks × G group members through envs and records turns.
+"""``Collector``: the only place that plays episodes; runs B tasks × G group members through envs and
+records turns.
 
 Every turn it renders the prompts of all live episodes, asks its actor (``agentgym.rollout.actors``) for
 all of their turns in one call, and steps all live envs in one call on its ``EnvPool``
@@ -142,9 +143,11 @@ class Collector:
         return self._slots[:count]
 
     def context(self, iteration: int = 0) -> CollectContext:
-        """The ``CollectContext`` hooks get: the renderer's tokenizer, and the policy as scorer if it is one."""
+        """The ``CollectContext`` hooks get: the renderer's tokenizer, and the policy as scorer if it is
+        one."""
         scorer = self.policy if isinstance(self.policy, Scorer) else None
-        tokenizer = self.renderer.tokenizer if self.renderer is not None else getattr(self.policy, "tokenizer", None)
+        tokenizer = (self.renderer.tokenizer if self.renderer is not None
+                     else getattr(self.policy, "tokenizer", None))
         return CollectContext(tokenizer, scorer, iteration)  # type: ignore[arg-type]
 
     def collect(self, task_seeds: Sequence[int], group_size: int, sampling: SamplingParams, *,
@@ -166,7 +169,8 @@ class Collector:
         """
         if group_size < 1:
             raise ConfigError(f"rollout.group_size must be >= 1, got {group_size}")
-        names = [f"{group_prefix}{b}" for b in range(len(task_seeds))] if group_ids is None else list(group_ids)
+        names = ([f"{group_prefix}{b}" for b in range(len(task_seeds))] if group_ids is None
+                 else list(group_ids))
         if len(names) != len(task_seeds):
             raise ConfigError(f"collect got {len(names)} group ids for {len(task_seeds)} task seeds")
         hooks = hooks or RolloutHooks()
@@ -181,8 +185,9 @@ class Collector:
         t0 = time.perf_counter()
         resets = self.pool.reset(slots, seeds, options)
         stats.env_s += time.perf_counter() - t0
-        episodes = [self._start(slot, i // group_size, names[i // group_size], i % group_size, seed, obs, info)
-                    for i, (slot, seed, (obs, info)) in enumerate(zip(slots, seeds, resets))]
+        episodes = [self._start(slot, i // group_size, names[i // group_size], i % group_size, seed, obs,
+                                info)
+                    for i, (slot, seed, (obs, info)) in enumerate(zip(slots, seeds, resets, strict=True))]
         members = [group_size] * len(task_seeds)  # trajectory ids handed out per group so far
 
         turn = 0
@@ -210,8 +215,9 @@ class Collector:
             mine = [e for e in episodes if e.group == b]
             trajectories = [Trajectory(e.turns, e.task_id, seed, success=e.success, truncated=e.truncated,
                                        trajectory_id=e.trajectory_id, parent_id=e.parent_id,
-                                       fork_turn=e.fork_turn, answer=e.answer, first_observation=e.first_observation,
-                                       first_info=e.first_info, note=e.note)
+                                       fork_turn=e.fork_turn, answer=e.answer,
+                                       first_observation=e.first_observation, first_info=e.first_info,
+                                       note=e.note)
                             for e in mine]
             groups.append(EpisodeGroup(names[b], mine[0].task_id, seed, trajectories))
         t0 = time.perf_counter()
@@ -222,8 +228,8 @@ class Collector:
         self.last_stats = stats
         return groups
 
-    def _start(self, slot: Any, group: int, group_id: str, member: int, seed: int, obs: str, info: dict[str, Any],
-               *, owns_slot: bool = False) -> _Episode:
+    def _start(self, slot: Any, group: int, group_id: str, member: int, seed: int, obs: str,
+               info: dict[str, Any], *, owns_slot: bool = False) -> _Episode:
         conv = self.renderer.start(obs, info) if self.renderer is not None else None
         return _Episode(slot, group, group_id, f"{group_id}-t{member}", member, conv, info["state_key"],
                         str(info.get("task_id", f"seed:{seed}")), obs, info, obs, info, info.get("answer"),
@@ -243,15 +249,15 @@ class Collector:
                     episode.note = f"the episode reached the collector's limit of {self.max_turns} turns"
             live = [e for e in live if not e.over]
         t0 = time.perf_counter()
-        prompts = [self.renderer.prompt_ids(e.conv) if e.conv is not None and self.renderer is not None else []
-                   for e in live]
+        prompts = [self.renderer.prompt_ids(e.conv) if e.conv is not None and self.renderer is not None
+                   else [] for e in live]
         stats.render_s += time.perf_counter() - t0
         budget = self.max_prompt_tokens
-        for episode, prompt in zip(live, prompts):
+        for episode, prompt in zip(live, prompts, strict=True):
             if budget is not None and len(prompt) > budget:
                 episode.over, episode.truncated = True, True
                 episode.note = f"the prompt outgrew max_prompt_tokens ({budget})"
-        pairs = [(e, p) for e, p in zip(live, prompts) if not e.over]
+        pairs = [(e, p) for e, p in zip(live, prompts, strict=True) if not e.over]
         if not pairs:
             return
         params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + turn)
@@ -259,10 +265,10 @@ class Collector:
         answers = self.actor.act([self._request(e, p) for e, p in pairs], params)
         stats.generate_s += time.perf_counter() - t0
         if len(answers) != len(pairs):
-            raise ConfigError(f"{type(self.actor).__name__}.act answered {len(answers)} turns for {len(pairs)} "
-                              "episodes; an actor must answer every request, in order")
+            raise ConfigError(f"{type(self.actor).__name__}.act answered {len(answers)} turns for "
+                              f"{len(pairs)} episodes; an actor must answer every request, in order")
         acting: list[tuple[_Episode, list[int], ActorTurn]] = []
-        for (episode, prompt), answer in zip(pairs, answers):
+        for (episode, prompt), answer in zip(pairs, answers, strict=True):
             if answer.cut is not None:
                 episode.over, episode.truncated, episode.note = True, True, answer.cut
             else:
@@ -272,7 +278,7 @@ class Collector:
         t0 = time.perf_counter()
         results = self.pool.step([e.slot for e, _, _ in acting], [a.action for _, _, a in acting])
         stats.env_s += time.perf_counter() - t0
-        for (episode, prompt, answer), result in zip(acting, results):
+        for (episode, prompt, answer), result in zip(acting, results, strict=True):
             obs, reward, terminated, truncated, info = result
             tool_calls = int(info.get("tool_calls", 0) or 0)
             episode.turns.append(Turn(
@@ -331,15 +337,17 @@ class Collector:
             self.pool.release(branch_slots + top_slots)
             raise
         stats.env_s += time.perf_counter() - t0
-        for (fork, member, source), slot in zip(branches, branch_slots):
+        for (fork, member, source), slot in zip(branches, branch_slots, strict=True):
             assert source is not None
             made[member, fork.group_index] = replace(
                 source, slot=slot, trajectory_id=f"{names[fork.group_index]}-t{member}", member=member,
-                conv=copy.deepcopy(source.conv), turns=list(source.turns), memory=copy.deepcopy(source.memory),
-                parent_id=source.trajectory_id, fork_turn=len(source.turns), owns_slot=True)
-        for (fork, member, _), slot, seed, (obs, info) in zip(tops, top_slots, top_seeds, resets):
-            made[member, fork.group_index] = self._start(slot, fork.group_index, names[fork.group_index], member,
-                                                         seed, obs, info, owns_slot=True)
+                conv=copy.deepcopy(source.conv), turns=list(source.turns),
+                memory=copy.deepcopy(source.memory), parent_id=source.trajectory_id,
+                fork_turn=len(source.turns), owns_slot=True)
+        for (fork, member, _), slot, seed, (obs, info) in zip(tops, top_slots, top_seeds, resets,
+                                                              strict=True):
+            made[member, fork.group_index] = self._start(slot, fork.group_index, names[fork.group_index],
+                                                         member, seed, obs, info, owns_slot=True)
         stats.forks += len(made)
         return [made[member, fork.group_index] for fork, member, _ in planned]
 

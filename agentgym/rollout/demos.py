@@ -41,7 +41,8 @@ def collect_demos(make_env: Callable[[], Env], renderer: PromptRenderer, seeds: 
         >>> import agentgym
         >>> from agentgym.backends.tiny import TinyModelConfig, build_tiny_model
         >>> _, tokenizer = build_tiny_model(TinyModelConfig(num_layers=1))
-        >>> turns, stats = collect_demos(lambda: agentgym.make("maze-v0", size=2), PromptRenderer(tokenizer), [3])
+        >>> turns, stats = collect_demos(lambda: agentgym.make("maze-v0", size=2), PromptRenderer(tokenizer),
+        ...                              [3])
         >>> stats["expert_success_rate"], turns[0].response_ids[-1] == tokenizer.eos_token_id
         (1.0, True)
     """

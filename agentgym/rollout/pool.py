@@ -125,10 +125,11 @@ class LocalEnvPool:
 
     def reset(self, slots: Sequence[Env], seeds: Sequence[int | None],
               options: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
-        return self._map(lambda pair: pair[0].reset(seed=pair[1], options=options), list(zip(slots, seeds)))
+        return self._map(lambda pair: pair[0].reset(seed=pair[1], options=options),
+                         list(zip(slots, seeds, strict=True)))
 
     def step(self, slots: Sequence[Env], actions: Sequence[str]) -> list[StepResult]:
-        return self._map(lambda pair: pair[0].step(pair[1]), list(zip(slots, actions)))
+        return self._map(lambda pair: pair[0].step(pair[1]), list(zip(slots, actions, strict=True)))
 
     def fork(self, slots: Sequence[Env]) -> list[Env]:
         for env in slots:
@@ -200,5 +201,6 @@ def as_pool(make_env: Callable[[], Env] | EnvPool, *, workers: int | None = None
     if isinstance(make_env, EnvPool):
         return make_env
     if not callable(make_env):
-        raise ConfigError(f"make_env must be a zero-argument env factory or an EnvPool, got {type(make_env).__name__}")
+        raise ConfigError("make_env must be a zero-argument env factory or an EnvPool, "
+                          f"got {type(make_env).__name__}")
     return LocalEnvPool(make_env, workers=workers)

@@ -92,7 +92,8 @@ class PromptSettings:
         return PromptRenderer(tokenizer, mode=self.prompt_mode, window_turns=self.window_turns,
                               action_format=action_format, system_prompt=self.system_prompt,
                               show_admissible_actions=self.show_admissible_actions,
-                              include_instructions=self.include_instructions, tool_messages=self.tool_messages)
+                              include_instructions=self.include_instructions,
+                              tool_messages=self.tool_messages)
 
     def sampling(self, temperature: float, seed: int | None) -> SamplingParams:
         """The ``SamplingParams`` of these settings at ``temperature`` with ``seed``."""

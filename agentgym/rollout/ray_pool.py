@@ -121,10 +121,11 @@ class RayEnvPool:
         shares: dict[int, list[int]] = {}
         for index, slot in enumerate(slots):
             shares.setdefault(slot.actor, []).append(index)
-        refs = {a: getattr(self.actors[a], method).remote([items[i] for i in idx]) for a, idx in shares.items()}
+        refs = {a: getattr(self.actors[a], method).remote([items[i] for i in idx])
+                for a, idx in shares.items()}
         results: list[Any] = [None] * len(slots)
-        for actor, answers in zip(refs, self._ray.get(list(refs.values()))):
-            for index, answer in zip(shares[actor], answers):
+        for actor, answers in zip(refs, self._ray.get(list(refs.values())), strict=True):
+            for index, answer in zip(shares[actor], answers, strict=True):
                 results[index] = answer
         return results
 
@@ -145,17 +146,19 @@ class RayEnvPool:
 
     def reset(self, slots: Sequence[RaySlot], seeds: Sequence[int | None],
               options: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
-        return self._values(self._calls("reset", slots, [(s.env, seed, options) for s, seed in zip(slots, seeds)]))
+        return self._values(self._calls("reset", slots, [(s.env, seed, options)
+                                                         for s, seed in zip(slots, seeds, strict=True)]))
 
     def step(self, slots: Sequence[RaySlot], actions: Sequence[str]) -> list[StepResult]:
-        return self._values(self._calls("step", slots, [(s.env, a) for s, a in zip(slots, actions)]))
+        return self._values(self._calls("step", slots,
+                                        [(s.env, a) for s, a in zip(slots, actions, strict=True)]))
 
     def fork(self, slots: Sequence[RaySlot]) -> list[RaySlot]:
         for slot in slots:
             if id(slot) not in self._open:
                 raise EnvContractError("this env slot was released; open a new one")
         children = [self._new(slot.actor) for slot in slots]
-        results = self._calls("fork", slots, [(s.env, c.env) for s, c in zip(slots, children)])
+        results = self._calls("fork", slots, [(s.env, c.env) for s, c in zip(slots, children, strict=True)])
         if not all(ok for ok, _ in results):
             self.release(children)
         self._values(results)

@@ -45,9 +45,9 @@ from agentgym.training.config.schema import (
 )
 
 __all__ = [
-    "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig", "HookOption",
-    "LossConfig", "OptimConfig", "Phase", "RolloutConfig", "SFTConfig", "TrainConfig", "TurnTable",
-    "UpdatePlan", "check_config", "config_from_dict", "config_to_dict", "discounted_returns", "episode_advantages",
-    "get_algorithm", "get_hook_option", "group_mean_std", "list_algorithms", "list_hook_options", "load_config",
-    "normalize", "register_algorithm", "register_hook_option",
+    "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig",
+    "HookOption", "LossConfig", "OptimConfig", "Phase", "RolloutConfig", "SFTConfig", "TrainConfig",
+    "TurnTable", "UpdatePlan", "check_config", "config_from_dict", "config_to_dict", "discounted_returns",
+    "episode_advantages", "get_algorithm", "get_hook_option", "group_mean_std", "list_algorithms",
+    "list_hook_options", "load_config", "normalize", "register_algorithm", "register_hook_option",
 ]

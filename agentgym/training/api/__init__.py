@@ -51,11 +51,11 @@ from agentgym.training.api.turn_table import (
 _FROM_ENGINE = {"register_policy_loss", "PolicyLoss"}
 
 __all__ = [
-    "AdvantageEstimator", "Algorithm", "AlgorithmNeeds", "ForwardOutputs", "HookOption", "LossTerm", "NormMode",
-    "Phase", "PluginSet", "PolicyLoss", "RunContext", "TurnTable", "UpdatePlan", "discounted_returns",
-    "episode_advantages", "get_algorithm", "get_hook_option", "get_loss_term", "group_mean_std",
-    "list_algorithms", "list_hook_options", "list_loss_terms", "normalize", "register_algorithm",
-    "register_hook_option", "register_loss_term", "register_policy_loss",
+    "AdvantageEstimator", "Algorithm", "AlgorithmNeeds", "ForwardOutputs", "HookOption", "LossTerm",
+    "NormMode", "Phase", "PluginSet", "PolicyLoss", "RunContext", "TurnTable", "UpdatePlan",
+    "discounted_returns", "episode_advantages", "get_algorithm", "get_hook_option", "get_loss_term",
+    "group_mean_std", "list_algorithms", "list_hook_options", "list_loss_terms", "normalize",
+    "register_algorithm", "register_hook_option", "register_loss_term", "register_policy_loss",
 ]
 
 

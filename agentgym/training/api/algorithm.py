@@ -61,7 +61,8 @@ class AlgorithmNeeds:
     answer: bool = False
     """The env's privileged ``info["answer"]`` (``Trajectory.answer``)."""
     scorer: bool = False
-    """Teacher-forced log-probs from the policy (the backend must be an ``agentgym.rollout.policy.Scorer``)."""
+    """Teacher-forced log-probs from the policy (the backend must be an
+    ``agentgym.rollout.policy.Scorer``)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The policy-loss registry, torch-free: ``POLICY_LOSSES`` and ``LazyPolicyLoss`` (a built-in named by where it lives).
+"""The policy-loss registry, torch-free: ``POLICY_LOSSES`` and ``LazyPolicyLoss`` (a built-in named by
+where it lives).
 
 The policy losses are torch code (``agentgym.training.engine.losses``), but checking a config's
 ``loss.loss_mode`` must not import torch. So the built-ins are registered here by module and function

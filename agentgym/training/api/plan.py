@@ -1,4 +1,5 @@
-"""Update plans: how one iteration's turns are split into sequential update phases (``UpdatePlan``, ``Phase``).
+"""Update plans: how one iteration's turns are split into sequential update phases (``UpdatePlan``,
+``Phase``).
 
 The updater runs the phases in order. Before each phase it recomputes the "old" log-probs of the
 phase's rows with the current weights (so a later phase sees the weights earlier phases produced),
@@ -41,7 +42,8 @@ class UpdatePlan:
         >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
         >>> def trajectory(name, length):
         ...     return Trajectory([Turn([1], [2], [-0.1], 0.0, "s")] * length, "t", 0, trajectory_id=name)
-        >>> table = TurnTable.from_groups([EpisodeGroup("g", "t", 0, [trajectory("a", 2), trajectory("b", 1)])])
+        >>> table = TurnTable.from_groups([EpisodeGroup("g", "t", 0,
+        ...                                             [trajectory("a", 2), trajectory("b", 1)])])
         >>> [(p.name, p.rows.tolist()) for p in UpdatePlan().phases(table)]
         [('all', [0, 1, 2])]
     """

@@ -1,4 +1,5 @@
-"""``PluginSet``: an algorithm's plug-ins built for one run from the config, and the start-up checks of its needs.
+"""``PluginSet``: an algorithm's plug-ins built for one run from the config, and the start-up checks of its
+needs.
 
 The plug-in set is everything that makes a run's algorithm what it is — estimator and arguments,
 rollout hooks (the algorithm's and the options'), update plan, policy loss and loss terms — built
@@ -54,8 +55,9 @@ class PluginSet:
         algorithm = get_algorithm(cfg.algorithm.name)
         args = algorithm.make_args(cfg.algorithm.args)
         if cfg.rollout.group_size < algorithm.min_group_size:
-            raise ConfigError(f"rollout.group_size must be >= {algorithm.min_group_size} for {algorithm.name!r}: "
-                              f"got {cfg.rollout.group_size} (a group of one has no baseline)")
+            raise ConfigError(f"rollout.group_size must be >= {algorithm.min_group_size} for "
+                              f"{algorithm.name!r}: got {cfg.rollout.group_size} (a group of one has no "
+                              "baseline)")
         hooks: list[RolloutHooks] = [algorithm.hooks(args)] if algorithm.hooks is not None else []
         hooks += [get_hook_option(name).build(values) for name, values in cfg.algorithm.hooks.items()]
         plan = algorithm.update_plan(args) if algorithm.update_plan is not None else UpdatePlan()
@@ -116,14 +118,15 @@ class PluginSet:
         needs, name = self.needs, self.algorithm.name
         if needs.scorer and not isinstance(policy, Scorer):
             raise ConfigError(f"{name!r} needs teacher-forced scoring (a Scorer), which the "
-                              f"{type(policy).__name__} backend does not offer; use model.backend=transformers")
+                              f"{type(policy).__name__} backend does not offer; "
+                              "use model.backend=transformers")
         if needs.entropies and not capability(policy, "supports_entropies"):
-            raise ConfigError(f"{name!r} needs per-token entropies, which the {type(policy).__name__} backend "
-                              "does not return")
+            raise ConfigError(f"{name!r} needs per-token entropies, which the {type(policy).__name__} "
+                              "backend does not return")
         limit = capability(policy, "max_top_logprobs")
         if needs.top_logprobs and limit is not None and limit < needs.top_logprobs:
             raise ConfigError(f"{name!r} needs the top {needs.top_logprobs} log-probs per token; the "
                               f"{type(policy).__name__} backend returns at most {limit}")
         if needs.answer and "answer" not in reset_info:
-            raise ConfigError(f"{name!r} needs the env's privileged info['answer'], which {env_id!r} does not "
-                              "provide; pick an env with ground-truth answers (e.g. search-qa-v0)")
+            raise ConfigError(f"{name!r} needs the env's privileged info['answer'], which {env_id!r} does "
+                              "not provide; pick an env with ground-truth answers (e.g. search-qa-v0)")

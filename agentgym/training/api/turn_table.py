@@ -64,7 +64,8 @@ class TurnTable:
         Example:
             >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
             >>> groups = [EpisodeGroup("g", "t", 0, [Trajectory([Turn([], [], [], 1.0, "s")], "t", 0)])]
-            >>> TurnTable.of(groups) is TurnTable.of(groups), TurnTable.of(groups) is TurnTable.of(list(groups))
+            >>> (TurnTable.of(groups) is TurnTable.of(groups),
+            ...  TurnTable.of(groups) is TurnTable.of(list(groups)))
             (True, False)
         """
         num_turns = sum(len(t.turns) for g in groups for t in g.trajectories)
@@ -93,10 +94,12 @@ class TurnTable:
         state = _group_local_ids(group, keys)
         traj_return = np.bincount(trajectory, weights=reward, minlength=len(trajectories))
         ids = np.array([t.trajectory_id for t in trajectories], dtype=object)
-        fork_turn = np.fromiter((t.fork_turn or 0 for t in trajectories), dtype=np.int64, count=len(trajectories))
+        fork_turn = np.fromiter((t.fork_turn or 0 for t in trajectories), dtype=np.int64,
+                                count=len(trajectories))
         trajectory_id = ids[trajectory] if len(turns) else np.zeros(0, dtype=object)
         copied = step < fork_turn[trajectory] if len(turns) else np.zeros(0, dtype=bool)
-        return cls(group, trajectory, step, reward, invalid, state, traj_group, traj_return, trajectory_id, copied)
+        return cls(group, trajectory, step, reward, invalid, state, traj_group, traj_return, trajectory_id,
+                   copied)
 
 
 def _group_local_ids(group: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -121,7 +124,8 @@ def group_mean_std(ids: np.ndarray, values: np.ndarray, num_ids: int | None = No
         >>> count, mean, std = group_mean_std(np.array([0, 0, 1]), np.array([1.0, 3.0, 5.0]))
         >>> count.tolist(), mean.tolist(), np.round(std, 4).tolist()
         ([2, 1], [2.0, 5.0], [1.4142, 0.0])
-        >>> float(group_mean_std(np.zeros(3, dtype=int), np.full(3, 0.1))[1][0])  # sum/count gives 0.1000...02
+        >>> # sum/count would give 0.1000...02
+        >>> float(group_mean_std(np.zeros(3, dtype=int), np.full(3, 0.1))[1][0])
         0.1
     """
     num_ids = int(ids.max()) + 1 if num_ids is None and ids.size else (num_ids or 0)
@@ -180,7 +184,7 @@ def discounted_returns(table: TurnTable, gamma: float) -> np.ndarray:
     by_step = np.argsort(table.step, kind="stable")
     bounds = np.cumsum(np.bincount(table.step))
     starts = np.r_[0, bounds[:-1]]
-    for start, stop in zip(starts[::-1], bounds[::-1]):
+    for start, stop in zip(starts[::-1], bounds[::-1], strict=True):
         turns = by_step[start:stop]
         after = following[turns]
         later = np.where(after >= 0, returns[np.maximum(after, 0)], 0.0)

@@ -43,10 +43,12 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         0.0001
         >>> coerce(["</search>"], tuple[str, ...], "rollout.stop_strings")
         ('</search>',)
-        >>> coerce("bogus", Literal["mean_norm", "mean_std_norm"], "algorithm.args.mode")
+        >>> coerce("bogus", Literal["mean_norm", "mean_std_norm"],
+        ...        "algorithm.args.mode")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: algorithm.args.mode must be one of 'mean_norm', 'mean_std_norm'; got 'bogus'
+        agentgym.errors.ConfigError: algorithm.args.mode must be one of 'mean_norm', 'mean_std_norm';
+        got 'bogus'
         >>> coerce(["</search>", "</answer>"], tuple[str, ...], "rollout.stop_strings")
         ('</search>', '</answer>')
     """
@@ -83,7 +85,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
             raise ConfigError(f"{where} must be a list of {len(get_args(tp))} values, got {value!r}")
-        return tuple(coerce(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, get_args(tp))))
+        return tuple(coerce(v, t, f"{where}[{i}]")
+                     for i, (v, t) in enumerate(zip(value, get_args(tp), strict=True)))
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}")
@@ -124,10 +127,11 @@ def build(cls: type, data: dict[str, Any], where: str = "") -> Any:
         >>> @dataclass
         ... class Args:
         ...     gamma: float = 0.95
-        >>> build(Args, {"gama": 0.9}, "algorithm.args")
+        >>> build(Args, {"gama": 0.9}, "algorithm.args")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: unknown config field 'algorithm.args.gama'. Did you mean algorithm.args.gamma? Valid here: gamma
+        agentgym.errors.ConfigError: unknown config field 'algorithm.args.gama'.
+        Did you mean algorithm.args.gamma? Valid here: gamma
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'the config'} must be a mapping of its fields, got {data!r}")

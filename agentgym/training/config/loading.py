@@ -30,7 +30,8 @@ ENV_SETTINGS = ("env.kwargs", "env.max_turns", "rollout.action_format")
 
 
 def check_config(cfg: TrainConfig) -> TrainConfig:
-    """The registry-level checks; raises ``RegistryError`` (with suggestions) or ``ConfigError`` naming the field."""
+    """The registry-level checks; raises ``RegistryError`` (with suggestions) or ``ConfigError`` naming the
+    field."""
     if cfg.rollout.constraint is not None:
         try:
             make_constraint(cfg.rollout.constraint)
@@ -61,7 +62,8 @@ def presets_dir() -> Path:
 
 
 def list_presets() -> list[str]:
-    """Names of the shipped presets (``configs/*.yaml`` without the suffix), sorted; empty outside a checkout."""
+    """Names of the shipped presets (``configs/*.yaml`` without the suffix), sorted; empty outside a
+    checkout."""
     return sorted(p.stem for p in presets_dir().glob("*.yaml"))
 
 
@@ -88,15 +90,15 @@ def yaml_file(file: Path) -> Any:
     try:
         text = file.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{file} is not a text config (byte {exc.start} is not UTF-8; a binary file?): give a "
-                          f"YAML config file or a preset name") from None
+        raise ConfigError(f"{file} is not a text config (byte {exc.start} is not UTF-8; a binary file?): "
+                          f"give a YAML config file or a preset name") from None
     except OSError as exc:
         raise ConfigError(f"cannot read the config {file}: {exc.strerror or exc}") from None
     try:
         return yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{file} is not valid YAML ({_yaml_problem(exc)}); fix the file or give a preset name"
-                          ) from None
+        raise ConfigError(f"{file} is not valid YAML ({_yaml_problem(exc)}); "
+                          "fix the file or give a preset name") from None
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -148,7 +150,8 @@ def retarget(base: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any]
     """
     data = apply_overrides(base, overrides)
     stale = []
-    if _get(base, "algorithm.name", AlgorithmConfig.name) != _get(data, "algorithm.name", AlgorithmConfig.name):
+    if (_get(base, "algorithm.name", AlgorithmConfig.name)
+            != _get(data, "algorithm.name", AlgorithmConfig.name)):
         stale.append("algorithm.args")
     if _get(base, "env.id", EnvConfig.id) != _get(data, "env.id", EnvConfig.id):
         stale += ENV_SETTINGS
@@ -168,8 +171,9 @@ def retarget(base: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any]
     notes = []
     if "algorithm.args" in dropped:
         old, new = _get(base, "algorithm.name", AlgorithmConfig.name), _get(data, "algorithm.name")
-        notes.append(f"algorithm.name={new}: dropped {old}'s algorithm.args ({dropped.pop('algorithm.args')}); "
-                     f"{new} uses its defaults{_defaults(new)} unless set with --set algorithm.args.NAME=VALUE")
+        notes.append(f"algorithm.name={new}: dropped {old}'s algorithm.args "
+                     f"({dropped.pop('algorithm.args')}); {new} uses its defaults{_defaults(new)} unless set "
+                     "with --set algorithm.args.NAME=VALUE")
     if dropped:
         old, new = _get(base, "env.id", EnvConfig.id), _get(data, "env.id")
         described = "; ".join(f"{path}: {what}" for path, what in dropped.items())
@@ -208,7 +212,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         file = _config_file(path)
         base = yaml_file(file)
         if not isinstance(base, dict):
-            raise ConfigError(f"{file}: a config must be a mapping at the top level, got {type(base).__name__}")
+            raise ConfigError(f"{file}: a config must be a mapping at the top level, "
+                              f"got {type(base).__name__}")
     data, notes = retarget(base, overrides or [])
     cfg = config_from_dict(data)
     for note in notes:

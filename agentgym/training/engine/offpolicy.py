@@ -19,15 +19,18 @@ import torch
 
 from agentgym.training.engine.packing import TokenBatch
 
-#: Cap of the importance weight of stale (asynchronous) batches when ``loss.tis_cap`` is not set (verl's default).
+#: Cap of the importance weight of stale (asynchronous) batches when ``loss.tis_cap`` is not set
+#: (verl's default).
 DEFAULT_CAP = 2.0
 
 
-def importance_weights(behaviour: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:
+def importance_weights(behaviour: torch.Tensor, old: torch.Tensor, mask: torch.Tensor,
+                       cap: float) -> torch.Tensor:
     """``min(exp(old - behaviour), cap)`` at the response positions, 1 elsewhere.
 
     Example:
-        >>> w = importance_weights(torch.log(torch.tensor([[0.5, 0.5, 0.1]])), torch.log(torch.tensor([[0.5, 0.25, 0.9]])),
+        >>> w = importance_weights(torch.log(torch.tensor([[0.5, 0.5, 0.1]])),
+        ...                        torch.log(torch.tensor([[0.5, 0.25, 0.9]])),
         ...                        torch.tensor([[1.0, 1.0, 1.0]]), cap=2.0)
         >>> [round(x, 4) for x in w[0].tolist()]
         [1.0, 0.5, 2.0]

@@ -178,7 +178,8 @@ def pack_turns(
         raise ConfigError(f"advantage of turn {bad} is {adv[bad].item()}; advantages must be finite")
     steps = None if turn_step is None else torch.as_tensor(np.asarray(turn_step, dtype=np.int64).reshape(-1))
     if steps is not None and steps.shape[0] != num:
-        raise ConfigError(f"pack_turns needs one turn step per turn: {num} turns, {steps.shape[0]} turn steps")
+        raise ConfigError(f"pack_turns needs one turn step per turn: {num} turns, "
+                          f"{steps.shape[0]} turn steps")
     if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
         raise ConfigError(f"pack_turns: max_length must be an integer >= 2 or None, got {max_length!r}")
 
@@ -211,7 +212,8 @@ def pack_turns(
         list(itertools.chain.from_iterable(t.response_logprobs for t in turns)), dtype=torch.float32
     )
     if not torch.isfinite(response_logprobs).all():
-        raise ConfigError("pack_turns got a non-finite response log-prob; the sampler must report finite ones")
+        raise ConfigError("pack_turns got a non-finite response log-prob; "
+                          "the sampler must report finite ones")
 
     total = prompt_len + response_len
     drop = torch.zeros_like(total) if max_length is None else (total - max_length).clamp(min=0)
@@ -401,7 +403,8 @@ def sequence_logprobs(
     if not temperature > 0:
         raise ConfigError(f"sequence_logprobs: temperature must be > 0, got {temperature}")
     if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
-        raise ConfigError(f"sequence_logprobs: chunk_rows must be a positive integer or None, got {chunk_rows!r}")
+        raise ConfigError("sequence_logprobs: chunk_rows must be a positive integer or None, "
+                          f"got {chunk_rows!r}")
     device = _model_device(model)
     input_ids = batch.input_ids.to(device)
     attention_mask = batch.attention_mask.to(device)

@@ -111,5 +111,5 @@ class StopSignals:
             self.on_note(f"{self.signal}: stopping at once")
         else:
             self.on_note(f"{self.signal}: stopping after this iteration, which is then saved "
-                         f"(Ctrl-C again to stop at once: a resumed run does this iteration again, and after a stop "
-                         f"inside an update, every iteration since the last checkpoint)")
+                         f"(Ctrl-C again to stop at once: a resumed run does this iteration again, and "
+                         f"after a stop inside an update, every iteration since the last checkpoint)")

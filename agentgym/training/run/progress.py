@@ -51,8 +51,8 @@ def iteration_status(metrics: dict[str, Any]) -> str:
     """The key metrics of an RL iteration in one short string.
 
     Example:
-        >>> iteration_status({"rollout/success_rate": 0.5, "reward/mean_return": 0.5, "rollout/mean_turns": 3.25,
-        ...                   "perf/iteration_s": 2.0, "eval/success_rate": 0.75})
+        >>> iteration_status({"rollout/success_rate": 0.5, "reward/mean_return": 0.5,
+        ...                   "rollout/mean_turns": 3.25, "perf/iteration_s": 2.0, "eval/success_rate": 0.75})
         'success 50% · return 0.50 · turns 3.2 · 2.0 s/it · held-out 75%'
     """
     status = (f"success {metrics['rollout/success_rate']:.0%} · return {metrics['reward/mean_return']:.2f} · "
@@ -137,9 +137,9 @@ class TerminalProgress(Progress):
         from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
         from rich.progress import Progress as Bars
 
-        self.bars = Bars(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[steps]}"),
-                         TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                         console=console)
+        self.bars = Bars(TextColumn("[bold]{task.description}"), BarColumn(),
+                         TextColumn("{task.fields[steps]}"), TextColumn("{task.fields[status]}"),
+                         TimeElapsedColumn(), TimeRemainingColumn(), console=console)
         self.bars.start()
         self.task: Any = None
         self.total: int | None = None

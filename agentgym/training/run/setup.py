@@ -38,7 +38,8 @@ def env_source(cfg: TrainConfig) -> EnvSource:
 
 
 def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
-    """Where the run's envs come from (``EnvSource.pool``); every answer is also a zero-argument env factory."""
+    """Where the run's envs come from (``EnvSource.pool``); every answer is also a zero-argument env
+    factory."""
     return env_source(cfg).pool()
 
 
@@ -50,7 +51,8 @@ def action_format(cfg: TrainConfig) -> str:
 
 
 def task_seeds(cfg: TrainConfig, iteration: int, round_: int = 0) -> list[int]:
-    """Training task seeds of an iteration's collection round: below ``eval.seed_offset``, so never an eval task."""
+    """Training task seeds of an iteration's collection round: below ``eval.seed_offset``, so never an
+    eval task."""
     rng = np.random.default_rng([cfg.seed, iteration] if round_ == 0 else [cfg.seed, iteration, round_])
     return [int(s) for s in rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.num_tasks)]
 
