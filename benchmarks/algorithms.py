@@ -46,6 +46,8 @@ from pathlib import Path
 
 from provenance import provenance
 
+from agentgym.training.run.run_folder import RunFolder
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 RESULTS_FILE = RESULTS / "algorithms.json"
@@ -88,7 +90,7 @@ def response_statistics(out: Path, iterations: int) -> tuple[list[float], list[f
     nll, success_lp = [], []
     for iteration in range(1, iterations + 1):
         total = count = s_total = s_count = 0.0
-        for line in (out / "trajectories" / f"iter_{iteration:05d}.jsonl").read_text().splitlines():
+        for line in RunFolder(out).trajectory_file(iteration).read_text().splitlines():
             for trajectory in json.loads(line)["trajectories"]:
                 for turn in trajectory["turns"]:
                     logprobs = turn["response_logprobs"]
@@ -149,7 +151,7 @@ def rollout_costs(out: Path, iterations: int) -> tuple[float, float]:
     copied turns (before ``fork_turn``) were neither run nor generated again and are not counted."""
     calls = tokens = tasks = 0.0
     for iteration in range(1, iterations + 1):
-        for line in (out / "trajectories" / f"iter_{iteration:05d}.jsonl").read_text().splitlines():
+        for line in RunFolder(out).trajectory_file(iteration).read_text().splitlines():
             tasks += 1
             for trajectory in json.loads(line)["trajectories"]:
                 for turn in trajectory["turns"][trajectory.get("fork_turn") or 0:]:
@@ -189,7 +191,7 @@ def update_cost(variants: list[str], repeats: int) -> str:
         with tempfile.TemporaryDirectory() as out:
             run = Trainer(load_config(ROOT / "configs" / f"quickstart_maze_{variant}.yaml", ["sft.enabled=false"]), out)
             if run.plugins.needs_reference:
-                torch.save(weights, Path(out) / "reference.pt")
+                torch.save(weights, RunFolder(out).reference)
                 run.freeze_reference()
             advantages = run.plugins.algorithm.estimator(groups, run.plugins.args)
             counts = {"grad": 0, "no_grad": 0, "reference": 0, "rows": 0}

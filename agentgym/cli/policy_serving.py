@@ -12,6 +12,7 @@ import typer
 from agentgym.cli.app import app, err_console, fail
 from agentgym.cli.serving import bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError, ConfigError
+from agentgym.training.run.run_folder import RunFolder
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -22,23 +23,23 @@ def _run_folder(folder: Path) -> tuple[Path, dict[str, Any] | None]:
     Raises:
         ConfigError: a run folder without ``model/`` yet, or with an unreadable ``config.json``.
     """
-    if not ((folder / "report.json").is_file() or (folder / "checkpoint.pt").is_file()):
+    run = RunFolder(folder)
+    if not (run.report.is_file() or run.checkpoint.is_file()):
         return folder, None
-    if not (folder / "model" / "config.json").is_file():
+    if not run.has_model():
         raise ConfigError(f"run folder {folder} has no model/ yet (the run has not finished); serve a "
                           "finished run or a model directory, or evaluate the checkpoint with agentgym eval "
-                          f"--policy {folder}/checkpoint.pt")
+                          f"--policy {run.checkpoint}")
     from agentgym.eval.policies import run_prompt_settings
 
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        return folder / "model", None
+    if not run.config.is_file():
+        return run.model, None
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = json.loads(run.config.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{config_path} is not valid JSON ({exc}); serve {folder}/model to go without the "
+        raise ConfigError(f"{run.config} is not valid JSON ({exc}); serve {run.model} to go without the "
                           "run's prompt settings") from None
-    return folder / "model", asdict(run_prompt_settings(config))
+    return run.model, asdict(run_prompt_settings(config))
 
 
 @app.command("serve-policy")

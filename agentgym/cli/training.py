@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -14,16 +13,16 @@ from rich.table import Table
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.training.config.loading import list_presets
+from agentgym.training.run.run_folder import CURVE, REPORT, RunFolder
 
 if TYPE_CHECKING:
     from agentgym.training.config.schema import TrainConfig
-    from agentgym.training.run.run_folder import RunFolder
 
 #: ``errno`` values of a failed write of the run folder (a full disk, a quota, a file-size limit...).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
 
 TRAIN_HELP = [
-    "Train a policy: SFT warm start (optional), then RL. Writes report.json and learning_curve.png.",
+    f"Train a policy: SFT warm start (optional), then RL. Writes {REPORT} and {CURVE}.",
     "Ctrl-C stops after the current iteration and saves a checkpoint (a second Ctrl-C, or SIGTERM, stops at "
     "once); --resume DIR continues the run, and with --set iterations=N extends a finished one.",
 ]
@@ -94,7 +93,7 @@ def train(
     if "stopped_after" in report:
         _print_stop(report, folder, cfg)
         raise typer.Exit(code=143 if report["signal"] == "SIGTERM" else 130)
-    _print_report(report, folder.path)
+    _print_report(report, folder)
 
 
 def _config_and_folder(config: str | None, overrides: list[str], out: str | None, resume: str | None,
@@ -103,14 +102,13 @@ def _config_and_folder(config: str | None, overrides: list[str], out: str | None
     from agentgym.training.config.loading import load_config
     from agentgym.training.config.schema import config_to_dict
     from agentgym.training.run.checkpoint import checkpoint_iteration
-    from agentgym.training.run.run_folder import CONFIG, RunFolder
 
     if resume:
         if out or overwrite:
             raise ConfigError("--resume DIR continues the run in DIR: leave out --out and --overwrite")
         folder = RunFolder(resume)
         folder.saved_config()  # says so when there is no run
-        cfg = load_config(config or folder.path / CONFIG, overrides, on_note=notes.append)
+        cfg = load_config(config or folder.config, overrides, on_note=notes.append)
         folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path))
         return cfg, folder
     cfg = load_config(config, overrides, on_note=notes.append)
@@ -137,22 +135,22 @@ def _print_stop(report: dict[str, Any], folder: RunFolder, cfg: TrainConfig) -> 
                 f"Start the run again with: {folder.restart_command()}")
     elif report.get("abandoned") is not None:
         text = (f"Stopped ({signal}) during iteration {report['abandoned']} of {cfg.iterations}; the last checkpoint, "
-                f"{folder.path / 'checkpoint.pt'}, holds iteration {iteration} (a resumed run does iterations "
+                f"{folder.checkpoint}, holds iteration {iteration} (a resumed run does iterations "
                 f"{iteration + 1}-{report['abandoned']} again; checkpoint_every=1 saves every iteration). "
                 f"Resume with: {folder.resume_command()}")
     elif iteration == 0:
         text = (f"Stopped ({signal}) in iteration 1 of {cfg.iterations}; the warm start is saved in "
-                f"{folder.path / 'checkpoint.pt'}. Resume with: {folder.resume_command()}")
+                f"{folder.checkpoint}. Resume with: {folder.resume_command()}")
     elif iteration >= cfg.iterations:
         text = (f"Stopped ({signal}) during the final evaluation; all {iteration} iterations are saved in "
-                f"{folder.path / 'checkpoint.pt'}. Finish the run with: {folder.resume_command()}")
+                f"{folder.checkpoint}. Finish the run with: {folder.resume_command()}")
     else:
         text = (f"Stopped ({signal}) after iteration {iteration} of {cfg.iterations}; checkpoint saved in "
-                f"{folder.path / 'checkpoint.pt'}. Resume with: {folder.resume_command()}")
+                f"{folder.checkpoint}. Resume with: {folder.resume_command()}")
     console.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
-def _print_report(report: dict[str, Any], run_dir: Path) -> None:
+def _print_report(report: dict[str, Any], folder: RunFolder) -> None:
     before, after = report["eval"]["before"], report["eval"]["after"]
     table = Table(title=f"held-out evaluation ({after['episodes']} unseen tasks, greedy)")
     table.add_column("")
@@ -174,7 +172,7 @@ def _print_report(report: dict[str, Any], run_dir: Path) -> None:
     console.print(f"{report['algorithm']} took held-out success from {before['success_rate']:.0%} to "
                   f"{after['success_rate']:.0%} ([bold]{points:+d} points[/]) in {report['wall_time_s'] / 60:.1f} min.",
                   soft_wrap=True, highlight=False)
-    console.print(f"Report: {run_dir}/report.json, curve: {run_dir}/learning_curve.png", soft_wrap=True,
+    console.print(f"Report: {folder.report}, curve: {folder.curve}", soft_wrap=True,
                   markup=False, highlight=False)
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.prompt import PromptSettings
+from agentgym.training.run.run_folder import RunFolder
 
 PolicyKind = Literal["random", "expert", "endpoint", "model", "run"]
 
@@ -195,7 +196,7 @@ def served_prompt_settings(base_url: str, model: str | None, *,
 
 
 def _read_run_config(folder: Path, text: str) -> dict[str, Any]:
-    path = folder / "config.json"
+    path = RunFolder(folder).config
     if not path.is_file():
         raise ConfigError(f"policy {text!r}: {folder} has a checkpoint but no config.json; is it an "
                           "`agentgym train` run folder?")
@@ -254,10 +255,10 @@ def _parse_path(text: str, head: str) -> PolicySpec:
         hint = f"; did you mean {close[0]!r}?" if close else " (no such path)"
         raise ConfigError(f"policy {text!r} is not random, expert, an http(s):// endpoint, a model directory "
                           f"or a run folder{hint}")
-    if (path / "checkpoint.pt").is_file() or (path / "report.json").is_file():
+    run = RunFolder(path)
+    if run.checkpoint.is_file() or run.report.is_file():
         config = _read_run_config(path, text)
-        final = path / "model"
-        location = str(final) if (final / "config.json").is_file() else str(path / "checkpoint.pt")
+        location = str(run.model if run.has_model() else run.checkpoint)
         if not Path(location).exists():
             raise ConfigError(f"policy {text!r}: run folder {path} has neither model/ nor checkpoint.pt")
         return PolicySpec(text, "run", path.resolve().name, location=location,

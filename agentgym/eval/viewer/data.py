@@ -16,7 +16,6 @@ starts in one pass over its files and a large episode is sent in pages.
 from __future__ import annotations
 
 import json
-import re
 import sys
 import threading
 from collections import OrderedDict
@@ -27,8 +26,8 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 from agentgym.eval.store import PLAN, EvalStore
+from agentgym.training.run.run_folder import RunFolder as TrainingRun
 
-_ITERATION = re.compile(r"iter_(\d+)\.jsonl$")
 #: Turns a page holds at most, and the JSON size after which a page ends early (a page always
 #: holds at least one turn, however large).
 MAX_TURN_PAGE = 500
@@ -120,11 +119,12 @@ class RunFolder:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._run = TrainingRun(self.root)  # where a training run's files are (``agentgym train`` writes them)
         if not self.root.is_dir():
             raise ConfigError(f"{self.root} is not a folder; pass the --out folder of `agentgym eval` or `agentgym train`")
         if (self.root / PLAN).is_file():
             self.kind = "eval"
-        elif (self.root / "config.json").is_file() and (self.root / "trajectories").is_dir():
+        elif self._run.config.is_file() and self._run.trajectories.is_dir():
             self.kind = "train"
         else:
             raise ConfigError(f"{self.root} holds neither an evaluation (plan.json) nor a training run "
@@ -236,8 +236,7 @@ class RunFolder:
             raise ConfigError("config.json is damaged ('env' and 'algorithm' must be objects); restore it from "
                               "the run's checkpoint or train again into a new --out folder")
         env_id, policy = str(env.get("id", "?")), str(algorithm.get("name", "train"))
-        for path in sorted((self.root / "trajectories").glob("iter_*.jsonl")):
-            iteration = int(_ITERATION.search(path.name).group(1))  # type: ignore[union-attr]
+        for iteration, path in self._run.trajectory_files():
             self.files.append(path)
             for task_index, (number, offset, length, group) in enumerate(self._lines(path)):
                 try:
@@ -281,13 +280,13 @@ class RunFolder:
 
     @cached_property
     def _config(self) -> dict[str, Any]:
-        return _read_json(self.root / "config.json", "config.json",
+        return _read_json(self._run.config, self._run.config.name,
                           "restore it from the run's checkpoint or train again into a new --out folder")
 
     @cached_property
     def tokenizer(self) -> Any:
         """The training run's tokenizer (its saved model's, else the one its config builds)."""
-        saved = self.root / "model"
+        saved = self._run.model
         if (saved / "tokenizer_config.json").is_file() or (saved / "tokenizer.json").is_file():
             from transformers import AutoTokenizer
 
@@ -326,9 +325,9 @@ class RunFolder:
                 meta["notes"].append(str(exc))
         if self.kind == "train":
             meta["curves"] = self._curves()
-            if (self.root / "report.json").is_file():
+            if self._run.report.is_file():
                 try:
-                    evals = _read_json(self.root / "report.json", "report.json", "train again").get("eval", {})
+                    evals = _read_json(self._run.report, self._run.report.name, "train again").get("eval", {})
                     meta["evals"] = {k: float(v["success_rate"]) for k, v in evals.items()
                                      if isinstance(v, dict) and _number(v.get("success_rate")) is not None}
                 except (ConfigError, AttributeError) as exc:
@@ -336,7 +335,7 @@ class RunFolder:
         return meta
 
     def _curves(self) -> dict[str, list[list[float]]]:
-        path = self.root / "metrics.jsonl"
+        path = self._run.metrics
         curves: dict[str, list[list[float]]] = {}
         if not path.is_file():
             return curves

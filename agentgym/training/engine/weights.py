@@ -26,6 +26,7 @@ from agentgym.backends.lora import (
 )
 from agentgym.errors import ConfigError
 from agentgym.training.run.checkpoint import write_torch
+from agentgym.training.run.run_folder import RunFolder
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -93,12 +94,12 @@ def reference_model(model: torch.nn.Module, path: Path) -> Any:
     return reference
 
 
-def save_pretrained(model: torch.nn.Module, tokenizer: Any, out: Path) -> None:
-    """The trained model as a plain Hugging Face directory ``out/model`` (LoRA: merged weights, and the
-    adapter alone in ``out/adapter``, the form vLLM loads with ``--enable-lora``)."""
+def save_pretrained(model: torch.nn.Module, tokenizer: Any, folder: RunFolder) -> None:
+    """The trained model as a plain Hugging Face directory, the run folder's ``model/`` (LoRA: merged weights,
+    and the adapter alone in ``adapter/``, the form vLLM loads with ``--enable-lora``)."""
     if is_lora(model):
-        model.save_pretrained(out / "adapter")
-        model.get_base_model().save_pretrained(out / "model", state_dict=merged_state_dict(model))
+        model.save_pretrained(folder.adapter)
+        model.get_base_model().save_pretrained(folder.model, state_dict=merged_state_dict(model))
     else:
-        model.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
+        model.save_pretrained(folder.model)
+    tokenizer.save_pretrained(folder.model)

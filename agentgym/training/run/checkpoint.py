@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from agentgym.errors import ConfigError
-from agentgym.training.run.run_folder import CHECKPOINT, RunFolder
+from agentgym.training.run.run_folder import RunFolder
 
 
 def rng_state() -> dict[str, Any]:
@@ -31,7 +31,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` atomically (a temporary file, then a rename), with the RNG states as they are now
     unless ``state["rng"]`` gives the ones to save (captured earlier, at the point saved)."""
-    return write_torch({"rng": rng_state(), **state}, out_dir / CHECKPOINT)
+    return write_torch({"rng": rng_state(), **state}, RunFolder(out_dir).checkpoint)
 
 
 def write_torch(obj: Any, path: Path) -> Path:
@@ -65,7 +65,7 @@ def write_error(exc: BaseException, path: Path) -> OSError:
 
 def checkpoint_iteration(out_dir: Path) -> int | None:
     """The iteration the checkpoint in ``out_dir`` ends (None without one); reads no tensor data."""
-    path = out_dir / CHECKPOINT
+    path = RunFolder(out_dir).checkpoint
     if not path.is_file():
         return None
     return int(read_checkpoint(path, mmap=True, remedy=_restart(out_dir))["iteration"])
@@ -118,8 +118,8 @@ def load_checkpoint(out_dir: Path) -> dict[str, Any]:
     Raises:
         ConfigError: there is no checkpoint in ``out_dir``, or it is damaged (saying how to start the run again).
     """
-    path = out_dir / CHECKPOINT
-    if not path.is_file():
-        raise ConfigError(f"--resume {out_dir}: no {CHECKPOINT} there: the run stopped before its first "
-                          f"checkpoint. Start it again with: {RunFolder(out_dir).restart_command()}")
-    return read_checkpoint(path, remedy=_restart(out_dir))
+    folder = RunFolder(out_dir)
+    if not folder.has_checkpoint():
+        raise ConfigError(f"--resume {out_dir}: no {folder.checkpoint.name} there: the run stopped before "
+                          f"its first checkpoint. Start it again with: {folder.restart_command()}")
+    return read_checkpoint(folder.checkpoint, remedy=_restart(out_dir))

@@ -74,9 +74,6 @@ from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: 
     task_seeds,
 )
 
-REFERENCE = "reference.pt"
-
-
 # Set-up helpers live in agentgym.training.run.setup; flatten is re-exported here.
 
 
@@ -117,6 +114,7 @@ class Trainer:
         self.root = Path(out_dir)
         self.out = self.root if self.dist.is_main else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.dist.rank}-"))
         self.folder = RunFolder(self.out)
+        self.reference_file = RunFolder(self.root).reference  # every process rebuilds the reference from it
         self.progress = Progress()
         self.stop = StopSignals()
         self.resume_point: ResumePoint | None = None
@@ -272,7 +270,7 @@ class Trainer:
             progress.finish()
         if cfg.sft.enabled:  # every process continues from the main one's weights
             self.dist.broadcast_parameters(self.model)
-        save_reference(self.model, self.root / REFERENCE, sft_ran=cfg.sft.enabled, write=self.dist.is_main)
+        save_reference(self.model, self.reference_file, sft_ran=cfg.sft.enabled, write=self.dist.is_main)
         self.dist.barrier()
         extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
         return extra
@@ -280,7 +278,7 @@ class Trainer:
     def freeze_reference(self) -> None:
         """The KL anchor is the policy RL starts from (after SFT), never the untrained init; a resumed
         run rebuilds it from the saved post-SFT weights."""
-        self.update.ref_model = reference_model(self.model, self.root / REFERENCE)
+        self.update.ref_model = reference_model(self.model, self.reference_file)
 
     def plugin_state(self) -> dict[str, Any]:
         """State of the run's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
@@ -325,13 +323,13 @@ class Trainer:
         iteration = state["iteration"]
         if self.dist.is_main:
             folder.record_changes(iteration, changes, config_to_dict(cfg))
-        restore_reference_base(self.model, out / REFERENCE)
+        restore_reference_base(self.model, self.reference_file)
         load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # A longer run stretches the schedule: the next update already uses the new schedule's rate.
         factor = lr_schedule(cfg)(self.scheduler.last_epoch)
-        for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+        for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
             group["lr"] = base_lr * factor
         self.load_plugin_state(state.get("plugins", {}))
         self.pipeline.load_pending_state(state.get("pending_rollout"))
@@ -444,30 +442,30 @@ class Trainer:
     def run_iterations(self, resume: bool, overwrite: bool, on_iteration: Callable[[dict[str, Any]], None] | None,
                        stop_after: int | None) -> dict[str, Any]:
         """The run itself: start (warm start, or a checkpoint), RL iterations, finish."""
-        cfg, out, plugins, stop, progress = self.cfg, self.out, self.plugins, self.stop, self.progress
+        cfg, folder, plugins, stop, progress = self.cfg, self.folder, self.plugins, self.stop, self.progress
         # --- start: from a checkpoint, or SFT warm start + evaluations -----------------------------
         if resume:
             history, extra, start_iteration = self.restore()
         else:
-            self.folder.start(config_to_dict(cfg), overwrite=overwrite)
+            folder.start(config_to_dict(cfg), overwrite=overwrite)
             with stop.region("immediate"):  # nothing can be saved before RL starts: any signal stops at once
                 extra = self.warm_start()
             history, start_iteration = [], 0
             # Saved as iteration 0, so that a run stopped (or killed) inside an update keeps its warm start.
             self.save(0, history, extra)
         self.extra = extra
-        (out / "trajectories").mkdir(exist_ok=True)
+        folder.trajectories.mkdir(exist_ok=True)
         if plugins.needs_reference:
             self.freeze_reference()
         progress.start("RL", total=cfg.iterations, completed=start_iteration)
 
-        with MetricsLog(out, history, on_iteration) as log:
+        with MetricsLog(folder.path, history, on_iteration) as log:
             for iteration in range(start_iteration + 1, cfg.iterations + 1):
                 it_started = time.perf_counter()
                 # --- collect ---------------------------------------------------------------------------
                 groups, stats, hook_metrics, rollout = self.collect_iteration(iteration, history)
                 self._check_tool_calls(iteration, stats)
-                with open(out / "trajectories" / f"iter_{iteration:05d}.jsonl", "w") as fh:
+                with open(folder.trajectory_file(iteration), "w") as fh:
                     fh.writelines(json.dumps(group.to_json()) + "\n" for group in groups)
                 # --- estimate ----------------------------------------------------------------------------
                 advantages = plugins.algorithm.estimator(groups, plugins.args)
@@ -514,12 +512,12 @@ class Trainer:
             "sft": extra.get("sft"),
             "history": history,
             "config": config_to_dict(cfg),
-            "config_history": self.folder.config_history(),
+            "config_history": folder.config_history(),
         }
-        (out / "report.json").write_text(json.dumps(report, indent=2))
+        folder.report.write_text(json.dumps(report, indent=2))
         if self.dist.is_main:
-            save_pretrained(self.model, self.tokenizer, out)
-        plot_learning_curve(report, out / "learning_curve.png")
+            save_pretrained(self.model, self.tokenizer, folder)
+        plot_learning_curve(report, folder.curve)
         return report
 
     def _check_tool_calls(self, iteration: int, stats: CollectStats) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import CollectStats
 from agentgym.rollout.records import EpisodeGroup
+from agentgym.training.run.run_folder import RunFolder
 
 
 def iteration_metrics(iteration: int, groups: list[EpisodeGroup], advantages: np.ndarray, stats: CollectStats,
@@ -56,7 +57,7 @@ def iteration_metrics(iteration: int, groups: list[EpisodeGroup], advantages: np
 
 
 class MetricsLog:
-    """Appends each iteration's metrics to ``metrics.jsonl``, TensorBoard (when installed) and a callback.
+    """Appends each iteration's metrics to ``metrics.jsonl``, ``tensorboard/`` (if installed) and a callback.
 
     Args:
         out_dir: the run folder.
@@ -67,10 +68,11 @@ class MetricsLog:
 
     def __init__(self, out_dir: Path, history: list[dict[str, Any]],
                  on_iteration: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.path = out_dir / "metrics.jsonl"
+        folder = RunFolder(out_dir)
+        self.path = folder.metrics
         self.path.write_text("".join(json.dumps(h) + "\n" for h in history))
         self.on_iteration = on_iteration
-        self._writer = _tensorboard(out_dir)
+        self._writer = _tensorboard(folder.tensorboard)
 
     def log(self, metrics: dict[str, Any]) -> None:
         with open(self.path, "a") as fh:
@@ -93,9 +95,9 @@ class MetricsLog:
         self.close()
 
 
-def _tensorboard(out: Path) -> Any:
+def _tensorboard(logdir: Path) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is in the train extra; metrics.jsonl is always written
         return None
-    return SummaryWriter(str(out / "tensorboard"))
+    return SummaryWriter(str(logdir))

@@ -1,4 +1,27 @@
-"""A run's folder: starting a run (never over another one), resuming it, and the history of its config.
+"""A run's folder: the name of every file a run writes (``RunFolder``'s accessors), starting a run (never
+over another one), resuming it, and the history of its config.
+
+Every reader and writer of a run's files finds them through ``RunFolder``; the names below never change, so
+the folders of earlier runs stay readable::
+
+    entry                 accessor       holds (written by)
+    config.json           .config        the run's config as JSON (``start``, ``record_changes``)
+    config_history.jsonl  .history       each config change made on resume; only a resumed run that
+                                         changed its config has it (``record_changes``)
+    checkpoint.pt         .checkpoint    the latest resume point (``checkpoint.save_checkpoint``)
+    reference.pt          .reference     the KL reference's weights after the warm start; a LoRA run has
+                                         it only when SFT changed the base (``weights.save_reference``)
+    metrics.jsonl         .metrics       one JSON line of metrics per iteration (``metrics.MetricsLog``)
+    tensorboard/          .tensorboard   the same metrics as TensorBoard events, when TensorBoard is
+                                         installed (``metrics.MetricsLog``)
+    trajectories/         .trajectories  iter_00001.jsonl...: each iteration's groups, one JSON line per
+                                         group (``.trajectory_file``; the loop)
+    report.json           .report        a finished run's evaluations, history and config (the loop)
+    learning_curve.png    .curve         the report's plot (``curve.plot_learning_curve``)
+    model/                .model         the trained model, a Hugging Face directory
+                                         (``weights.save_pretrained``)
+    adapter/              .adapter       a LoRA run's adapter alone, the form vLLM loads
+                                         (``weights.save_pretrained``)
 
 A folder holds a run when it has any file only a run writes (``RUN_FILES``). A new run goes into a
 folder that does not exist or is empty, or — with ``overwrite`` — into a folder holding a run, which
@@ -10,6 +33,7 @@ the fields that extend or observe it (``RESUMABLE``); each change is appended to
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import time
@@ -19,10 +43,27 @@ from typing import Any
 from agentgym.errors import ConfigError
 
 CONFIG = "config.json"
-CHECKPOINT = "checkpoint.pt"
 HISTORY = "config_history.jsonl"
+CHECKPOINT = "checkpoint.pt"
+REFERENCE = "reference.pt"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+TRAJECTORIES = "trajectories"
+REPORT = "report.json"
+CURVE = "learning_curve.png"
+MODEL = "model"
+ADAPTER = "adapter"
+#: Every file and folder a run writes, in the order of the module docstring's table.
+LAYOUT = (CONFIG, HISTORY, CHECKPOINT, REFERENCE, METRICS, TENSORBOARD, TRAJECTORIES, REPORT, CURVE, MODEL,
+          ADAPTER)
+#: Entries a folder may hold for other reasons than a run: an evaluation's trajectories/, a model's
+#: folders, any TensorBoard log, a plot.
+_NOT_ONLY_RUNS = (TENSORBOARD, TRAJECTORIES, CURVE, MODEL, ADAPTER)
 #: Files only a run writes: a folder with any of them holds a run.
-RUN_FILES = (CONFIG, CHECKPOINT, "metrics.jsonl", "report.json", "reference.pt", HISTORY)
+RUN_FILES = tuple(name for name in LAYOUT if name not in _NOT_ONLY_RUNS)
+#: The name of an iteration's file in ``trajectories/``.
+TRAJECTORY_FILE = "iter_{:05d}.jsonl"
+_TRAJECTORY_NAME = re.compile(r"iter_(\d+)\.jsonl")
 #: Fields a resumed run may change: they extend the run or change how it is observed or placed,
 #: never what it learns from (``env.url``/``model.device`` move the same run to another service or device).
 RESUMABLE = ("iterations", "checkpoint_every", "eval.every", "env.url", "env.token", "model.device")
@@ -103,6 +144,81 @@ class RunFolder:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
+    # --- its files (the module docstring's table) ------------------------------------------------
+
+    @property
+    def config(self) -> Path:
+        """``config.json``: the run's config as JSON, by ``start`` (rewritten by ``record_changes``)."""
+        return self.path / CONFIG
+
+    @property
+    def history(self) -> Path:
+        """``config_history.jsonl``: a JSON line per resume that changed the config, by ``record_changes``."""
+        return self.path / HISTORY
+
+    @property
+    def checkpoint(self) -> Path:
+        """``checkpoint.pt``: the latest resume point (weights, optimiser, RNG...), by ``save_checkpoint``."""
+        return self.path / CHECKPOINT
+
+    @property
+    def reference(self) -> Path:
+        """``reference.pt``: the KL reference's post-warm-start weights, by ``weights.save_reference``."""
+        return self.path / REFERENCE
+
+    @property
+    def metrics(self) -> Path:
+        """``metrics.jsonl``: one JSON line of metrics per iteration, by ``metrics.MetricsLog``."""
+        return self.path / METRICS
+
+    @property
+    def tensorboard(self) -> Path:
+        """``tensorboard/``: the metrics as TensorBoard events, by ``metrics.MetricsLog`` (when installed)."""
+        return self.path / TENSORBOARD
+
+    @property
+    def trajectories(self) -> Path:
+        """``trajectories/``: one ``trajectory_file`` per iteration, written by the loop."""
+        return self.path / TRAJECTORIES
+
+    @property
+    def report(self) -> Path:
+        """``report.json``: a finished run's evaluations, history and config, written by the loop."""
+        return self.path / REPORT
+
+    @property
+    def curve(self) -> Path:
+        """``learning_curve.png``: the report's learning curves, by ``curve.plot_learning_curve``."""
+        return self.path / CURVE
+
+    @property
+    def model(self) -> Path:
+        """``model/``: the trained model as a Hugging Face directory, by ``weights.save_pretrained``."""
+        return self.path / MODEL
+
+    @property
+    def adapter(self) -> Path:
+        """``adapter/``: a LoRA run's adapter alone (what vLLM loads), by ``weights.save_pretrained``."""
+        return self.path / ADAPTER
+
+    def trajectory_file(self, iteration: int) -> Path:
+        """``trajectories/iter_NNNNN.jsonl``: ``iteration``'s groups, one JSON line each, written by the loop.
+
+        Example:
+            >>> RunFolder("run").trajectory_file(3).as_posix()
+            'run/trajectories/iter_00003.jsonl'
+        """
+        return self.trajectories / TRAJECTORY_FILE.format(iteration)
+
+    def trajectory_files(self) -> list[tuple[int, Path]]:
+        """The iterations whose trajectories are saved, with their files, in iteration order."""
+        found = []
+        for path in self.trajectories.glob("iter_*.jsonl"):
+            match = _TRAJECTORY_NAME.fullmatch(path.name)
+            if match:
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
     # --- what is there -------------------------------------------------------------------------
 
     def holds_run(self) -> bool:
@@ -110,7 +226,11 @@ class RunFolder:
         return any((self.path / name).exists() for name in RUN_FILES)
 
     def has_checkpoint(self) -> bool:
-        return (self.path / CHECKPOINT).is_file()
+        return self.checkpoint.is_file()
+
+    def has_model(self) -> bool:
+        """The run finished and saved its model (``model/`` holds a Hugging Face ``config.json``)."""
+        return (self.model / "config.json").is_file()  # the model's own config, named by Hugging Face
 
     def saved_config(self) -> dict[str, Any]:
         """The run's config as plain data (``config.json``).
@@ -118,14 +238,13 @@ class RunFolder:
         Raises:
             ConfigError: the folder holds no run, or its ``config.json`` is damaged (``read_run_config``).
         """
-        path = self.path / CONFIG
-        if not path.is_file():
+        if not self.config.is_file():
             raise ConfigError(f"--resume {self.path}: no run there (no {CONFIG}); start one with --out {self.path}")
-        return read_run_config(path)
+        return read_run_config(self.config)
 
     def config_history(self) -> list[dict[str, Any]]:
         """Every change made to the run's config on resume, oldest first."""
-        path = self.path / HISTORY
+        path = self.history
         return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
     # --- commands to tell the user ---------------------------------------------------------------
@@ -135,7 +254,7 @@ class RunFolder:
 
     def restart_command(self) -> str:
         """Starts the same run again from scratch: its saved config, into the same folder."""
-        return (f"agentgym train {shlex.quote(str(self.path / CONFIG))} --out {shlex.quote(str(self.path))} "
+        return (f"agentgym train {shlex.quote(str(self.config))} --out {shlex.quote(str(self.path))} "
                 f"--overwrite")
 
     # --- a new run -------------------------------------------------------------------------------
@@ -151,7 +270,7 @@ class RunFolder:
         if self.holds_run():
             if overwrite:
                 return
-            if not self.has_checkpoint() and not (self.path / "report.json").exists():
+            if not self.has_checkpoint() and not self.report.exists():
                 raise ConfigError(f"{self.path} holds a run that stopped before its first checkpoint; start it "
                                   f"again with --overwrite, or pick a new --out folder")
             raise ConfigError(f"{self.path} already holds a run; continue it with --resume {self.path}, pick a new "
@@ -166,7 +285,7 @@ class RunFolder:
         if overwrite and self.holds_run():
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / CONFIG).write_text(json.dumps(config, indent=2))
+        self.config.write_text(json.dumps(config, indent=2))
 
     # --- a resumed run ---------------------------------------------------------------------------
 
@@ -197,7 +316,7 @@ class RunFolder:
             if iterations < iteration:
                 raise ConfigError(f"--resume {self.path}: iterations={iterations}, but the run is at iteration "
                                   f"{iteration}; set iterations to {iteration} or more")
-            if iterations == iteration and (self.path / "report.json").is_file():
+            if iterations == iteration and self.report.is_file():
                 raise ConfigError(f"--resume {self.path}: the run finished all {iteration} iterations; extend it "
                                   f"with --set iterations=N (N > {iteration})")
         return changes
@@ -207,6 +326,6 @@ class RunFolder:
         if not changes:
             return
         entry = {"iteration": iteration, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": changes}
-        with open(self.path / HISTORY, "a") as fh:
+        with open(self.history, "a") as fh:
             fh.write(json.dumps(entry) + "\n")
-        (self.path / CONFIG).write_text(json.dumps(config, indent=2))
+        self.config.write_text(json.dumps(config, indent=2))
