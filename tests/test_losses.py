@@ -1,4 +1,5 @@
-"""Loss terms: hand-computed PPO-clip / dual-clip / aggregation, KL estimators, GSPO, masks, gradients, registry."""
+"""Loss terms: hand-computed PPO-clip / dual-clip / aggregation, KL estimators, GSPO, masks, gradients,
+registry."""
 
 from __future__ import annotations
 
@@ -8,10 +9,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgym.errors import ConfigError, RegistryError
-from agentgym.training.api.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
-from agentgym.training.config.schema import LossConfig
-from agentgym.training.engine.losses import (
+# After the skip above, so that a missing torch skips this file instead of failing it.
+from agentgym.errors import ConfigError, RegistryError  # noqa: E402
+from agentgym.training.api.terms import (  # noqa: E402
+    EntropyArgs,
+    EntropyTerm,
+    ForwardOutputs,
+    KLArgs,
+    KLTerm,
+    total_loss,
+)
+from agentgym.training.config.schema import LossConfig  # noqa: E402
+from agentgym.training.engine.aggregation import Aggregation  # noqa: E402
+from agentgym.training.engine.losses import (  # noqa: E402
     AGG_MODES,
     POLICY_LOSSES,
     aggregate,
@@ -23,7 +33,7 @@ from agentgym.training.engine.losses import (
     policy_loss,
     register_policy_loss,
 )
-from agentgym.training.engine.packing import TokenBatch
+from agentgym.training.engine.packing import TokenBatch  # noqa: E402
 
 
 def as_batch(mask, advantages, old_logprobs):
@@ -46,7 +56,8 @@ def combined(logprobs, old_logprobs, advantages, mask, cfg=None, *, ref_logprobs
     """Policy loss (cfg.loss_mode) plus the kl and entropy terms the config switches on."""
     cfg = cfg or LossConfig()
     return total_loss(get_policy_loss(cfg.loss_mode or "ppo_clip"), terms_of(cfg),
-                      as_batch(mask, advantages, old_logprobs), ForwardOutputs(logprobs, entropy, ref_logprobs), cfg)
+                      as_batch(mask, advantages, old_logprobs),
+                      ForwardOutputs(logprobs, entropy, ref_logprobs), cfg)
 
 # --- the hand-computed example ---------------------------------------------------------------------
 #
@@ -115,7 +126,8 @@ def test_hand_computed_constant_normaliser_and_clip_variants():
     assert loss.item() == pytest.approx(0.42, abs=1e-6)
     assert metrics["loss/dual_clip_frac"] == 0.0
     # Clip-higher ε_high = 0.28: ρ=1.5 -> -1.28, so (-0.5 - 1 - 1.28 + 0.8 + 3) / 5 = 0.204.
-    assert policy_loss(new, old, adv, MASK, LossConfig(clip_ratio_high=0.28))[0].item() == pytest.approx(0.204)
+    higher, _ = policy_loss(new, old, adv, MASK, LossConfig(clip_ratio_high=0.28))
+    assert higher.item() == pytest.approx(0.204)
 
 
 def test_hand_computed_gradient():
@@ -131,7 +143,8 @@ def test_hand_computed_gradient():
 @pytest.mark.parametrize("loss_mode", ["ppo_clip", "gspo"])
 def test_gradient_at_ratio_one_is_minus_advantage_over_normaliser(mode, loss_mode):
     gen = torch.Generator().manual_seed(1)
-    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float32)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]],
+                        dtype=torch.float32)
     adv = torch.randn(4, 1, generator=gen).expand(4, 5) * mask
     old = torch.randn(4, 5, generator=gen)
     new = old.clone().requires_grad_(True)
@@ -256,7 +269,8 @@ def test_gspo_hand_example():
     _, flipped = gspo_policy_loss(new, OLD, adv.abs(), MASK, cfg)
     assert flipped["loss/clipfrac"] == pytest.approx(2 / 5)
     assert flipped["loss/policy"] == pytest.approx((-1.105171 - 1.2) / 2, abs=1e-5)
-    same, _ = policy_loss(new, OLD, adv, MASK, LossConfig(loss_agg_mode="seq-mean-token-mean"), sequence_ratio=True)
+    same, _ = policy_loss(new, OLD, adv, MASK, LossConfig(loss_agg_mode="seq-mean-token-mean"),
+                          sequence_ratio=True)
     assert same.item() == loss.item()
 
 
@@ -271,7 +285,8 @@ def test_gspo_token_form_equals_sequence_form_with_constant_row_advantages(seed)
     new_seq = (old + 0.2 * torch.randn(rows, seq, generator=gen)).requires_grad_(True)
     new_tok = new_seq.detach().clone().requires_grad_(True)
     row_adv = torch.randn(rows, generator=gen)
-    cfg = LossConfig(loss_agg_mode="seq-mean-token-mean", dual_clip_c=None, clip_ratio_low=0.1, clip_ratio_high=0.15)
+    cfg = LossConfig(loss_agg_mode="seq-mean-token-mean", dual_clip_c=None, clip_ratio_low=0.1,
+                     clip_ratio_high=0.15)
     token_form, _ = get_policy_loss("gspo")(new_tok, old, row_adv[:, None] * mask, mask, cfg)
     sequence_form = gspo_sequence_form(new_seq, old, row_adv, mask, 0.1, 0.15)
     assert token_form.item() == pytest.approx(sequence_form.item(), abs=1e-6)
@@ -283,7 +298,8 @@ def test_gspo_token_form_equals_sequence_form_with_constant_row_advantages(seed)
 def test_gspo_caps_the_log_sequence_ratio():
     mask = torch.ones(1, 3)
     new = torch.full((1, 3), 50.0)
-    _, metrics = gspo_policy_loss(new, torch.zeros(1, 3), -torch.ones(1, 3), mask, LossConfig(dual_clip_c=None))
+    _, metrics = gspo_policy_loss(new, torch.zeros(1, 3), -torch.ones(1, 3), mask,
+                                  LossConfig(dual_clip_c=None))
     assert metrics["loss/ratio_mean"] == pytest.approx(math.exp(10.0), rel=1e-5)
 
 
@@ -360,11 +376,33 @@ def test_total_loss_combines_terms():
     kl = aggregate(kl_penalty(t["logprobs"], t["ref_logprobs"], "k3"), mask)
     ent = entropy_bonus(t["entropy"], mask)
     assert loss.item() == pytest.approx((policy + 0.2 * kl - 0.01 * ent).item(), abs=1e-6)
-    assert metrics["loss/kl"] == pytest.approx(kl.item()) and metrics["loss/entropy"] == pytest.approx(ent.item())
+    assert metrics["loss/kl"] == pytest.approx(kl.item())
+    assert metrics["loss/entropy"] == pytest.approx(ent.item())
     assert metrics["loss/total"] == pytest.approx(loss.item())
     # Without ref/entropy (and zero coefficients) only the policy term and total are reported.
     _, plain = combined(t["logprobs"], t["old_logprobs"], t["advantages"], mask)
     assert "loss/kl" not in plain and "loss/entropy" not in plain and "loss/total" in plain
+
+
+def test_the_policy_loss_and_terms_reduce_with_the_minibatch_aggregation():
+    """A micro-batch 4 tokens wide of a minibatch 10 wide: under seq-mean-token-sum-norm with no L set, the
+    policy loss and the kl and entropy terms all divide by the minibatch's 10 (``outputs.agg``), not by 4."""
+    new, old, adv = hand_inputs()
+    _, t = masked_batch()
+    cfg = LossConfig(loss_agg_mode="seq-mean-token-sum-norm", kl_coef=0.3, kl_type="k1", entropy_coef=0.05)
+    ref, entropy = t["ref_logprobs"][:2, :4], t["entropy"][:2, :4]
+    agg = Aggregation.from_config(cfg).for_minibatch(torch.zeros(2, 10))
+    assert agg == Aggregation("seq-mean-token-sum-norm", 10)
+    loss, metrics = total_loss(get_policy_loss("ppo_clip"), terms_of(cfg), as_batch(MASK, adv, old),
+                               ForwardOutputs(new, entropy, ref, agg=agg), cfg)
+    assert metrics["loss/policy"] == pytest.approx(0.11, abs=1e-6)  # 1.1 / 10, the hand example
+    kl = torch.where(MASK.bool(), new.detach() - ref, 0.0).sum().item() / 10  # k1 over the response tokens
+    assert metrics["loss/kl"] == pytest.approx(kl, abs=1e-5)
+    assert metrics["loss/entropy"] == pytest.approx((entropy * MASK).sum().item() / 10, abs=1e-6)
+    assert loss.item() == pytest.approx(0.11 + 0.3 * kl - 0.05 * metrics["loss/entropy"], abs=1e-5)
+    # Without an aggregation, total_loss takes cfg's, whose L is then this batch's own width (4).
+    _, alone = total_loss(get_policy_loss("ppo_clip"), {}, as_batch(MASK, adv, old), ForwardOutputs(new), cfg)
+    assert alone["loss/policy"] == pytest.approx(0.275, abs=1e-6)
 
 
 def test_total_loss_needs_inputs_for_its_coefficients():
@@ -411,10 +449,10 @@ def test_registry_builtins_duplicates_and_suggestions():
     with pytest.raises(RegistryError, match="non-empty"):
         register_policy_loss("")
 
-    def first(logprobs, old_logprobs, advantages, mask, cfg):
+    def first(logprobs, old_logprobs, advantages, mask, cfg, agg):
         return logprobs.sum() * 0, {"loss/policy": 0.0}
 
-    def second(logprobs, old_logprobs, advantages, mask, cfg):
+    def second(logprobs, old_logprobs, advantages, mask, cfg, agg):
         return logprobs.sum() * 0, {"loss/policy": 1.0}
 
     try:

@@ -31,7 +31,6 @@ from agentgym.training import (
 from agentgym.training.api.algorithm import ALGORITHMS, AlgorithmNeeds
 from agentgym.training.api.options import HOOK_OPTIONS
 from agentgym.training.api.terms import LOSS_TERMS, LossTerm, register_loss_term
-from agentgym.training.engine.losses import aggregate
 from agentgym.training.run.loop import Trainer, train
 
 SMALL = small("iterations=3", "rollout.group_size=3", "eval.num_episodes=2")
@@ -39,7 +38,8 @@ SMALL = small("iterations=3", "rollout.group_size=3", "eval.num_episodes=2")
 
 @pytest.fixture(scope="module")
 def policy() -> TransformersPolicy:
-    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64, seed=0))
+    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64,
+                                                        seed=0))
     return TransformersPolicy(model, tokenizer)
 
 
@@ -98,7 +98,8 @@ def test_collector_performs_forks_and_top_ups(policy: TransformersPolicy) -> Non
         assert fork.turns[1].prompt_ids == parent.turns[1].prompt_ids
         checked += 1
     assert checked > 0
-    fresh = [t for t in groups[0].trajectories if t.parent_id is None and t.trajectory_id not in ("g0-t0", "g0-t1")]
+    fresh = [t for t in groups[0].trajectories
+             if t.parent_id is None and t.trajectory_id not in ("g0-t0", "g0-t1")]
     assert len(fresh) == 1 and fresh[0].turns[0].state_key == groups[0].trajectories[0].turns[0].state_key
 
 
@@ -202,7 +203,8 @@ class DropEarly(RolloutHooks):
 
 
 @pytest.mark.parametrize("drop, rounds, kept", [(2, 4, 3), (0, 4, 3), (9, 2, 0)])
-def test_filter_option_refills_the_batch_with_extra_rounds(tmp_path: Path, drop: int, rounds: int, kept: int) -> None:
+def test_filter_option_refills_the_batch_with_extra_rounds(tmp_path: Path, drop: int, rounds: int,
+                                                           kept: int) -> None:
     register_hook_option("test_drop_early", DropEarly, DropEarlyArgs, override=True)
     try:
         cfg = load_config(None, [*SMALL, "sft.enabled=false", "rollout.num_tasks=3",
@@ -214,9 +216,11 @@ def test_filter_option_refills_the_batch_with_extra_rounds(tmp_path: Path, drop:
         finally:
             trainer.close()
         assert len(groups) == kept == metrics["rollout/groups"]
-        assert metrics["rollout/extra_rounds"] == min(drop, rounds)  # more rounds only while groups were missing
+        # More rounds only while groups were missing.
+        assert metrics["rollout/extra_rounds"] == min(drop, rounds)
         assert len({g.group_id for g in groups}) == len(groups)  # rounds never reuse group ids
-        with pytest.raises(ConfigError, match="algorithm.hooks.test_drop_early.max_extra_rounds must be an integer"):
+        with pytest.raises(ConfigError,
+                           match="algorithm.hooks.test_drop_early.max_extra_rounds must be an integer"):
             load_config(None, ["algorithm.hooks={test_drop_early: {max_extra_rounds: lots}}"])
     finally:
         HOOK_OPTIONS.unregister("test_drop_early")
@@ -284,9 +288,10 @@ class LastTurnFirst(UpdatePlan):
         return advantages
 
     def after_phase(self, phase, index, old_logprobs, new_logprobs):
-        for row, before, after in zip(phase.rows, old_logprobs, new_logprobs):
+        for row, before, after in zip(phase.rows, old_logprobs, new_logprobs, strict=True):
             self.ratios[index.trajectory_id[row]] = float(np.exp(np.mean(after - before)))
-        return {"toy/phase_ratio": float(np.mean([np.exp(np.mean(a - b)) for a, b in zip(new_logprobs, old_logprobs)]))}
+        ratios = [np.exp(np.mean(a - b)) for a, b in zip(new_logprobs, old_logprobs, strict=True)]
+        return {"toy/phase_ratio": float(np.mean(ratios))}
 
 
 @dataclass(frozen=True)
@@ -303,7 +308,7 @@ class L2Term(LossTerm):
         self.iterations = 0
 
     def __call__(self, batch, outputs, cfg):
-        value = aggregate(outputs.logprobs.square(), batch.response_mask, cfg.loss_agg_mode)
+        value = outputs.agg.reduce(outputs.logprobs.square(), batch.response_mask)  # the run's aggregation
         return self.coef * value, {"loss/toy_l2": value.item()}
 
     def end_iteration(self):
@@ -328,7 +333,8 @@ def toy_algorithm():
     LOSS_TERMS.unregister("test_toy_l2")
 
 
-def test_a_third_party_algorithm_trains_with_its_hook_plan_and_loss_term(tmp_path: Path, toy_algorithm) -> None:
+def test_a_third_party_algorithm_trains_with_its_hook_plan_and_loss_term(tmp_path: Path,
+                                                                         toy_algorithm) -> None:
     overrides = [*SMALL, "algorithm.name=test_toy", "algorithm.args={}", "loss.clip_ratio_low=0.0003",
                  "loss.clip_ratio_high=0.0004"]
     cfg = load_config(None, overrides)
@@ -354,8 +360,8 @@ def test_a_third_party_algorithm_trains_with_its_hook_plan_and_loss_term(tmp_pat
 def test_policy_loss_is_selectable_from_config(toy_algorithm) -> None:
     from agentgym.training.api.plugin_set import PluginSet
 
-    assert PluginSet.from_config(load_config(None, ["algorithm.name=test_toy", "algorithm.args={}"])).policy_loss_name \
-        == "gspo"  # the algorithm's default
+    toy = load_config(None, ["algorithm.name=test_toy", "algorithm.args={}"])
+    assert PluginSet.from_config(toy).policy_loss_name == "gspo"  # the algorithm's default
     assert PluginSet.from_config(load_config(None, ["algorithm.name=test_toy", "algorithm.args={}",
                                                  "loss.loss_mode=ppo_clip"])).policy_loss_name == "ppo_clip"
     plugins = PluginSet.from_config(load_config(None, ["loss.kl_type=k2", "loss.loss_agg_norm_tokens=64"]))
@@ -372,7 +378,8 @@ def test_needs_are_checked_before_anything_is_created(tmp_path: Path) -> None:
     try:
         run_dir = tmp_path / "run"
         with pytest.raises(ConfigError, match="needs the env's privileged info\\['answer'\\].*maze-v0"):
-            Trainer(load_config(None, [*SMALL, "algorithm.name=test_needs_answer", "algorithm.args={}"]), run_dir)
+            Trainer(load_config(None, [*SMALL, "algorithm.name=test_needs_answer", "algorithm.args={}"]),
+                    run_dir)
         assert not run_dir.exists()
         with pytest.raises(ConfigError, match="rollout.group_size must be >= 4 for 'test_singleton'"):
             load_config(None, [*SMALL, "algorithm.name=test_singleton", "algorithm.args={}"])
@@ -385,9 +392,11 @@ def test_a_scorer_need_is_checked_against_the_backend() -> None:
     from agentgym.rollout.policy import Scorer
     from agentgym.training.api.plugin_set import PluginSet
 
-    register_algorithm("test_needs_scorer", toy_advantages, ToyArgs, needs=AlgorithmNeeds(scorer=True), override=True)
+    register_algorithm("test_needs_scorer", toy_advantages, ToyArgs, needs=AlgorithmNeeds(scorer=True),
+                       override=True)
     try:
-        plugins = PluginSet.from_config(load_config(None, ["algorithm.name=test_needs_scorer", "algorithm.args={}"]))
+        plugins = PluginSet.from_config(load_config(None, ["algorithm.name=test_needs_scorer",
+                                                           "algorithm.args={}"]))
 
         class GenerateOnly:
             tokenizer = None
@@ -416,5 +425,5 @@ def test_duplicate_registrations_need_override() -> None:
         register_algorithm("gigpo", gigpo_advantages, builtin.args_type)
     assert get_algorithm("gigpo") is builtin
     # Registering the identical definition again is harmless.
-    assert register_algorithm("gigpo", builtin.estimator, builtin.args_type, description=builtin.description) \
-        is builtin
+    again = register_algorithm("gigpo", builtin.estimator, builtin.args_type, description=builtin.description)
+    assert again is builtin

@@ -48,7 +48,8 @@ class EPOArgs:
     """κ_hi: entropy above κ_hi·H̄_k is penalised (the reference code's 1.2; its README runs use 2.0)."""
     level: Literal["turn", "token"] = "turn"
     """``turn``: a turn's mean entropy over its response tokens is compared with the band (mean over
-    turns); ``token``: every response token's entropy is (reduced with ``loss.loss_agg_mode``)."""
+    turns); ``token``: every response token's entropy is (reduced with the run's aggregation,
+    ``loss.loss_agg_mode``)."""
     phase_weighting: bool = True
     """Scale the penalty by the phase weight w(p) of training progress p (see ``phase_weight``)."""
     schedule_iterations: int | None = None
@@ -62,7 +63,8 @@ class EPOArgs:
             raise ConfigError(f"EPOArgs.coef must be >= 0, got {self.coef}")
         if self.schedule_iterations is not None and (isinstance(self.schedule_iterations, bool)
                                                      or self.schedule_iterations < 1):
-            raise ConfigError(f"EPOArgs.schedule_iterations must be an integer >= 1, got {self.schedule_iterations!r}")
+            raise ConfigError("EPOArgs.schedule_iterations must be an integer >= 1, "
+                              f"got {self.schedule_iterations!r}")
 
 
 def phase_weight(progress: float) -> float:
@@ -92,7 +94,8 @@ class EPOTerm(LossTerm):
         >>> from agentgym.training.engine.packing import pack_turns
         >>> term = EPOTerm(EPOArgs(coef=1.0, phase_weighting=False))
         >>> term.load_state_dict({"sums": [1.0], "counts": [1], "iterations": 1})
-        >>> batch = pack_turns([Turn([1], [2, 3], [0.0, 0.0], 0.0, "s")], [1.0], pad_token_id=0, turn_step=[0])
+        >>> batch = pack_turns([Turn([1], [2, 3], [0.0, 0.0], 0.0, "s")], [1.0], pad_token_id=0,
+        ...                    turn_step=[0])
         >>> value, metrics = term(batch, ForwardOutputs(torch.zeros(1, 3), entropy=torch.full((1, 3), 1.5)),
         ...                       LossConfig())
         >>> round(value.item(), 4), metrics["epo/out_of_band_frac"]
@@ -121,8 +124,8 @@ class EPOTerm(LossTerm):
             return 1.0
         schedule = self.args.schedule_iterations or self.run_iterations
         if schedule is None:
-            raise ConfigError("the epo term's phase weight needs its schedule: set loss.terms.epo.schedule_iterations "
-                              "(a run sets it to its iterations)")
+            raise ConfigError("the epo term's phase weight needs its schedule: set "
+                              "loss.terms.epo.schedule_iterations (a run sets it to its iterations)")
         return phase_weight(self.iterations / schedule)
 
     def begin_run(self, context: RunContext) -> None:
@@ -133,12 +136,14 @@ class EPOTerm(LossTerm):
         # torch is imported where the term computes, so registering it (and checking a config) needs none.
         import torch
 
-        from agentgym.training.engine.losses import aggregate
+        from agentgym.training.engine.aggregation import Aggregation
 
         if outputs.entropy is None:
-            raise ConfigError("the epo term got no entropies; it sets needs_entropy, so the trainer must pass them")
+            raise ConfigError("the epo term got no entropies; it sets needs_entropy, so the trainer must "
+                              "pass them")
         if batch.turn_step is None:
-            raise ConfigError("the epo term needs each row's turn position: pack with pack_turns(..., turn_step=...)")
+            raise ConfigError("the epo term needs each row's turn position: pack with "
+                              "pack_turns(..., turn_step=...)")
         mask = batch.response_mask.to(outputs.entropy.device).bool()
         entropy = torch.where(mask, outputs.entropy.float(), torch.zeros((), device=mask.device))
         steps = batch.turn_step.cpu().numpy().astype(np.int64)
@@ -161,12 +166,13 @@ class EPOTerm(LossTerm):
         else:
             outside = torch.relu(entropy - high[:, None]) + torch.relu(low[:, None] - entropy)
             outside = torch.where(mask & has_target[:, None], outside, torch.zeros_like(outside))
-            penalty = aggregate(outside, mask, cfg.loss_agg_mode, norm_tokens=cfg.loss_agg_norm_tokens)
+            agg = outputs.agg or Aggregation.from_config(cfg)  # None: called on its own, not by total_loss
+            penalty = agg.reduce(outside, mask)
             out_of_band = ((outside > 0).sum() / mask.sum().clamp(min=1)).item()
             self._record(steps, entropy.detach().sum(-1).cpu().numpy(), tokens.cpu().numpy())
         weight = self.weight()
-        return self.args.coef * weight * penalty, {"loss/epo": penalty.item(), "epo/out_of_band_frac": out_of_band,
-                                                   "epo/weight": weight}
+        metrics = {"loss/epo": penalty.item(), "epo/out_of_band_frac": out_of_band, "epo/weight": weight}
+        return self.args.coef * weight * penalty, metrics
 
     def _record(self, steps: np.ndarray, values: np.ndarray, counts: np.ndarray | None) -> None:
         """Accumulate this iteration's entropy statistic per turn index (per turn, or per token)."""

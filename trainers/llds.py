@@ -61,7 +61,8 @@ def displacement_penalty(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
         >>> import torch
         >>> old = torch.zeros(1, 3)
         >>> new = torch.tensor([[0.0, -0.3, 0.1]])
-        >>> penalty, gated, actions = displacement_penalty(new, old, torch.ones(1, 3), torch.tensor([[0, 1, 1]]))
+        >>> mask = torch.tensor([[0, 1, 1]])
+        >>> penalty, gated, actions = displacement_penalty(new, old, torch.ones(1, 3), mask)
         >>> round(penalty.item(), 4), int(gated), int(actions)
         (0.15, 1, 1)
     """
@@ -79,7 +80,8 @@ def displacement_penalty(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
     num_actions = int(starts.sum())
     if num_actions == 0:
         return (drop * 0.0).sum(), torch.zeros(()), torch.zeros(())
-    summed = torch.zeros(num_actions, device=logprobs.device).index_add(0, action[eligible], drop.detach()[eligible])
+    summed = torch.zeros(num_actions, device=logprobs.device).index_add(0, action[eligible],
+                                                                        drop.detach()[eligible])
     gate = summed > 0
     gated_token = eligible & gate[action.clamp(min=0)]
     penalty = torch.where(gated_token, torch.relu(drop), zero).sum() / keep.sum().clamp(min=1)
@@ -96,7 +98,8 @@ class LLDSTerm(LossTerm):
                  ) -> tuple[torch.Tensor, dict[str, float]]:
         device = outputs.logprobs.device
         penalty, gated, actions = displacement_penalty(outputs.logprobs, batch.old_logprobs.to(device),
-                                                       batch.advantages.to(device), batch.response_mask.to(device))
+                                                       batch.advantages.to(device),
+                                                       batch.response_mask.to(device))
         return self.args.coef * penalty, {"loss/llds": penalty.item(),
                                           "llds/gated_frac": float(gated) / max(float(actions), 1.0)}
 

@@ -1,9 +1,12 @@
-"""Loss terms: what is added to the policy loss (``LossTerm``, ``register_loss_term``; built-ins ``kl``, ``entropy``).
+"""Loss terms: what is added to the policy loss (``LossTerm``, ``register_loss_term``; built-ins ``kl``,
+``entropy``).
 
 A loss term is built once per run from its arguments and called on every minibatch as
 ``term(batch, outputs, cfg) -> (tensor, metrics)``: the tensor (already weighted by the term's own
 coefficient) is added to the policy loss, the metrics are logged. Every term reads only positions
-where ``batch.response_mask`` is 1. A term may keep state across iterations (``end_iteration``,
+where ``batch.response_mask`` is 1, and reduces per-token values with the run's aggregation,
+``outputs.agg.reduce(values, batch.response_mask)`` (so that it splits into micro-batches as the
+policy loss does). A term may keep state across iterations (``end_iteration``,
 ``state_dict``/``load_state_dict``; checkpoints save it, so resume stays exact) and declares what it
 needs from the forward pass (entropies, reference log-probs), so the trainer computes those only
 when some term asks.
@@ -15,7 +18,7 @@ when some term asks.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentgym.errors import ConfigError
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from agentgym.training.config.schema import LossConfig
+    from agentgym.training.engine.aggregation import Aggregation
     from agentgym.training.engine.packing import TokenBatch
 
 
@@ -41,6 +45,11 @@ class ForwardOutputs:
     """Per-position entropies (with grad), when a term needs them."""
     ref_logprobs: torch.Tensor | None = None
     """Log-probs under the frozen reference policy, when a term needs them."""
+    agg: Aggregation | None = None
+    """How per-token values of this minibatch become a scalar: the run's ``loss.loss_agg_mode`` with its
+    norm length resolved for the whole minibatch (``Aggregation.for_minibatch``), also when the batch
+    is one micro-batch of it. ``total_loss`` sets it from ``cfg`` when it is None, so a term always
+    finds it set."""
 
 
 @dataclass(frozen=True)
@@ -100,14 +109,24 @@ class TermSpec:
 LOSS_TERMS: PluginRegistry[TermSpec] = PluginRegistry("loss term", "agentgym.trainers", "agentgym.trainers")
 
 
-def total_loss(policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]], terms: Mapping[str, LossTerm],
-               batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def total_loss(policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]],
+               terms: Mapping[str, LossTerm], batch: TokenBatch, outputs: ForwardOutputs,
+               cfg: LossConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss plus every term's weighted value, all under ``batch.response_mask``.
+
+    The policy loss gets ``outputs.agg`` as its ``agg``, and the terms ``outputs`` with it; when it is
+    None, ``Aggregation.from_config(cfg)`` (L, if the mode needs one and ``cfg`` sets none, is then the
+    batch's own padded width).
 
     Returns:
         ``(loss, metrics)``: the policy loss's metrics, each term's, and ``loss/total``.
     """
-    loss, metrics = policy_loss(outputs.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask, cfg)
+    if outputs.agg is None:
+        from agentgym.training.engine.aggregation import Aggregation
+
+        outputs = replace(outputs, agg=Aggregation.from_config(cfg))
+    loss, metrics = policy_loss(outputs.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask,
+                                cfg, agg=outputs.agg)
     for term in terms.values():
         value, term_metrics = term(batch, outputs, cfg)
         loss = loss + value
@@ -131,8 +150,7 @@ def register_loss_term(name: str, factory: Callable[[Any], LossTerm], args_type:
         ...     def __init__(self, args):
         ...         self.coef = args.coef
         ...     def __call__(self, batch, outputs, cfg):
-        ...         from agentgym.training.engine.losses import aggregate
-        ...         value = aggregate(outputs.logprobs.square(), batch.response_mask, cfg.loss_agg_mode)
+        ...         value = outputs.agg.reduce(outputs.logprobs.square(), batch.response_mask)
         ...         return self.coef * value, {"loss/l2": value.item()}
         >>> spec = register_loss_term("doc_l2", L2, L2Args)
         >>> get_loss_term("doc_l2").build({"coef": 0.5}).coef
@@ -166,7 +184,7 @@ class KLArgs:
 
 
 class KLTerm(LossTerm):
-    """β·agg(KL(π ‖ π_ref)) over the response tokens, with the run's aggregation mode.
+    """β·agg(KL(π ‖ π_ref)) over the response tokens, with the run's aggregation (``outputs.agg``).
 
     Example:
         >>> from agentgym.training.config.schema import LossConfig
@@ -188,14 +206,16 @@ class KLTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-        from agentgym.training.engine.losses import aggregate, kl_penalty
+        from agentgym.training.engine.aggregation import Aggregation
+        from agentgym.training.engine.losses import kl_penalty
 
         if outputs.ref_logprobs is None:
             raise ConfigError("the kl term got no reference log-probs; a term that reads them must set "
                               "needs_reference = True")
         mask = batch.response_mask.to(outputs.logprobs.device)
-        kl = aggregate(kl_penalty(outputs.logprobs, outputs.ref_logprobs, self.args.kl_type, mask=mask), mask,
-                       cfg.loss_agg_mode, norm_tokens=cfg.loss_agg_norm_tokens)
+        agg = outputs.agg or Aggregation.from_config(cfg)  # None: called on its own, not by total_loss
+        per_token = kl_penalty(outputs.logprobs, outputs.ref_logprobs, self.args.kl_type, mask=mask)
+        kl = agg.reduce(per_token, mask)
         return self.args.coef * kl, {"loss/kl": kl.item()}
 
 
@@ -217,14 +237,17 @@ class EntropyTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-        from agentgym.training.engine.losses import entropy_bonus
+        from agentgym.training.engine.aggregation import Aggregation
 
         if outputs.entropy is None:
-            raise ConfigError("the entropy term got no entropies; a term that reads them must set needs_entropy = True")
+            raise ConfigError("the entropy term got no entropies; a term that reads them must set "
+                              "needs_entropy = True")
         mask = batch.response_mask.to(outputs.logprobs.device)
-        bonus = entropy_bonus(outputs.entropy, mask, cfg.loss_agg_mode, norm_tokens=cfg.loss_agg_norm_tokens)
+        agg = outputs.agg or Aggregation.from_config(cfg)  # None: called on its own, not by total_loss
+        bonus = agg.reduce(outputs.entropy, mask)
         return -self.args.coef * bonus, {"loss/entropy": bonus.item()}
 
 
-register_loss_term("kl", KLTerm, KLArgs, description="KL to the frozen reference policy (loss.kl_coef, loss.kl_type)")
+register_loss_term("kl", KLTerm, KLArgs,
+                   description="KL to the frozen reference policy (loss.kl_coef, loss.kl_type)")
 register_loss_term("entropy", EntropyTerm, EntropyArgs, description="entropy bonus (loss.entropy_coef)")

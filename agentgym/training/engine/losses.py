@@ -1,4 +1,5 @@
-"""The shared token-level loss pieces: ``aggregate``, the policy losses (PPO-clip, GSPO) and their registry, KL.
+"""The shared token-level loss pieces: ``aggregate``, the policy losses (PPO-clip, GSPO) and their registry,
+KL.
 
 Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.training.engine.packing`` and a
 ``response_mask`` of the same shape; only positions where the mask is 1 (generated response tokens)
@@ -6,14 +7,15 @@ enter any term. Values at masked-out positions, even ``inf`` or ``nan``, change 
 its gradients: inputs are replaced by 0 there (``torch.where``) before any arithmetic.
 
 Policy losses are plain callables registered by name (verl's ``core_algos`` pattern) with one
-signature, ``fn(logprobs, old_logprobs, advantages, mask, cfg) -> (loss, metrics)``; built-ins are
-``"ppo_clip"`` and ``"gspo"``. ``cfg`` is the run's ``agentgym.training.config.schema.LossConfig``. The KL and
-entropy terms added to the policy loss are loss terms (``agentgym.training.api.terms``).
+signature, ``fn(logprobs, old_logprobs, advantages, mask, cfg, agg) -> (loss, metrics)``; built-ins are
+``"ppo_clip"`` and ``"gspo"``. ``cfg`` is the run's ``agentgym.training.config.schema.LossConfig`` and
+``agg`` the ``agentgym.training.engine.aggregation.Aggregation`` that reduces per-token losses to the
+minibatch's loss (the run's ``loss.loss_agg_mode``, its norm length resolved for the minibatch). The KL
+and entropy terms added to the policy loss are loss terms (``agentgym.training.api.terms``).
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -22,9 +24,10 @@ import torch
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.training.api.loss_registry import POLICY_LOSSES  # torch-free, so a config check needs no torch
 from agentgym.training.config.schema import (  # declared once, beside the config's Literal types
-    AGG_MODES,
+    AGG_MODES,  # noqa: F401  (re-exported: the modes ``aggregate`` takes)
     KL_TYPES,
 )
+from agentgym.training.engine.aggregation import Aggregation, check_same_shape, masked
 
 if TYPE_CHECKING:
     from agentgym.training.config.schema import AggMode, KlType, LossConfig
@@ -35,19 +38,7 @@ MAX_SEQUENCE_LOG_RATIO = 10.0
 MAX_TOKEN_LOG_RATIO = 20.0
 
 
-# --- masking and aggregation ---------------------------------------------------------------------
-
-
-def _check_same_shape(mask: torch.Tensor, **tensors: torch.Tensor | None) -> None:
-    for name, tensor in tensors.items():
-        if tensor is not None and tensor.shape != mask.shape:
-            raise ConfigError(f"{name} has shape {tuple(tensor.shape)} but the mask has {tuple(mask.shape)}")
-
-
-def _masked(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``values`` as float32 with 0 wherever ``keep`` is False (no gradient reaches those entries)."""
-    values = values.float()
-    return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+# --- aggregation ------------------------------------------------------------------------------------
 
 
 def aggregate(
@@ -57,18 +48,12 @@ def aggregate(
     *,
     norm_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token values ``(rows, seq)`` over the masked tokens to a scalar.
+    """Reduce per-token values ``(rows, seq)`` over the masked tokens to a scalar, once:
+    ``Aggregation(mode, norm_tokens).reduce(values, mask)`` (the modes are described there).
 
-    Modes (ℓ = values, sums over masked tokens only; |o_i| = masked tokens of row i):
-
-    - ``token-mean``: Σ_i Σ_t ℓ / Σ_i |o_i| (every token weighs the same).
-    - ``seq-mean-token-mean``: mean over rows of (Σ_t ℓ / |o_i|) (every row weighs the same).
-    - ``seq-mean-token-sum``: mean over rows of Σ_t ℓ.
-    - ``seq-mean-token-sum-norm``: Σ_i Σ_t ℓ / L with a constant L (Dr.GRPO, §1.2 of the algorithms
-      reference), not divided by the number of rows.
-
-    Rows with no masked token are left out of the ``seq-mean-*`` row means, and a batch with no
-    masked token at all gives 0.
+    A policy loss or loss term inside an update reduces with the ``Aggregation`` it is given instead
+    (``agg``, ``ForwardOutputs.agg``): its L is the whole minibatch's, where ``norm_tokens=None`` here
+    means the padded width of ``values``.
 
     Args:
         values: ``(rows, seq)`` per-token values.
@@ -88,26 +73,7 @@ def aggregate(
         >>> [round(aggregate(values, mask, m).item(), 4) for m in AGG_MODES]
         [2.3333, 2.75, 3.5, 2.3333]
     """
-    if mode not in AGG_MODES:
-        close = difflib.get_close_matches(str(mode), AGG_MODES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown loss_agg_mode {mode!r}{hint}; valid: {list(AGG_MODES)}")
-    _check_same_shape(mask, values=values)
-    keep = mask.bool()
-    values = _masked(values, keep)
-    if mode == "token-mean":
-        return values.sum() / keep.sum().clamp(min=1)
-    if mode == "seq-mean-token-sum-norm":
-        if norm_tokens is None:
-            norm_tokens = values.shape[-1]
-        elif isinstance(norm_tokens, bool) or not isinstance(norm_tokens, int) or norm_tokens < 1:
-            raise ConfigError(f"norm_tokens must be a positive integer or None, got {norm_tokens!r}")
-        return values.sum() / max(norm_tokens, 1)
-    row_tokens = keep.sum(-1)
-    row_sums = values.sum(-1)
-    per_row = row_sums / row_tokens.clamp(min=1) if mode == "seq-mean-token-mean" else row_sums
-    # Empty rows have per_row == 0, so they only need leaving out of the row count.
-    return per_row.sum() / (row_tokens > 0).sum().clamp(min=1)
+    return Aggregation(mode, norm_tokens).reduce(values, mask)
 
 
 # --- policy loss -----------------------------------------------------------------------------------
@@ -121,7 +87,9 @@ class PolicyLoss(Protocol):
         old_logprobs: ``(rows, seq)`` log-probs the data was sampled (or recomputed) with.
         advantages: ``(rows, seq)`` per-token advantages (a turn's advantage on its response tokens).
         mask: ``(rows, seq)`` response mask; nothing outside it may affect the loss or its gradients.
-        cfg: The ``LossConfig`` (clip ranges, aggregation mode...).
+        cfg: The ``LossConfig`` (clip ranges...).
+        agg: How per-token losses become the loss: ``agg.reduce(per_token, mask)`` (``total_loss`` passes
+            the minibatch's, by keyword).
 
     Returns:
         ``(loss, metrics)``: a 0-dim tensor to minimise and python floats keyed ``loss/<name>``,
@@ -135,6 +103,7 @@ class PolicyLoss(Protocol):
         advantages: torch.Tensor,
         mask: torch.Tensor,
         cfg: LossConfig,
+        agg: Aggregation,
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
@@ -150,8 +119,8 @@ def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_Los
     Example:
         >>> from agentgym.training.config.schema import LossConfig
         >>> @register_policy_loss("doc_reinforce")
-        ... def reinforce(logprobs, old_logprobs, advantages, mask, cfg):
-        ...     loss = aggregate(-advantages * logprobs, mask, cfg.loss_agg_mode)
+        ... def reinforce(logprobs, old_logprobs, advantages, mask, cfg, agg):
+        ...     loss = agg.reduce(-advantages * logprobs, mask)
         ...     return loss, {"loss/policy": loss.item()}
         >>> get_policy_loss("doc_reinforce") is reinforce
         True
@@ -197,6 +166,7 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cfg: LossConfig,
+    agg: Aggregation | None = None,
     *,
     sequence_ratio: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -209,15 +179,16 @@ def policy_loss(
     the sequence ratio s_{i,t} = sg[s_i]·π_t/sg[π_t], s_i = exp(mean over the row's tokens of the
     log-ratio) with log s_i capped at 10: its value is s_i at every token of row i, and with a
     constant advantage per row and ``seq-mean-token-mean`` its gradient equals that of the
-    sequence-level objective. The per-token losses are reduced by ``aggregate`` with
-    ``cfg.loss_agg_mode``.
+    sequence-level objective. The per-token losses are reduced by ``agg``.
 
     Args:
         logprobs: ``(rows, seq)`` current log-probs (with grad).
         old_logprobs: ``(rows, seq)`` behaviour log-probs.
         advantages: ``(rows, seq)`` per-token advantages.
         mask: ``(rows, seq)`` response mask.
-        cfg: Loss settings (clip ranges, dual clip, aggregation).
+        cfg: Loss settings (clip ranges, dual clip).
+        agg: The aggregation of the per-token losses; None: ``cfg``'s (``Aggregation.from_config``), with
+            L the padded width of ``mask`` under ``seq-mean-token-sum-norm`` when ``cfg`` sets none.
         sequence_ratio: use GSPO's sequence ratio; the ``gspo`` policy loss (``loss.loss_mode=gspo``) sets it,
             so GSPO has one spelling in configs.
 
@@ -238,11 +209,11 @@ def policy_loss(
         >>> round(loss.item(), 4), metrics["loss/clipfrac"]   # ratios 1.5 -> 1.2 (clipped), 0.5
         (-0.85, 0.5)
     """
-    _check_same_shape(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+    check_same_shape(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     keep = mask.bool()
-    logprobs = _masked(logprobs, keep)
-    old_logprobs = _masked(old_logprobs, keep)
-    advantages = _masked(advantages, keep)
+    logprobs = masked(logprobs, keep)
+    old_logprobs = masked(old_logprobs, keep)
+    advantages = masked(advantages, keep)
 
     token_log_ratio = logprobs - old_logprobs  # 0 outside the mask
     if sequence_ratio:
@@ -262,7 +233,9 @@ def policy_loss(
     if cfg.dual_clip_c is not None:
         dual_bound = -advantages * cfg.dual_clip_c
         per_token = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
-    loss = aggregate(per_token, keep, cfg.loss_agg_mode, norm_tokens=cfg.loss_agg_norm_tokens)
+    if agg is None:
+        agg = Aggregation.from_config(cfg)
+    loss = agg.reduce(per_token, keep)
 
     with torch.no_grad():
         count = keep.sum().clamp(min=1)
@@ -276,12 +249,12 @@ def policy_loss(
                 loss.detach(),
                 clip_active.sum() / count,
                 -token_log_ratio.sum() / count,
-                _masked(ratio, keep).sum() / count,
+                masked(ratio, keep).sum() / count,
                 dual_active.sum() / count,
             ]
         ).tolist()
     names = ("loss/policy", "loss/clipfrac", "loss/approx_kl", "loss/ratio_mean", "loss/dual_clip_frac")
-    return loss, dict(zip(names, stats))
+    return loss, dict(zip(names, stats, strict=True))
 
 
 @register_policy_loss("gspo", override=True)
@@ -291,13 +264,14 @@ def gspo_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cfg: LossConfig,
+    agg: Aggregation | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO (``loss.loss_mode=gspo``): ``policy_loss`` with the sequence ratio.
 
     GSPO's paper pairs it with ``loss_agg_mode="seq-mean-token-mean"``, clip ranges 3e-4/4e-4 and
     no KL; verl's GSPO has no dual clip (set ``dual_clip_c=None`` to match it exactly).
     """
-    return policy_loss(logprobs, old_logprobs, advantages, mask, cfg, sequence_ratio=True)
+    return policy_loss(logprobs, old_logprobs, advantages, mask, cfg, agg, sequence_ratio=True)
 
 
 # --- KL and entropy ---------------------------------------------------------------------------------
@@ -324,7 +298,7 @@ def kl_penalty(
         mask: When given, entries outside it are 0 and get no gradient.
 
     Returns:
-        ``(rows, seq)`` float32; reduce it with ``aggregate``.
+        ``(rows, seq)`` float32; reduce it with an ``Aggregation`` (or ``aggregate``).
 
     Raises:
         ConfigError: An unknown ``kind`` or mismatched shapes.
@@ -337,12 +311,13 @@ def kl_penalty(
     if kind not in KL_TYPES:
         raise ConfigError(f"unknown kl_type {kind!r}; valid: {list(KL_TYPES)}")
     if ref_logprobs.shape != logprobs.shape:
-        raise ConfigError(f"ref_logprobs has shape {tuple(ref_logprobs.shape)}, logprobs {tuple(logprobs.shape)}")
+        raise ConfigError(f"ref_logprobs has shape {tuple(ref_logprobs.shape)}, "
+                          f"logprobs {tuple(logprobs.shape)}")
     logprobs, ref_logprobs = logprobs.float(), ref_logprobs.float()
     if mask is not None:
-        _check_same_shape(mask, logprobs=logprobs)
+        check_same_shape(mask, logprobs=logprobs)
         keep = mask.bool()
-        logprobs, ref_logprobs = _masked(logprobs, keep), _masked(ref_logprobs, keep)
+        logprobs, ref_logprobs = masked(logprobs, keep), masked(ref_logprobs, keep)
     if kind == "k1":
         return logprobs - ref_logprobs
     if kind == "k2":

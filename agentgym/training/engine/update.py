@@ -1,4 +1,5 @@
-"""The two updates: ``PolicyUpdate`` (RL: phases × epochs × minibatches of policy loss + loss terms) and ``sft_update``.
+"""The two updates: ``PolicyUpdate`` (RL: phases × epochs × minibatches of policy loss + loss terms) and
+``sft_update``.
 
 ``PolicyUpdate`` is built once per run from the run's plug-ins (policy loss, loss terms, update plan) and
 called once per iteration with the iteration's turns and advantages. For every phase of the plan it
@@ -7,7 +8,9 @@ recomputes the "old" log-probs with the current weights (as verl does: they then
 minibatch's own forward pass exactly), and takes ``optim.num_epochs`` passes of
 ``optim.num_minibatches`` optimiser steps. Under several processes each takes its share of every
 minibatch's rows, in micro-batches of at most ``optim.micro_batch_tokens`` padded tokens, with the
-loss normalised over the whole minibatch (``agentgym.training.run.distributed``).
+loss normalised over the whole minibatch (``agentgym.training.run.distributed``): the run's
+``Aggregation`` (``agentgym.training.engine.aggregation``), built once from ``loss``, weighs each
+micro-batch and, resolved for each minibatch, reduces the policy loss and the loss terms.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from agentgym.rollout.records import Turn
 from agentgym.training.api.terms import ForwardOutputs, total_loss
 from agentgym.training.api.turn_table import TurnTable
+from agentgym.training.engine.aggregation import Aggregation
 from agentgym.training.engine.offpolicy import DEFAULT_CAP, importance_corrected
 from agentgym.training.engine.packing import (
     TokenBatch,
@@ -32,7 +36,7 @@ from agentgym.training.engine.packing import (
     sequence_logprobs,
     token_minibatches,
 )
-from agentgym.training.run.distributed import Distributed, aggregation_units
+from agentgym.training.run.distributed import Distributed
 
 if TYPE_CHECKING:
     from agentgym.training.api.plugin_set import PluginSet
@@ -68,15 +72,18 @@ class PolicyUpdate:
             update there (a run's stop: ``StopSignals.poll``). None: the update always runs to its end.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, plugins: PluginSet, loss: LossConfig,
-                 optim: OptimConfig, *, temperature: float, max_length: int, pad_token_id: int, seed: int,
-                 drop_zero_advantage_turns: bool = False, ref_model: torch.nn.Module | None = None,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, plugins: PluginSet,
+                 loss: LossConfig, optim: OptimConfig, *, temperature: float, max_length: int,
+                 pad_token_id: int, seed: int, drop_zero_advantage_turns: bool = False,
+                 ref_model: torch.nn.Module | None = None,
                  dist: Distributed | None = None, micro_batch_tokens: int | None = None,
                  tis_cap: float | None = None, poll: Callable[[], None] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.plugins = plugins
         self.loss_cfg = loss
+        self.agg = Aggregation.from_config(loss)
+        """How the loss aggregates (``loss.loss_agg_mode``); ``for_minibatch`` resolves it per minibatch."""
         self.optim = optim
         self.temperature = temperature if temperature > 0 else 1.0
         self.max_length = max_length
@@ -134,7 +141,8 @@ class PolicyUpdate:
             batch = dataclasses.replace(batch, old_logprobs=old)
             self.model.train()
             for _ in range(self.optim.num_epochs):
-                for mb in minibatches(batch, min(self.optim.num_minibatches, batch.num_rows), generator=generator):
+                num_minibatches = min(self.optim.num_minibatches, batch.num_rows)
+                for mb in minibatches(batch, num_minibatches, generator=generator):
                     self._poll()
                     for key, value in self._step(mb).items():
                         collected.setdefault(key, []).append(value)
@@ -149,7 +157,8 @@ class PolicyUpdate:
             return {"loss/skipped": 1.0}
         out = {key: float(np.mean(values)) for key, values in collected.items()}
         out["perf/train_tokens"] = train_tokens
-        out["update/loss_tokens"] = loss_tokens  # response tokens in the loss (forced ones left out on request)
+        # Response tokens in the loss (forced ones left out on request).
+        out["update/loss_tokens"] = loss_tokens
         out["perf/update_phases"] = float(len(phases))
         return out
 
@@ -162,39 +171,37 @@ class PolicyUpdate:
             chunks = []
             for i in range(0, mine.num_rows, LOGPROB_CHUNK_ROWS):
                 self._poll()
-                rows = mine.select(torch.arange(i, min(i + LOGPROB_CHUNK_ROWS, mine.num_rows))).to(self.device)
-                chunks.append(sequence_logprobs(self.model, rows, temperature=self.temperature)[0].float().cpu())
+                end = min(i + LOGPROB_CHUNK_ROWS, mine.num_rows)
+                rows = mine.select(torch.arange(i, end)).to(self.device)
+                logprobs, _ = sequence_logprobs(self.model, rows, temperature=self.temperature)
+                chunks.append(logprobs.float().cpu())
         local = torch.cat(chunks) if chunks else torch.zeros((0, batch.seq_len))
         return self.dist.gather_rows(local, batch.num_rows)
 
     def micro_batches(self, mb: TokenBatch) -> list[tuple[TokenBatch, float]]:
-        """This process's micro-batches of minibatch ``mb``, each with its loss weight: its share of the
-        minibatch's aggregation units, so weighted losses summed over micro-batches and processes equal
-        the loss of ``mb`` in one piece. A process left without rows gets one row at weight 0 (every
-        process must run a backward pass for the gradient all-reduce)."""
+        """This process's micro-batches of minibatch ``mb``, each with its loss weight
+        (``Aggregation.weight``: its share of the minibatch's aggregation units, or 1 where micro-batch
+        losses add up), so weighted losses summed over micro-batches and processes equal the loss of
+        ``mb`` in one piece. A process left without rows gets one row at weight 0 (every process must
+        run a backward pass for the gradient all-reduce)."""
         rows = self.dist.shard(mb.num_rows)
         mine = mb.select(rows or [0]).trim()
-        parts = [mine] if self.micro_batch_tokens is None else token_minibatches(mine, self.micro_batch_tokens,
-                                                                                  shuffle=False)
+        if self.micro_batch_tokens is None:
+            parts = [mine]
+        else:
+            parts = token_minibatches(mine, self.micro_batch_tokens, shuffle=False)
         if not rows:
             return [(parts[0].select([0]).trim(), 0.0)]
-        mode = self.loss_cfg.loss_agg_mode
-        total = aggregation_units(mb, mode)
-        if mode == "seq-mean-token-sum-norm":
-            return [(part, 1.0) for part in parts]
-        return [(part, aggregation_units(part, mode) / total if total else 0.0) for part in parts]
+        return [(part, self.agg.weight(part.response_mask, mb.response_mask)) for part in parts]
 
     def _step(self, mb: TokenBatch) -> dict[str, float]:
         plugins, dist = self.plugins, self.dist
-        cfg = self.loss_cfg
-        if cfg.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.loss_agg_norm_tokens is None:
-            # The padded width of the whole minibatch, not of each (trimmed) micro-batch.
-            cfg = dataclasses.replace(cfg, loss_agg_norm_tokens=mb.seq_len)
+        # L of seq-mean-token-sum-norm: the padded width of the whole minibatch, not of each (trimmed)
+        # micro-batch, so every micro-batch divides by the same constant.
+        agg = self.agg.for_minibatch(mb.response_mask)
         parts = self.micro_batches(mb)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        mb_tokens = max(mb.num_response_tokens, 1)
-        sum_norm = cfg.loss_agg_mode == "seq-mean-token-sum-norm"
         for index, (part, weight) in enumerate(parts):
             self._poll()
             part = part.to(self.device)
@@ -206,15 +213,16 @@ class PolicyUpdate:
                     ref_logprobs = None
                     if plugins.needs_reference:
                         with torch.no_grad():
-                            ref_logprobs = sequence_logprobs(self.ref_model, part, temperature=self.temperature)[0]
+                            ref_logprobs, _ = sequence_logprobs(self.ref_model, part,
+                                                                temperature=self.temperature)
                 outputs = ForwardOutputs(logprobs.float(), None if entropy is None else entropy.float(),
-                                         None if ref_logprobs is None else ref_logprobs.float())
-                loss, metrics = total_loss(plugins.policy_loss, plugins.terms, part, outputs, cfg)
+                                         None if ref_logprobs is None else ref_logprobs.float(), agg=agg)
+                loss, metrics = total_loss(plugins.policy_loss, plugins.terms, part, outputs, self.loss_cfg)
                 # Gradients are averaged over processes (DDP/FSDP): scale up so they add up instead.
                 dist.backward(loss * (weight * dist.world_size))
-            # Metrics are weighted like the loss (so loss/policy is the minibatch's); under the sum-norm
-            # mode, whose micro-batch losses add up, by token share instead (so fractions stay fractions).
-            share = weight if not sum_norm else (part.num_response_tokens / mb_tokens if weight else 0.0)
+            # Metrics are weighted like the loss, or by token share where micro-batch losses add up
+            # (Aggregation.metric_share); a process's stand-in row (weight 0) counts for nothing.
+            share = agg.metric_share(part.response_mask, mb.response_mask) if weight else 0.0
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + share * value
         names = sorted(sums)
@@ -224,7 +232,7 @@ class PolicyUpdate:
         self._poll()
         self.stepped = True  # before the step: a stop raised inside it leaves the weights half-updated
         self.optimizer.step()
-        out = dict(zip(names, totals))
+        out = dict(zip(names, totals, strict=True))
         out["loss/grad_norm"] = float(grad_norm)
         return out
 
@@ -234,8 +242,9 @@ def _rows(values: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
     return [values[i][mask[i]].numpy().astype(np.float64) for i in range(values.shape[0])]
 
 
-def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max_length: int, pad_token_id: int,
-               grad_clip: float, seed: int, on_step: Callable[[int, int, float], None] | None = None,
+def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max_length: int,
+               pad_token_id: int, grad_clip: float, seed: int,
+               on_step: Callable[[int, int, float], None] | None = None,
                poll: Callable[[], None] | None = None) -> dict[str, Any]:
     """Cross-entropy on the expert's response tokens (prompt tokens are masked out).
 

@@ -9,9 +9,11 @@ agentgym's. agentgym does three things itself:
 - **Rows are split, the loss is normalised globally.** Every minibatch is the same on every process
   (same seeded shuffle); process r trains on rows r, r+W, ... of it, cut into micro-batches of at
   most ``optim.micro_batch_tokens`` padded tokens. Each micro-batch's loss is weighted by its share
-  of the whole minibatch's aggregation units (``aggregation_units``: response tokens for
-  ``token-mean``, rows for the ``seq-mean-*`` modes), so the sum over micro-batches and processes is
-  exactly the loss of the minibatch computed in one piece: 2 processes give the same update as 1.
+  of the whole minibatch's aggregation units (``Aggregation.weight`` in
+  ``agentgym.training.engine.aggregation``: response tokens for ``token-mean``, rows for
+  ``seq-mean-token-mean``/``seq-mean-token-sum``; ``seq-mean-token-sum-norm`` divides by a constant,
+  so its micro-batch losses simply add up), so the sum over micro-batches and processes is exactly
+  the loss of the minibatch computed in one piece: 2 processes give the same update as 1.
 - **Only the main process writes** the run folder; every process reads checkpoints from it (a
   shared filesystem across nodes).
 
@@ -28,26 +30,6 @@ from typing import Any
 import torch
 
 from agentgym.errors import ConfigError
-from agentgym.training.engine.packing import TokenBatch
-
-
-def aggregation_units(batch: TokenBatch, mode: str) -> float:
-    """What ``aggregate(..., mode)`` divides by, counted over ``batch``: response tokens for
-    ``token-mean``; rows with a response token for ``seq-mean-token-mean``/``seq-mean-token-sum``;
-    1 for ``seq-mean-token-sum-norm`` (a constant divisor, so micro-batch losses simply add up).
-
-    Example:
-        >>> from agentgym.rollout.records import Turn
-        >>> from agentgym.training.engine.packing import pack_turns
-        >>> batch = pack_turns([Turn([1], [2, 3], [0, 0], 0, "a"), Turn([1], [2], [0], 0, "b")], [1, 1], pad_token_id=0)
-        >>> aggregation_units(batch, "token-mean"), aggregation_units(batch, "seq-mean-token-mean")
-        (3.0, 2.0)
-    """
-    if mode == "token-mean":
-        return float(batch.response_mask.sum())
-    if mode == "seq-mean-token-sum-norm":
-        return 1.0
-    return float((batch.response_mask.sum(-1) > 0).sum())
 
 
 class Distributed:
@@ -131,7 +113,8 @@ class Accelerated(Distributed):
         except ImportError:
             raise ConfigError("several processes or optim.mixed_precision need accelerate: "
                               "pip install 'agentgym-rl[accelerate]'") from None
-        self.accelerator = Accelerator(mixed_precision=mixed_precision, cpu=cpu or not torch.cuda.is_available())
+        self.accelerator = Accelerator(mixed_precision=mixed_precision,
+                                       cpu=cpu or not torch.cuda.is_available())
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.device = self.accelerator.device if self.world_size > 1 else None
@@ -174,7 +157,8 @@ class Accelerated(Distributed):
         per_rank = -(-num // self.world_size)
         padded = torch.zeros((per_rank, *local.shape[1:]), dtype=local.dtype, device=self.accelerator.device)
         padded[: local.shape[0]] = local
-        everything = self.accelerator.gather(padded).cpu().reshape(self.world_size, per_rank, *local.shape[1:])
+        gathered = self.accelerator.gather(padded).cpu()
+        everything = gathered.reshape(self.world_size, per_rank, *local.shape[1:])
         out = torch.empty((num, *local.shape[1:]), dtype=local.dtype)
         for rank in range(self.world_size):
             rows = list(range(rank, num, self.world_size))
