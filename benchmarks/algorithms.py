@@ -10,11 +10,13 @@ A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, `
 a longer horizon), except the tool tasks ``search-qa`` and ``code-math`` (the arithmetic drill:
 run the expression in the Python tool, answer its value), whose presets are
 ``configs/search_qa_<variant>_tiny.yaml`` and ``configs/code_math_<variant>_tiny.yaml`` (``grpo``,
-``gigpo``, ``igpo``, ``arpo``); a variant without a preset for a task is skipped. On tool tasks a second table gives tool calls per episode (held-out) and run
-per task (training: a branch's copied turns are not run again), tokens generated per task, and the
-time of IGPO's scoring pass and of all rollout hooks as a fraction of generation time. ``--set`` adds overrides to every run (e.g. a higher learning rate to provoke a
-collapse) and ``--tag`` names such an experiment. Each run is its own process with one torch thread,
-so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can share the machine.
+``gigpo``, ``igpo``, ``arpo``); a variant without a preset for a task is skipped. On tool tasks a
+second table gives tool calls per episode (held-out) and run per task (training: a branch's copied
+turns are not run again), tokens generated per task, and the time of IGPO's scoring pass and of all
+rollout hooks as a fraction of generation time. ``--set`` adds overrides to every run (e.g. a higher
+learning rate to provoke a collapse) and ``--tag`` names such an experiment. Each run is its own
+process with one torch thread, so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can
+share the machine.
 
 Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (tag, task,
 variant, seed, iterations): a run already there is not repeated, so a grid can be filled over several
@@ -56,7 +58,8 @@ VARIANTS = ["grpo", "rloo", "gigpo", "hgpo", "seeupo", "gspo", "dapo", "epo", "l
 TASKS: dict[str, tuple[list[str], float]] = {
     "maze": ([], 0.8),
     "maze3": (["env.kwargs.size=3", "env.max_turns=20"], 0.6),
-    # Every variant at the igpo/arpo presets' learning rate (the GRPO preset's 5e-4 doubled): one budget for all.
+    # Every variant at the igpo/arpo presets' learning rate (the GRPO preset's 5e-4 doubled): one budget for
+    # all.
     "search-qa": (["optim.lr=0.001"], 0.5),
     # The code-math presets share one learning rate already.
     "code-math": ([], 0.6),
@@ -189,7 +192,8 @@ def update_cost(variants: list[str], repeats: int) -> str:
     baseline = None
     for variant in [v for v in variants if preset("maze", v).is_file()]:
         with tempfile.TemporaryDirectory() as out:
-            run = Trainer(load_config(ROOT / "configs" / f"quickstart_maze_{variant}.yaml", ["sft.enabled=false"]), out)
+            run = Trainer(load_config(ROOT / "configs" / f"quickstart_maze_{variant}.yaml",
+                                      ["sft.enabled=false"]), out)
             if run.plugins.needs_reference:
                 torch.save(weights, RunFolder(out).reference)
                 run.freeze_reference()
@@ -204,7 +208,8 @@ def update_cost(variants: list[str], repeats: int) -> str:
 
             handles = [run.model.register_forward_hook(counter("grad"), with_kwargs=True)]
             if run.update.ref_model is not None:
-                handles.append(run.update.ref_model.register_forward_hook(counter("reference"), with_kwargs=True))
+                handles.append(run.update.ref_model.register_forward_hook(counter("reference"),
+                                                                          with_kwargs=True))
             times = []
             for _ in range(repeats):
                 run.model.load_state_dict(weights)
@@ -217,8 +222,8 @@ def update_cost(variants: list[str], repeats: int) -> str:
             run.close()
         best = min(times)
         baseline = baseline or best
-        lines.append(f"| {variant} | {metrics.get('perf/update_phases', 1):.0f} | {counts['no_grad']} + {counts['grad']} + "
-                     f"{counts['reference']} "
+        lines.append(f"| {variant} | {metrics.get('perf/update_phases', 1):.0f} | {counts['no_grad']} + "
+                     f"{counts['grad']} + {counts['reference']} "
                      f"| {counts['rows']} | {best:.2f} | {best / baseline:.1f} |")
     return "\n".join(lines)
 
@@ -236,7 +241,8 @@ def save(path: Path, run: dict) -> None:
         fcntl.flock(fh, fcntl.LOCK_EX)
         fh.seek(0)
         text = fh.read()
-        stored = [r for r in (json.loads(text) if text.strip() else []) if "variant" in r and key(r) != key(run)]
+        stored = [r for r in (json.loads(text) if text.strip() else [])
+                  if "variant" in r and key(r) != key(run)]
         fh.seek(0)
         fh.truncate()
         fh.write(json.dumps([*stored, {**run, "provenance": provenance()}], indent=1))
@@ -264,8 +270,9 @@ def edge_mean(values: list[float], first: bool, width: int = 5) -> float:
 
 def table(runs: list[dict], task: str, variants: list[str]) -> str:
     threshold = TASKS[task][1]
-    lines = [(f"| variant | seeds | held-out before RL | after RL (mean ± std) | iterations to {threshold:.0%} "
-              "(train) | s / iteration | peak MB | phases | −logp/token first → last 5 it |"),
+    lines = [(f"| variant | seeds | held-out before RL | after RL (mean ± std) | iterations to "
+              f"{threshold:.0%} (train) | s / iteration | peak MB | phases "
+              "| −logp/token first → last 5 it |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for variant in variants:
         mine = [r for r in runs if r["variant"] == variant and r["task"] == task]
@@ -277,9 +284,11 @@ def table(runs: list[dict], task: str, variants: list[str]) -> str:
         nll_first = statistics.mean(edge_mean(r["nll_per_token"], True) for r in mine)
         nll_last = statistics.mean(edge_mean(r["nll_per_token"], False) for r in mine)
         lines.append(
-            f"| {variant} | {len(mine)} | {mean_std([r['before'] for r in mine])} | {mean_std([r['after'] for r in mine])} "
+            f"| {variant} | {len(mine)} | {mean_std([r['before'] for r in mine])} "
+            f"| {mean_std([r['after'] for r in mine])} "
             f"| {reach} | {statistics.mean(r['s_per_iteration'] for r in mine):.1f} "
-            f"| {max(r['peak_rss_mb'] for r in mine):.0f} | {statistics.mean(r['update_phases'] for r in mine):.1f} "
+            f"| {max(r['peak_rss_mb'] for r in mine):.0f} "
+            f"| {statistics.mean(r['update_phases'] for r in mine):.1f} "
             f"| {nll_first:.3f} → {nll_last:.3f} |")
     return "\n".join(lines)
 
@@ -290,7 +299,8 @@ def tool_table(runs: list[dict], task: str, variants: list[str]) -> str:
               "| tokens generated / task | generate s / iteration | scoring / generate | hooks / generate |")
     lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
     for variant in variants:
-        mine = [r for r in runs if r["variant"] == variant and r["task"] == task and "tool_calls_per_task" in r]
+        mine = [r for r in runs
+                if r["variant"] == variant and r["task"] == task and "tool_calls_per_task" in r]
         if not mine:
             continue
         fields = ("eval_tool_calls_per_episode", "tool_calls_per_task", "gen_tokens_per_task",
@@ -373,7 +383,8 @@ def main() -> None:
                 continue
             stored.append(run)
             save(results, run)
-            print(f"{run['task']} {run['variant']} seed {run['seed']}: {run['before']:.0%} -> {run['after']:.0%} "
+            print(f"{run['task']} {run['variant']} seed {run['seed']}: {run['before']:.0%} -> "
+                  f"{run['after']:.0%} "
                   f"({run['wall_s']:.0f} s, {run['s_per_iteration']:.1f} s/it)", flush=True)
     wanted = {key(s) for s in specs}
     runs = [r for r in stored if key(r) in wanted]

@@ -44,7 +44,8 @@ def _run_folder(folder: Path) -> tuple[Path, dict[str, Any] | None]:
 
 @app.command("serve-policy")
 def serve_policy(
-    model_dir: str = typer.Argument(..., help="A Hugging Face model directory, or an `agentgym train` run folder."),
+    model_dir: str = typer.Argument(..., help="A Hugging Face model directory, or an `agentgym train` run "
+                                               "folder."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
     port: int = typer.Option(8001, help="TCP port, 1-65535."),
     name: str | None = typer.Option(None, help="Model name clients pass (default: the directory's name)."),
@@ -70,7 +71,8 @@ def serve_policy(
     try:
         from agentgym.backends.openai_server import load_policy_app
     except ImportError as exc:
-        fail(ImportError(f"{exc}; install the server and train extras: pip install 'agentgym-rl[server,train]'"))
+        fail(ImportError(f"{exc}; install the server and train extras: pip install "
+                         "'agentgym-rl[server,train]'"))
     served = name or Path(model_dir).resolve().name
     try:
         folder, prompt_settings = _run_folder(Path(model_dir))

@@ -30,14 +30,17 @@ TRAIN_HELP = [
 
 def _train_help() -> str:
     presets = list_presets()
-    shipped = [f"Shipped presets (in configs/; give the path or just the name): {', '.join(presets)}"] if presets else []
+    shipped = ([f"Shipped presets (in configs/; give the path or just the name): {', '.join(presets)}"]
+               if presets else [])
     return "\n\n".join(TRAIN_HELP + shipped)
 
 
 @app.command(help=_train_help())
 def train(
-    config: str | None = typer.Argument(None, help="YAML config or preset name (default: the embedded quickstart)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a field: --set rollout.group_size=4 (repeatable)."),
+    config: str | None = typer.Argument(None, help="YAML config or preset name (default: the embedded "
+                                                   "quickstart)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a field: --set rollout.group_size=4 "
+                                                     "(repeatable)."),
     out: str | None = typer.Option(None, help="New run folder (default: runs/<env>-<algorithm>-<time>)."),
     resume: str | None = typer.Option(None, help="Continue the run saved in this folder."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --out first."),
@@ -54,7 +57,8 @@ def train(
                               "(a folder every process, on every node, can reach)")
         with quiet_third_party_bars():
             cfg, folder = _config_and_folder(config, set_, out, resume, overwrite, notes)
-            trainer = Trainer(cfg, folder.path)  # everything that can be checked is, before the folder is touched
+            # Everything that can be checked is, before the folder is touched.
+            trainer = Trainer(cfg, folder.path)
     except AgentGymError as exc:
         fail(exc)
     except KeyboardInterrupt:
@@ -134,10 +138,10 @@ def _print_stop(report: dict[str, Any], folder: RunFolder, cfg: TrainConfig) -> 
         text = (f"Stopped ({signal}) before the first checkpoint: there is no checkpoint to resume. "
                 f"Start the run again with: {folder.restart_command()}")
     elif report.get("abandoned") is not None:
-        text = (f"Stopped ({signal}) during iteration {report['abandoned']} of {cfg.iterations}; the last checkpoint, "
-                f"{folder.checkpoint}, holds iteration {iteration} (a resumed run does iterations "
-                f"{iteration + 1}-{report['abandoned']} again; checkpoint_every=1 saves every iteration). "
-                f"Resume with: {folder.resume_command()}")
+        text = (f"Stopped ({signal}) during iteration {report['abandoned']} of {cfg.iterations}; the last "
+                f"checkpoint, {folder.checkpoint}, holds iteration {iteration} (a resumed run does "
+                f"iterations {iteration + 1}-{report['abandoned']} again; checkpoint_every=1 saves every "
+                f"iteration). Resume with: {folder.resume_command()}")
     elif iteration == 0:
         text = (f"Stopped ({signal}) in iteration 1 of {cfg.iterations}; the warm start is saved in "
                 f"{folder.checkpoint}. Resume with: {folder.resume_command()}")
@@ -170,7 +174,8 @@ def _print_report(report: dict[str, Any], folder: RunFolder) -> None:
     # Percentage points between the two rates as printed, not a relative change.
     points = round(after["success_rate"] * 100) - round(before["success_rate"] * 100)
     console.print(f"{report['algorithm']} took held-out success from {before['success_rate']:.0%} to "
-                  f"{after['success_rate']:.0%} ([bold]{points:+d} points[/]) in {report['wall_time_s'] / 60:.1f} min.",
+                  f"{after['success_rate']:.0%} ([bold]{points:+d} points[/]) in "
+                  f"{report['wall_time_s'] / 60:.1f} min.",
                   soft_wrap=True, highlight=False)
     console.print(f"Report: {folder.report}, curve: {folder.curve}", soft_wrap=True,
                   markup=False, highlight=False)

@@ -49,7 +49,8 @@ class PolicySpec:
     model: str | None = None
     """Endpoint model name (None: the only model the server lists)."""
     api: Literal["chat", "completions"] = "chat"
-    """Endpoint API: ``chat`` (the server's chat template) or ``completions`` (token ids; needs ``tokenizer``)."""
+    """Endpoint API: ``chat`` (the server's chat template) or ``completions`` (token ids; needs
+    ``tokenizer``)."""
     tokenizer: str | None = None
     """Endpoint ``completions`` API: the local directory of the served model's tokenizer."""
     timeout_s: float = 60.0
@@ -57,7 +58,8 @@ class PolicySpec:
     max_retries: int = 2
     """Endpoint retries of failed connections, timeouts and 5xx answers."""
     send_tools: bool = True
-    """Chat endpoints: send tool envs' specs as ``tools=`` (``tools=off`` keeps them in the prompt text only)."""
+    """Chat endpoints: send tool envs' specs as ``tools=`` (``tools=off`` keeps them in the prompt text
+    only)."""
     device: str = "auto"
     """Local models: ``auto``, ``cpu``, ``cuda``..."""
     dtype: str = "float32"
@@ -150,8 +152,8 @@ def _apply_options(spec: PolicySpec, options: dict[str, str]) -> PolicySpec:
     if spec.prompt.action_format not in (None, "plain", "tag", "raw"):
         raise ConfigError(f"policy {spec.text!r}: action_format must be plain, tag or raw")
     if spec.kind == "endpoint" and spec.api == "completions" and not spec.tokenizer:
-        raise ConfigError(f"policy {spec.text!r}: api=completions sends token ids, so it needs the served model's "
-                          "tokenizer: add tokenizer=DIR (or use api=chat)")
+        raise ConfigError(f"policy {spec.text!r}: api=completions sends token ids, so it needs the served "
+                          "model's tokenizer: add tokenizer=DIR (or use api=chat)")
     if spec.prompt.max_new_tokens < 1:
         raise ConfigError(f"policy {spec.text!r}: max_new_tokens must be >= 1")
     return spec
@@ -205,8 +207,8 @@ def _read_run_config(folder: Path, text: str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError):
         config = None  # reported below, with every other file that is not a JSON object
     if not isinstance(config, dict):
-        raise ConfigError(f"policy {text!r}: {path} is not a run config (not a JSON object: a write cut short?); "
-                          "restore it, or evaluate the run's model/ folder as a model directory")
+        raise ConfigError(f"policy {text!r}: {path} is not a run config (not a JSON object: a write cut "
+                          "short?); restore it, or evaluate the run's model/ folder as a model directory")
     return config
 
 
@@ -222,10 +224,10 @@ def parse_policy(text: str) -> PolicySpec:
         >>> spec = parse_policy("http://127.0.0.1:8001/v1,model=qwen,name=served,max_new_tokens=64")
         >>> spec.kind, spec.model, spec.name, spec.prompt.max_new_tokens
         ('endpoint', 'qwen', 'served', 64)
-        >>> parse_policy("gpt-4")
+        >>> parse_policy("gpt-4")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: policy 'gpt-4' is not random, expert, an http(s):// endpoint, a model directory or a run folder (no such path)
+        agentgym.errors.ConfigError: policy 'gpt-4' is not random, expert, ... (no such path)
     """
     head, options = _split_options(text)
     if head in ("random", "expert"):

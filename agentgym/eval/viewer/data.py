@@ -78,8 +78,9 @@ class EpisodeEntry:
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.id, "env": self.env, "policy": self.policy, "iteration": self.iteration,
-                "task_index": self.task_index, "sample": self.sample, "seed": self.seed, "task_id": self.task_id,
-                "success": self.success, "return": self.episode_return, "turns": self.num_turns}
+                "task_index": self.task_index, "sample": self.sample, "seed": self.seed,
+                "task_id": self.task_id, "success": self.success, "return": self.episode_return,
+                "turns": self.num_turns}
 
 
 def _read_json(path: Path, name: str, fix: str) -> dict[str, Any]:
@@ -111,17 +112,18 @@ class RunFolder:
             file, the line and the field).
 
     Example:
-        >>> RunFolder("/nonexistent")
+        >>> RunFolder("/nonexistent")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: /nonexistent is not a folder; pass the --out folder of `agentgym eval` or `agentgym train`
+        agentgym.errors.ConfigError: /nonexistent is not a folder; pass the --out folder of ...
     """
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self._run = TrainingRun(self.root)  # where a training run's files are (``agentgym train`` writes them)
+        self._run = TrainingRun(self.root)  # where a training run's files are
         if not self.root.is_dir():
-            raise ConfigError(f"{self.root} is not a folder; pass the --out folder of `agentgym eval` or `agentgym train`")
+            raise ConfigError(f"{self.root} is not a folder; pass the --out folder of `agentgym eval` or "
+                              "`agentgym train`")
         if (self.root / PLAN).is_file():
             self.kind = "eval"
         elif self._run.config.is_file() and self._run.trajectories.is_dir():
@@ -167,14 +169,15 @@ class RunFolder:
         return path.relative_to(self.root).as_posix()
 
     def _damaged(self, path: Path, number: int, problem: str) -> ConfigError:
-        return ConfigError(f"{self._relative(path)} line {number}: {problem}; that line is damaged: repair or "
-                           "delete it, then run `agentgym view` again")
+        return ConfigError(f"{self._relative(path)} line {number}: {problem}; that line is damaged: repair "
+                           "or delete it, then run `agentgym view` again")
 
     def _index_evaluation(self) -> None:
         fix = "restore it, or run the evaluation again into a new --out folder"
         plan = _read_json(self.root / PLAN, PLAN, fix)
         envs, policies = plan.get("envs"), plan.get("policies")
-        if (not isinstance(envs, list) or not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in envs)
+        if (not isinstance(envs, list)
+                or not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in envs)
                 or not isinstance(policies, list)
                 or not all(isinstance(p, dict) and isinstance(p.get("name"), str) for p in policies)):
             raise ConfigError(f"{PLAN} is damaged (it needs 'envs': [{{'id': ...}}] and 'policies': "
@@ -223,8 +226,8 @@ class RunFolder:
         task_id = record.get("task_id")
         eid = f"{record['env']}|{record['policy']}|{record['task_index']}|{record['sample']}"
         # Interned: a folder's thousands of episodes share a handful of env and policy names.
-        return EpisodeEntry(eid, sys.intern(record["env"]), sys.intern(record["policy"]), None, record["task_index"],
-                            record["sample"],
+        return EpisodeEntry(eid, sys.intern(record["env"]), sys.intern(record["policy"]), None,
+                            record["task_index"], record["sample"],
                             seed if _is_int(seed) else None, None if task_id is None else str(task_id),
                             bool(record.get("success")), float(record["return"]), len(record["turns"]),
                             file, offset, length, 0)
@@ -233,8 +236,8 @@ class RunFolder:
         config = self._config
         env, algorithm = config.get("env", {}), config.get("algorithm", {})
         if not isinstance(env, dict) or not isinstance(algorithm, dict):
-            raise ConfigError("config.json is damaged ('env' and 'algorithm' must be objects); restore it from "
-                              "the run's checkpoint or train again into a new --out folder")
+            raise ConfigError("config.json is damaged ('env' and 'algorithm' must be objects); restore it "
+                              "from the run's checkpoint or train again into a new --out folder")
         env_id, policy = str(env.get("id", "?")), str(algorithm.get("name", "train"))
         for iteration, path in self._run.trajectory_files():
             self.files.append(path)
@@ -273,9 +276,9 @@ class RunFolder:
             seed, task_id = t.get("seed"), t.get("task_id")
             eid = f"{iteration}|{group['group_id']}|{t.get('trajectory_id') or sample}"
             entries.append(EpisodeEntry(eid, env, policy, iteration, task_index, sample,
-                                        seed if _is_int(seed) else None, None if task_id is None else str(task_id),
-                                        bool(t.get("success")), episode_return, len(t["turns"]), file, offset,
-                                        length, sample))
+                                        seed if _is_int(seed) else None,
+                                        None if task_id is None else str(task_id), bool(t.get("success")),
+                                        episode_return, len(t["turns"]), file, offset, length, sample))
         return entries
 
     @cached_property
@@ -311,12 +314,13 @@ class RunFolder:
         policies = list(dict.fromkeys(e.policy for e in self._entries))
         iterations = sorted({e.iteration for e in self._entries if e.iteration is not None})
         meta: dict[str, Any] = {"kind": self.kind, "title": self.root.resolve().name, "envs": envs,
-                                "policies": policies, "iterations": iterations, "episodes": len(self._entries),
-                                "skipped_lines": self.skipped_lines, "results": [], "comparisons": [],
-                                "curves": {}, "evals": None, "notes": []}
+                                "policies": policies, "iterations": iterations,
+                                "episodes": len(self._entries), "skipped_lines": self.skipped_lines,
+                                "results": [], "comparisons": [], "curves": {}, "evals": None, "notes": []}
         if self.kind == "eval" and (self.root / "results.json").is_file():
             try:
-                data = _read_json(self.root / "results.json", "results.json", "run `agentgym eval --resume` again")
+                data = _read_json(self.root / "results.json", "results.json",
+                                  "run `agentgym eval --resume` again")
                 results, comparisons = data.get("results", []), data.get("comparisons", [])
                 if not isinstance(results, list) or not isinstance(comparisons, list):
                     raise ConfigError("results.json is damaged ('results' and 'comparisons' must be lists)")
@@ -331,7 +335,8 @@ class RunFolder:
                     meta["evals"] = {k: float(v["success_rate"]) for k, v in evals.items()
                                      if isinstance(v, dict) and _number(v.get("success_rate")) is not None}
                 except (ConfigError, AttributeError) as exc:
-                    meta["notes"].append(str(exc) if isinstance(exc, ConfigError) else "report.json is damaged")
+                    meta["notes"].append(str(exc) if isinstance(exc, ConfigError)
+                                         else "report.json is damaged")
         return meta
 
     def _curves(self) -> dict[str, list[list[float]]]:
@@ -359,7 +364,8 @@ class RunFolder:
     def episodes(self, *, env: str | None = None, policy: str | None = None, success: bool | None = None,
                  iteration: int | None = None, task_index: int | None = None, offset: int = 0,
                  limit: int = MAX_LIST_PAGE) -> tuple[int, list[dict[str, Any]]]:
-        """How many episodes match every given filter, and the summaries of ``limit`` of them from ``offset``."""
+        """How many episodes match every given filter, and the summaries of ``limit`` of them from
+        ``offset``."""
         matching = [e for e in self._entries
                     if (env is None or e.env == env) and (policy is None or e.policy == policy)
                     and (success is None or e.success == success)
@@ -372,7 +378,8 @@ class RunFolder:
         found: dict[int, dict[str, Any]] = {}
         for e in self._entries:
             if env is None or e.env == env:
-                found.setdefault(e.task_index, {"task_index": e.task_index, "seed": e.seed, "task_id": e.task_id})
+                found.setdefault(e.task_index,
+                                 {"task_index": e.task_index, "seed": e.seed, "task_id": e.task_id})
         return [found[k] for k in sorted(found)]
 
     def episode(self, eid: str, *, turn_offset: int = 0, turn_limit: int = 50,
@@ -406,22 +413,25 @@ class RunFolder:
             page.append(shown)
         end = turn_offset + len(page)
         return {**entry.summary(), "num_turns": entry.num_turns, "observation": observation, "info": info,
-                "turn_offset": turn_offset, "next_turn_offset": end if end < len(turns) else None, "turns": page}
+                "turn_offset": turn_offset, "next_turn_offset": end if end < len(turns) else None,
+                "turns": page}
 
     def _shown_turn(self, t: dict[str, Any]) -> dict[str, Any]:
         if self.kind == "eval":
             return {"prompt": t.get("prompt"), "response": t.get("response"), "action": t.get("action"),
-                    "observation": t.get("observation"), "reward": t.get("reward"), "state_key": t.get("state_key"),
-                    "invalid": bool(t.get("invalid")), "tool_calls": t.get("tool_calls", 0), "advantage": None,
-                    "info": t.get("info")}
+                    "observation": t.get("observation"), "reward": t.get("reward"),
+                    "state_key": t.get("state_key"), "invalid": bool(t.get("invalid")),
+                    "tool_calls": t.get("tool_calls", 0), "advantage": None, "info": t.get("info")}
         tokenizer = self.tokenizer
         extras = t.get("extras") or {}
         return {"prompt": tokenizer.decode(t["prompt_ids"], skip_special_tokens=False),
                 "response": tokenizer.decode(t["response_ids"], skip_special_tokens=True),
-                "action": t.get("action", ""), "observation": t.get("observation", ""), "reward": t.get("reward"),
+                "action": t.get("action", ""), "observation": t.get("observation", ""),
+                "reward": t.get("reward"),
                 "state_key": t.get("state_key"), "invalid": bool(t.get("invalid")),
                 "tool_calls": t.get("tool_calls", 0),
-                "advantage": _number(extras.get("advantage", extras.get("adv"))) if isinstance(extras, dict) else None,
+                "advantage": (_number(extras.get("advantage", extras.get("adv"))) if isinstance(extras, dict)
+                              else None),
                 "info": None}
 
     def _line(self, entry: EpisodeEntry) -> Any:

@@ -49,12 +49,13 @@ def load_model_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
     """
     if is_lora(model):
         if "adapter" not in state:
-            raise ConfigError("this checkpoint holds full weights but model.lora is set; resume without model.lora")
+            raise ConfigError("this checkpoint holds full weights but model.lora is set; resume without "
+                              "model.lora")
         load_adapter_state(model, state["adapter"])
     else:
         if "model" not in state:
-            raise ConfigError("this checkpoint holds a LoRA adapter but model.lora is not set; resume with the "
-                              "model.lora settings the run started with")
+            raise ConfigError("this checkpoint holds a LoRA adapter but model.lora is not set; resume with "
+                              "the model.lora settings the run started with")
         model.load_state_dict(state["model"])
 
 

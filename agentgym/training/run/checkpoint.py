@@ -116,7 +116,8 @@ def load_checkpoint(out_dir: Path) -> dict[str, Any]:
     """The state saved in ``out_dir``; RNG states are reinstated by the caller with ``set_rng_state``.
 
     Raises:
-        ConfigError: there is no checkpoint in ``out_dir``, or it is damaged (saying how to start the run again).
+        ConfigError: there is no checkpoint in ``out_dir``, or it is damaged (saying how to start the run
+            again).
     """
     folder = RunFolder(out_dir)
     if not folder.has_checkpoint():

@@ -112,7 +112,8 @@ class Trainer:
         # Checkpoints and the reference live in the run folder (written by the main process only); the
         # other processes of a multi-process run log into a scratch folder of their own.
         self.root = Path(out_dir)
-        self.out = self.root if self.dist.is_main else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.dist.rank}-"))
+        self.out = (self.root if self.dist.is_main
+                    else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.dist.rank}-")))
         self.folder = RunFolder(self.out)
         self.reference_file = RunFolder(self.root).reference  # every process rebuilds the reference from it
         self.progress = Progress()
@@ -125,7 +126,8 @@ class Trainer:
         for term in self.plugins.terms.values():
             term.begin_run(RunContext(iterations=cfg.iterations))
         seed_everything(cfg.seed)
-        model_cfg = cfg.model if self.dist.device is None else replace(cfg.model, device=str(self.dist.device))
+        model_cfg = (cfg.model if self.dist.device is None
+                     else replace(cfg.model, device=str(self.dist.device)))
         self.policy = make_policy(model_cfg, seed=cfg.seed)  # several processes: each on its own device
         self.model, self.tokenizer = self.policy.model, self.policy.tokenizer
         r = cfg.rollout
@@ -142,8 +144,8 @@ class Trainer:
         self.pipeline = RolloutPipeline(self.collect, r.max_staleness)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                           weight_decay=cfg.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr,
+                                           betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
         self.trained, self.optimizer = self.dist.prepare(self.model, self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(cfg))
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -168,11 +170,13 @@ class Trainer:
         if not self.cfg.rollout.max_staleness:
             return self.policy
         if self.dist.world_size > 1:
-            raise ConfigError("rollout.max_staleness=1 is for one training process (its background collection "
-                              "would interleave collective calls with the update's); set rollout.max_staleness=0")
+            raise ConfigError("rollout.max_staleness=1 is for one training process (its background "
+                              "collection would interleave collective calls with the update's); set "
+                              "rollout.max_staleness=0")
         if capability(self.policy, "pauses_for_updates"):
-            raise ConfigError("rollout.max_staleness=1 generates during updates, but model.vllm.sleep puts the "
-                              "colocated engine to sleep for them: set model.vllm.sleep=false or use vllm-server")
+            raise ConfigError("rollout.max_staleness=1 generates during updates, but model.vllm.sleep puts "
+                              "the colocated engine to sleep for them: set model.vllm.sleep=false or use "
+                              "vllm-server")
         if not capability(self.policy, "is_trained_model"):
             return self.policy  # generates with weights of its own, synced when the loop says
         return self.policy.detached_copy(self.cfg.seed)
@@ -197,8 +201,8 @@ class Trainer:
         finally:
             env.close()
         if self.cfg.sft.enabled and not has_expert:
-            raise ConfigError(f"sft.enabled needs expert demonstrations, but {self.cfg.env.id!r} has no expert; "
-                              "set sft.enabled=false to start RL from the untrained policy")
+            raise ConfigError(f"sft.enabled needs expert demonstrations, but {self.cfg.env.id!r} has no "
+                              "expert; set sft.enabled=false to start RL from the untrained policy")
         self.plugins.check_needs(self.policy, self.cfg.env.id, info)
         return bool(info.get("tools"))
 
@@ -208,8 +212,8 @@ class Trainer:
         return self.cfg.rollout.sampling(temperature, seed)
 
     def evaluate(self, tag: str) -> dict[str, Any]:
-        """Held-out episodes (seeds from ``eval.seed_offset``), one per task, at ``eval.temperature``, played and
-        summarised by the evaluation harness's own functions, so report.json and `agentgym eval` agree."""
+        """Held-out episodes (seeds from ``eval.seed_offset``), one per task, at ``eval.temperature``, played
+        and summarised by the evaluation harness's own functions, so report.json and `agentgym eval` agree."""
         e = self.cfg.eval
         seeds = [e.seed_offset + i for i in range(e.num_episodes)]
         groups = collect_episodes(self.collector, seeds, 1, self.sampling(e.temperature, self.cfg.seed + 7),
@@ -220,19 +224,22 @@ class Trainer:
         """The iteration's groups. When hooks filter groups out (DAPO dynamic sampling), more tasks are
         collected, up to the hooks' ``max_extra_rounds`` extra rounds, until the batch is full."""
         cfg, hooks = self.cfg, self.plugins.hooks
-        sampling = self.plugins.sampling(self.sampling(cfg.rollout.temperature, cfg.seed * 100_003 + iteration))
+        sampling = self.plugins.sampling(self.sampling(cfg.rollout.temperature,
+                                                       cfg.seed * 100_003 + iteration))
         groups: list[EpisodeGroup] = []
         stats = CollectStats()
         round_ = 0
         dist = self.dist
-        wanted = len(dist.shard(cfg.rollout.num_tasks))  # several processes: each collects its share of the tasks
+        # Several processes: each collects its share of the tasks.
+        wanted = len(dist.shard(cfg.rollout.num_tasks))
         part = f"p{dist.rank}-" if dist.world_size > 1 else ""
         hooks.begin_iteration(iteration, self.collector.context(iteration))
         while True:
             prefix = f"it{iteration}-{part}g" if round_ == 0 else f"it{iteration}r{round_}-{part}g"
             seeds = task_seeds(cfg, iteration, round_)
-            groups += self.collector.collect([seeds[i] for i in dist.shard(len(seeds))], cfg.rollout.group_size,
-                                             sampling, group_prefix=prefix, hooks=hooks, iteration=iteration)
+            groups += self.collector.collect([seeds[i] for i in dist.shard(len(seeds))],
+                                             cfg.rollout.group_size, sampling, group_prefix=prefix,
+                                             hooks=hooks, iteration=iteration)
             merge_stats(stats, self.collector.last_stats)
             if len(groups) >= wanted or round_ >= hooks.max_extra_rounds:
                 break
@@ -254,7 +261,8 @@ class Trainer:
     def warm_start(self) -> dict[str, Any]:
         """SFT on expert demonstrations (when enabled), with held-out evaluations before and after."""
         cfg, extra, progress = self.cfg, {}, self.progress
-        extra["eval_before_sft"] = self.evaluate_phase("before", "eval before SFT") if cfg.sft.enabled else None
+        extra["eval_before_sft"] = (self.evaluate_phase("before", "eval before SFT") if cfg.sft.enabled
+                                    else None)
         if cfg.sft.enabled:
             demo_seeds = [cfg.sft.seed_offset + i for i in range(cfg.sft.num_episodes)]
             progress.start(f"expert demos ({cfg.sft.num_episodes} episodes)")
@@ -296,12 +304,14 @@ class Trainer:
     def save(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any], *,
              rng: dict[str, Any] | None = None, plugins: dict[str, Any] | None = None) -> None:
         """Checkpoint the end of ``iteration`` (RNG and plug-in state: now, unless given)."""
-        pending = self.pipeline.pending_state()  # asynchronous: the next iteration's episodes, collected already
+        # Asynchronous: the next iteration's episodes, collected already.
+        pending = self.pipeline.pending_state()
         state = {"iteration": iteration, **model_state(self.model), "optimizer": self.optimizer.state_dict(),
                  "pending_rollout": pending,
                  "scheduler": self.scheduler.state_dict(), "plugins": plugins or self.plugin_state(),
                  "history": history,
-                 "extra": {**extra, "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started}}
+                 "extra": {**extra,
+                           "elapsed_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started}}
         if self.dist.is_main:
             save_checkpoint(self.root, state if rng is None else {**state, "rng": rng})
         self.dist.barrier()
@@ -315,7 +325,8 @@ class Trainer:
 
     def restore(self) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
         """Reinstate the folder's checkpoint, after checking the config against the run's (the changes a
-        resumed run may make are recorded). Returns the history, the warm start's results and the iteration."""
+        resumed run may make are recorded). Returns the history, the warm start's results and the
+        iteration."""
         cfg, out = self.cfg, self.root
         folder = RunFolder(out)
         changes = folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out))
@@ -351,7 +362,8 @@ class Trainer:
         """The resume point of the last checkpoint (None without one)."""
         if self.saved_iteration is None:
             return None
-        return ResumePoint(self.saved_iteration, [h for h in history if h["iteration"] <= self.saved_iteration])
+        return ResumePoint(self.saved_iteration,
+                           [h for h in history if h["iteration"] <= self.saved_iteration])
 
     def stopped_now(self, point: ResumePoint | None, extra: dict[str, Any] | None) -> dict[str, Any]:
         """The run was cut short (``StopNow``): save its resume point, if it has one not yet saved."""
@@ -394,7 +406,8 @@ class Trainer:
         if not asynchronous and capability(self.policy, "pauses_for_updates"):
             self.policy.offload()  # a colocated engine frees the accelerator for the update
         try:
-            with self.stop.region("abandonable") if self.update.poll is not None else contextlib.nullcontext():
+            with (self.stop.region("abandonable") if self.update.poll is not None
+                  else contextlib.nullcontext()):
                 # The estimator's table (TurnTable.of builds one per batch), so the plan splits the same view.
                 metrics = self.update(flatten(groups), advantages, TurnTable.of(groups), iteration,
                                       staleness=rollout.staleness)
@@ -439,7 +452,8 @@ class Trainer:
             except StopNow:
                 return self.stopped_now(self.resume_point, self.extra)
 
-    def run_iterations(self, resume: bool, overwrite: bool, on_iteration: Callable[[dict[str, Any]], None] | None,
+    def run_iterations(self, resume: bool, overwrite: bool,
+                       on_iteration: Callable[[dict[str, Any]], None] | None,
                        stop_after: int | None) -> dict[str, Any]:
         """The run itself: start (warm start, or a checkpoint), RL iterations, finish."""
         cfg, folder, plugins, stop, progress = self.cfg, self.folder, self.plugins, self.stop, self.progress
@@ -473,7 +487,7 @@ class Trainer:
                 update_started = time.perf_counter()
                 update_metrics = self.update_iteration(iteration, groups, advantages, rollout, history)
                 update_s = time.perf_counter() - update_started
-                # --- log -------------------------------------------------------------------------------------
+                # --- log ---------------------------------------------------------------------------------
                 timings = {"iteration_s": time.perf_counter() - it_started, "update_s": update_s}
                 metrics = iteration_metrics(iteration, groups, advantages, stats, timings,
                                             self.scheduler.get_last_lr()[0])
@@ -489,8 +503,8 @@ class Trainer:
                 progress.update(iteration, iteration_status(metrics))
                 # --- checkpoint (and stop, when asked to) --------------------------------------------------
                 stopping = stop.requested or (stop_after is not None and iteration >= stop_after)
-                if (cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0) or iteration == cfg.iterations \
-                        or stopping:
+                if (cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0) \
+                        or iteration == cfg.iterations or stopping:
                     self.save(iteration, history, extra)
                 if stopping:
                     return self.stopped(iteration, history)
@@ -508,7 +522,8 @@ class Trainer:
             "env": cfg.env.id,
             "iterations": cfg.iterations,
             "wall_time_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started,
-            "eval": {"before": extra["eval_before"], "after": eval_after, "before_sft": extra.get("eval_before_sft")},
+            "eval": {"before": extra["eval_before"], "after": eval_after,
+                     "before_sft": extra.get("eval_before_sft")},
             "sft": extra.get("sft"),
             "history": history,
             "config": config_to_dict(cfg),
@@ -523,12 +538,12 @@ class Trainer:
     def _check_tool_calls(self, iteration: int, stats: CollectStats) -> None:
         """A tool env whose first iteration made no tool call trains on nothing: stop and say why.
         (Only envs that report ``info["tool_calls"]`` can be checked.)"""
-        if iteration == 1 and self.has_tools and self.cfg.rollout.require_tool_calls and stats.tool_calls == 0 \
-                and stats.tool_call_reports > 0:
+        if iteration == 1 and self.has_tools and self.cfg.rollout.require_tool_calls \
+                and stats.tool_calls == 0 and stats.tool_call_reports > 0:
             raise ConfigError(
-                f"{stats.turns} turns of {self.cfg.env.id} rollouts made no tool call: the policy never used the "
-                f"env's tools, so RL has nothing to learn from. Check rollout.action_format (tool envs want 'raw'), "
-                f"rollout.max_new_tokens (a call must fit) and that SFT taught the call syntax; "
+                f"{stats.turns} turns of {self.cfg.env.id} rollouts made no tool call: the policy never used "
+                f"the env's tools, so RL has nothing to learn from. Check rollout.action_format (tool envs "
+                f"want 'raw'), rollout.max_new_tokens (a call must fit) and that SFT taught the call syntax; "
                 f"rollout.require_tool_calls=false runs anyway")
 
     def close(self) -> None:
@@ -560,7 +575,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwr
 
     Returns:
         The report (also written to ``out_dir/report.json``), or, for a run that stopped early,
-        ``{"stopped_after": iteration or None, "signal": name or None, "checkpoint": bool, "history": [...]}``.
+        ``{"stopped_after": iteration or None, "signal": name or None, "checkpoint": bool,
+        "history": [...]}``.
 
     Raises:
         ConfigError: the folder cannot take the run (checked before anything is built), or the config
@@ -573,7 +589,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwr
         folder.check_new(overwrite=overwrite)
     trainer = Trainer(cfg, out_dir)
     try:
-        return trainer.run(resume=resume, overwrite=overwrite, on_iteration=on_iteration, stop_after=stop_after,
-                           progress=progress)
+        return trainer.run(resume=resume, overwrite=overwrite, on_iteration=on_iteration,
+                           stop_after=stop_after, progress=progress)
     finally:
         trainer.close()

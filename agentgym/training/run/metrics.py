@@ -1,4 +1,5 @@
-"""Iteration metrics (``iteration_metrics``) and where they go (``MetricsLog``: JSONL, TensorBoard, a callback)."""
+"""Iteration metrics (``iteration_metrics``) and where they go (``MetricsLog``: JSONL, TensorBoard, a
+callback)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ class MetricsLog:
     Args:
         out_dir: the run folder.
         history: metrics already logged (a resumed run rewrites the file from its checkpoint's history:
-            iterations logged after the last checkpoint never happened as far as the resumed run is concerned).
+            iterations logged after the last checkpoint never happened as far as the resumed run is
+            concerned).
         on_iteration: called with each iteration's metrics (the CLI's progress display).
     """
 

@@ -95,7 +95,8 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[s
     """
     before, after = flatten(old), flatten(new)
     return {path: {"from": before.get(path), "to": after.get(path)}
-            for path in [*before, *(p for p in after if p not in before)] if before.get(path) != after.get(path)}
+            for path in [*before, *(p for p in after if p not in before)]
+            if before.get(path) != after.get(path)}
 
 
 def read_run_config(path: Path) -> dict[str, Any]:
@@ -117,8 +118,8 @@ def read_run_config(path: Path) -> dict[str, Any]:
         if isinstance(config, dict):
             return config
         why = f"a JSON {type(config).__name__}, not an object"
-    raise ConfigError(f"{path} is damaged ({why}); it holds the run's config: put back the file `agentgym train` "
-                      f"wrote there (the config the run started with, as JSON)")
+    raise ConfigError(f"{path} is damaged ({why}); it holds the run's config: put back the file "
+                      f"`agentgym train` wrote there (the config the run started with, as JSON)")
 
 
 def _resumable(path: str) -> bool:
@@ -239,7 +240,8 @@ class RunFolder:
             ConfigError: the folder holds no run, or its ``config.json`` is damaged (``read_run_config``).
         """
         if not self.config.is_file():
-            raise ConfigError(f"--resume {self.path}: no run there (no {CONFIG}); start one with --out {self.path}")
+            raise ConfigError(f"--resume {self.path}: no run there (no {CONFIG}); start one with "
+                              f"--out {self.path}")
         return read_run_config(self.config)
 
     def config_history(self) -> list[dict[str, Any]]:
@@ -271,13 +273,14 @@ class RunFolder:
             if overwrite:
                 return
             if not self.has_checkpoint() and not self.report.exists():
-                raise ConfigError(f"{self.path} holds a run that stopped before its first checkpoint; start it "
-                                  f"again with --overwrite, or pick a new --out folder")
-            raise ConfigError(f"{self.path} already holds a run; continue it with --resume {self.path}, pick a new "
-                              f"--out folder, or add --overwrite to delete that run and start again")
+                raise ConfigError(f"{self.path} holds a run that stopped before its first checkpoint; "
+                                  f"start it again with --overwrite, or pick a new --out folder")
+            raise ConfigError(f"{self.path} already holds a run; continue it with --resume {self.path}, "
+                              f"pick a new --out folder, or add --overwrite to delete that run and start "
+                              f"again")
         if self.path.is_dir() and any(self.path.iterdir()):
-            raise ConfigError(f"{self.path} holds files but is not a run folder, so nothing will be written or "
-                              f"deleted there; pick a new or empty --out folder")
+            raise ConfigError(f"{self.path} holds files but is not a run folder, so nothing will be written "
+                              f"or deleted there; pick a new or empty --out folder")
 
     def start(self, config: dict[str, Any], *, overwrite: bool) -> None:
         """Create the folder (clearing the run it holds when ``overwrite``) and write ``config.json``."""
@@ -303,8 +306,9 @@ class RunFolder:
         """
         changes = config_changes(self.saved_config(), config)
         if not self.has_checkpoint():
-            raise ConfigError(f"--resume {self.path}: no checkpoint there: the run stopped before its first one, "
-                              f"so there is nothing to resume. Start it again with: {self.restart_command()}")
+            raise ConfigError(f"--resume {self.path}: no checkpoint there: the run stopped before its first "
+                              f"one, so there is nothing to resume. Start it again with: "
+                              f"{self.restart_command()}")
         refused = [path for path in changes if not _resumable(path)]
         if refused:
             listed = ", ".join(f"{p} ({changes[p]['from']!r} → {changes[p]['to']!r})" for p in refused)
@@ -314,15 +318,17 @@ class RunFolder:
         iterations = config.get("iterations")
         if iteration is not None and isinstance(iterations, int):
             if iterations < iteration:
-                raise ConfigError(f"--resume {self.path}: iterations={iterations}, but the run is at iteration "
-                                  f"{iteration}; set iterations to {iteration} or more")
+                raise ConfigError(f"--resume {self.path}: iterations={iterations}, but the run is at "
+                                  f"iteration {iteration}; set iterations to {iteration} or more")
             if iterations == iteration and self.report.is_file():
-                raise ConfigError(f"--resume {self.path}: the run finished all {iteration} iterations; extend it "
-                                  f"with --set iterations=N (N > {iteration})")
+                raise ConfigError(f"--resume {self.path}: the run finished all {iteration} iterations; "
+                                  f"extend it with --set iterations=N (N > {iteration})")
         return changes
 
-    def record_changes(self, iteration: int, changes: dict[str, dict[str, Any]], config: dict[str, Any]) -> None:
-        """Append ``changes`` (made when resuming after ``iteration``) to the history; rewrite ``config.json``."""
+    def record_changes(self, iteration: int, changes: dict[str, dict[str, Any]],
+                       config: dict[str, Any]) -> None:
+        """Append ``changes`` (made when resuming after ``iteration``) to the history; rewrite
+        ``config.json``."""
         if not changes:
             return
         entry = {"iteration": iteration, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changes": changes}
