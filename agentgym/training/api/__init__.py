@@ -6,8 +6,9 @@ its rollout hooks and its update plan (``register_algorithm``); a loss term adds
 (``register_hook_option``); a policy loss replaces the clipped surrogate (``register_policy_loss``).
 ``PluginSet`` is what one run builds from its config out of all of them, and checks at start-up.
 
-Importing this package imports no ML framework: ``register_policy_loss`` and ``PolicyLoss`` (which
-compute with torch) are loaded from ``agentgym.training.engine.losses`` when first asked for.
+Importing this package imports no ML framework: ``register_policy_loss``, ``PolicyLoss`` and
+``Aggregation`` (how a loss reduces its tokens, handed to policy losses and terms), which compute with
+torch, are loaded from ``agentgym.training.engine`` when first asked for.
 
 Example:
     >>> from agentgym.training.api import TurnTable, episode_advantages, register_algorithm
@@ -48,10 +49,11 @@ from agentgym.training.api.turn_table import (
     normalize,
 )
 
-_FROM_ENGINE = {"register_policy_loss", "PolicyLoss"}
+_FROM_ENGINE = {"register_policy_loss": "losses", "PolicyLoss": "losses", "Aggregation": "aggregation"}
 
 __all__ = [
-    "AdvantageEstimator", "Algorithm", "AlgorithmNeeds", "ForwardOutputs", "HookOption", "LossTerm",
+    "AdvantageEstimator", "Aggregation", "Algorithm", "AlgorithmNeeds", "ForwardOutputs", "HookOption",
+    "LossTerm",
     "NormMode", "Phase", "PluginSet", "PolicyLoss", "RunContext", "TurnTable", "UpdatePlan",
     "discounted_returns", "episode_advantages", "get_algorithm", "get_hook_option", "get_loss_term",
     "group_mean_std", "list_algorithms", "list_hook_options", "list_loss_terms", "normalize",
@@ -61,7 +63,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_ENGINE:  # torch is imported only by who registers a policy loss
-        from agentgym.training.engine import losses
+        import importlib
 
-        return getattr(losses, name)
+        return getattr(importlib.import_module(f"agentgym.training.engine.{_FROM_ENGINE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
