@@ -1,4 +1,5 @@
-"""The client base of every agentgym service client: ``ServiceClient``, ``AsyncServiceClient`` and their ``RetryPolicy``.
+"""The client base of every agentgym service client: ``ServiceClient``, ``AsyncServiceClient`` and their
+``RetryPolicy``.
 
 ``EnvClient`` / ``AsyncEnvClient`` (env service), ``SandboxClient`` and ``RetrievalClient`` subclass
 these and add only their routes. What they share lives here, once:
@@ -53,7 +54,8 @@ IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: The error class of an error answer whose body names none, by status.
 STATUS_ERRORS: Mapping[int, type[AgentGymError]] = {
-    401: AuthenticationError, 408: RemoteTimeout, 413: RequestRejected, 422: RequestRejected, 504: RemoteTimeout,
+    401: AuthenticationError, 408: RemoteTimeout, 413: RequestRejected, 422: RequestRejected,
+    504: RemoteTimeout,
 }
 #: Parsed URLs a client keeps (its sessions' routes; beyond this it starts over).
 _PARSED_URLS_KEPT = 8192
@@ -113,7 +115,8 @@ class RetryPolicy:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ConfigError(f"{name} must be a non-negative number of seconds, got {value!r}")
 
-    def delay(self, outcome: httpx.Response | httpx.HTTPError, attempt: int, repeatable: bool) -> float | None:
+    def delay(self, outcome: httpx.Response | httpx.HTTPError, attempt: int,
+              repeatable: bool) -> float | None:
         """Seconds to wait before sending again after ``outcome``, or ``None`` when it is final.
 
         Args:
@@ -187,8 +190,9 @@ def error_for_response(response: httpx.Response, method: str, url: str,
 
     Example:
         >>> answer = httpx.Response(502, text="<html>Bad Gateway</html>")
-        >>> error_for_response(answer, "GET", "http://svc/health")
-        RemoteEnvError("GET http://svc/health answered 502 Bad Gateway, not an agentgym error body: '<html>Bad Gateway</html>'")
+        >>> error_for_response(answer, "GET", "http://svc/health")  # doctest: +NORMALIZE_WHITESPACE
+        RemoteEnvError("GET http://svc/health answered 502 Bad Gateway,
+                        not an agentgym error body: '<html>Bad Gateway</html>'")
     """
     status = f"{response.status_code} {response.reason_phrase}".rstrip()
     try:
@@ -224,8 +228,8 @@ def json_body(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         request = response.request
-        raise RemoteEnvError(f"{request.method} {request.url} answered {response.status_code} with a body that "
-                             f"is not JSON: {quoted(response.text)}") from None
+        raise RemoteEnvError(f"{request.method} {request.url} answered {response.status_code} with a body "
+                             f"that is not JSON: {quoted(response.text)}") from None
 
 
 def _no_cookies(response: httpx.Response) -> None:
@@ -251,8 +255,10 @@ class _Endpoint:
                  client: httpx.Client | httpx.AsyncClient | None = None,
                  transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None) -> None:
         if client is not None and transport is not None:
-            raise ConfigError("pass either client= or transport=, not both (a client brings its own transport)")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+            raise ConfigError("pass either client= or transport=, not both "
+                              "(a client brings its own transport)")
+        if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                or not 0 < timeout_s < math.inf):
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if base_url is None and client is not None and str(client.base_url):
             base_url = str(client.base_url)
@@ -292,7 +298,8 @@ class _Endpoint:
 
     def _start(self, method: str, path: str, repeatable: bool | None) -> tuple[str, str, bool]:
         method = method.upper()
-        return method, f"{self.base_url}{path}", method in IDEMPOTENT_METHODS if repeatable is None else repeatable
+        return (method, f"{self.base_url}{path}",
+                method in IDEMPOTENT_METHODS if repeatable is None else repeatable)
 
     def _checked(self, outcome: httpx.Response | httpx.HTTPError, method: str, url: str, attempts: int
                 ) -> httpx.Response:
@@ -330,7 +337,8 @@ class ServiceClient(_Endpoint):
 
     _http_class = httpx.Client
 
-    def send(self, method: str, path: str, json: Any = None, *, repeatable: bool | None = None) -> httpx.Response:
+    def send(self, method: str, path: str, json: Any = None, *,
+             repeatable: bool | None = None) -> httpx.Response:
         """Send a request, again where ``self.retry`` allows; return the success answer.
 
         Args:
@@ -357,7 +365,8 @@ class ServiceClient(_Endpoint):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def request(self, method: str, path: str, json: Any = None, *, repeatable: bool | None = None) -> Any:
-        """``send``, returning the answer's JSON (``None`` for 204); a body that is not JSON raises ``RemoteEnvError``."""
+        """``send``, returning the answer's JSON (``None`` for 204); a body that is not JSON raises
+        ``RemoteEnvError``."""
         return json_body(self.send(method, path, json, repeatable=repeatable))
 
     def close(self) -> None:
@@ -413,7 +422,8 @@ class AsyncServiceClient(_Endpoint):
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def request(self, method: str, path: str, json: Any = None, *, repeatable: bool | None = None) -> Any:
+    async def request(self, method: str, path: str, json: Any = None, *,
+                      repeatable: bool | None = None) -> Any:
         """See ``ServiceClient.request``."""
         return json_body(await self.send(method, path, json, repeatable=repeatable))
 

@@ -1,4 +1,5 @@
-"""Clients of the env service: ``RemoteEnv`` (an ``agentgym.Env``), ``AsyncRemoteEnv``, ``EnvClient``, ``AsyncEnvClient``.
+"""Clients of the env service: ``RemoteEnv`` (an ``agentgym.Env``), ``AsyncRemoteEnv``, ``EnvClient``,
+``AsyncEnvClient``.
 
 A ``RemoteEnv`` is a session on a service that behaves like the local env: same return values,
 same exceptions (``ResetNeeded``, ``EpisodeFinished``, ``UnknownEnv``...), fork included. The
@@ -71,7 +72,8 @@ def _fork_body(mode: Any) -> dict[str, Any]:
 
 
 def _create_body(env_id: str, kwargs: dict[str, Any], max_turns: Any) -> dict[str, Any]:
-    if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
+    if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int)
+                                  or max_turns < 1):
         raise ConfigError(f"max_turns must be a positive integer or None, got {max_turns!r}")
     return {"env_id": env_id, "kwargs": kwargs, "max_turns": max_turns}
 
@@ -238,7 +240,8 @@ class AsyncEnvClient(AsyncServiceClient):
 
     def __init__(self, base_url: str | None = None, *, token: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = 2,
-                 transport: httpx.AsyncBaseTransport | None = None, client: httpx.AsyncClient | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 client: httpx.AsyncClient | None = None) -> None:
         super().__init__(base_url, token=token, timeout_s=timeout_s, retry=RetryPolicy(retries=retries),
                          limits=httpx.Limits(max_keepalive_connections=256, max_connections=512),
                          client=client, transport=transport)

@@ -1,4 +1,5 @@
-"""The foundation demo (``make serve-demo``): serve envs over HTTP on a free port and let their experts play them.
+"""The foundation demo (``make serve-demo``): serve envs over HTTP on a free port and let their experts
+play them.
 
 It runs what a user would type: ``agentgym serve ENV...`` as one process, then, once the service is
 healthy, ``agentgym play ENV --url URL --expert --seed N`` for each env.
@@ -31,8 +32,8 @@ def main(env_ids: tuple[str, ...] = ("maze-v0", "sokoban-v0"), seed: int = 0) ->
         for env_id in env_ids:
             console.rule(f"[bold cyan]{env_id}[/] over HTTP at {url}, the expert playing, seed {seed}")
             console.print(f"[bold]$ agentgym play {env_id} --url {url} --expert --seed {seed}[/]")
-            played = subprocess.run([*agentgym, "play", env_id, "--url", url, "--expert", "--seed", str(seed)],
-                                    check=False)
+            played = subprocess.run([*agentgym, "play", env_id, "--url", url, "--expert", "--seed",
+                                     str(seed)], check=False)
             if played.returncode != 0:
                 return played.returncode
         console.print(

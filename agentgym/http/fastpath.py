@@ -182,7 +182,8 @@ class GuardMiddleware(AppGate):
             return  # the client went away
         await self._forward(scope, replay(body, receive), send, content_type)
 
-    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, content_type: bytes | None) -> None:
+    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any,
+                       content_type: bytes | None) -> None:
         hot = self.hot_routes
         if hot is not None:
             matched = hot.match(scope)

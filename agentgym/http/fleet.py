@@ -157,7 +157,8 @@ class EnvFleet:
                 url, token=token, timeout_s=timeout_s, retries=retries)
             client.retry = RetryPolicy(retries=retries, busy_retries=retries)
             self.replicas.append(Replica(index, client.base_url, client))
-        self._threads = ThreadPoolExecutor(len(urls), thread_name_prefix="agentgym-fleet") if len(urls) > 1 else None
+        self._threads = (ThreadPoolExecutor(len(urls), thread_name_prefix="agentgym-fleet") if len(urls) > 1
+                         else None)
         self._slots: dict[int, FleetSlot] = {}
         self.recovered = 0
         """Episodes moved to a new session (replayed) so far."""
@@ -178,13 +179,15 @@ class EnvFleet:
         try:
             health = replica.client.request("GET", "/health")
             if not isinstance(health, dict) or not isinstance(health.get("active_sessions"), int):
-                raise RemoteEnvError(f"GET {replica.url}/health answered a body that is not the service's health")
+                raise RemoteEnvError(f"GET {replica.url}/health answered a body that is not the service's "
+                                     "health")
         except AgentGymError as exc:
             replica.alive, replica.last_error = False, f"{type(exc).__name__}: {exc}"
             return False
         replica.alive, replica.last_error = True, ""
         replica.others = max(0, health["active_sessions"] - replica.placed)
-        replica.max_sessions = health.get("max_sessions") if isinstance(health.get("max_sessions"), int) else None
+        replica.max_sessions = (health.get("max_sessions") if isinstance(health.get("max_sessions"), int)
+                                else None)
         replica.served = health["envs"] if isinstance(health.get("envs"), list) else None
         return True
 
@@ -197,7 +200,8 @@ class EnvFleet:
         live = [r for r in self.replicas if r.alive]
         if not live:
             detail = "; ".join(f"{r.url} ({r.last_error or 'dead'})" for r in self.replicas)
-            raise RemoteEnvError(f"no env service of the fleet answers: {detail}. Start them, or fix env.urls")
+            raise RemoteEnvError(f"no env service of the fleet answers: {detail}. "
+                                 "Start them, or fix env.urls")
         return live
 
     def _mark_dead(self, replica: Replica, error: BaseException) -> None:
@@ -248,13 +252,15 @@ class EnvFleet:
     @staticmethod
     def _answer(replica: Replica, route: str, answer: Any) -> dict[str, Any]:
         if not isinstance(answer, dict) or not all(k in answer for k in _ANSWER_KEYS[route]):
-            raise _ReplicaDown(replica, RemoteEnvError(f"{replica.url} answered a {route} with a malformed body"))
+            raise _ReplicaDown(replica, RemoteEnvError(f"{replica.url} answered a {route} "
+                                                       "with a malformed body"))
         return answer
 
     def _create(self, replica: Replica) -> str:
         session = self._call(replica, "POST", "/sessions", self._create_body)
         if not isinstance(session, dict) or not isinstance(session.get("session_id"), str):
-            raise _ReplicaDown(replica, RemoteEnvError(f"POST {replica.url}/sessions answered a malformed body"))
+            raise _ReplicaDown(replica, RemoteEnvError(f"POST {replica.url}/sessions "
+                                                       "answered a malformed body"))
         return session["session_id"]
 
     def _fan(self, fn: Callable[[Replica, list[int]], Any], groups: dict[Replica, list[int]]
@@ -268,7 +274,7 @@ class EnvFleet:
 
         if self._threads is None or len(groups) < 2:
             return {replica: run(replica) for replica in groups}
-        return dict(zip(groups, self._threads.map(run, list(groups))))
+        return dict(zip(groups, self._threads.map(run, list(groups)), strict=True))
 
     # --- rebuilding an episode on a new session -------------------------------------------------
 
@@ -286,7 +292,8 @@ class EnvFleet:
                         self._replay(slot)
                 except SessionCapacityError:
                     tried.add(replica.index)
-                    replica.others = max(replica.others, (replica.max_sessions or replica.load) - replica.placed)
+                    replica.others = max(replica.others,
+                                         (replica.max_sessions or replica.load) - replica.placed)
                     replica.max_sessions = replica.load  # full until its next health check says otherwise
                 except _ReplicaDown as down:
                     tried.add(replica.index)
@@ -300,7 +307,8 @@ class EnvFleet:
         info = self._answer(replica, "reset", self._call(replica, "POST", f"{path}/reset",
                                                           _reset_body(slot.seed, slot.options)))["info"]
         for turn, action in enumerate(slot.actions):
-            result = self._answer(replica, "step", self._call(replica, "POST", f"{path}/step", _step_body(action)))
+            result = self._answer(replica, "step",
+                                  self._call(replica, "POST", f"{path}/step", _step_body(action)))
             info = result["info"]
             self.replayed_steps += 1
             if (result["terminated"] or result["truncated"]) and turn < len(slot.actions) - 1:
@@ -310,9 +318,9 @@ class EnvFleet:
                     "to another service")
         if info.get("state_key") != slot.state_key:
             raise EnvContractError(
-                f"replaying {self.env_id} (seed {slot.seed}, {len(slot.actions)} actions) on {slot.where()} reached "
-                f"state {info.get('state_key')!r}, not {slot.state_key!r}: the env is not deterministic, so its "
-                "episode cannot move to another service")
+                f"replaying {self.env_id} (seed {slot.seed}, {len(slot.actions)} actions) on {slot.where()} "
+                f"reached state {info.get('state_key')!r}, not {slot.state_key!r}: the env is not "
+                "deterministic, so its episode cannot move to another service")
         self.recovered += 1
 
     # --- the EnvPool calls ----------------------------------------------------------------------
@@ -346,15 +354,16 @@ class EnvFleet:
             groups: dict[Replica, list[int]] = {}
             for i in pending:
                 groups.setdefault(slots[i].replica, []).append(i)  # type: ignore[arg-type]
-            outcomes = self._fan(lambda replica, idx: self._batch(replica, route, key, [item(i, slots[i]) for i in idx]),
-                                 groups)
+            outcomes = self._fan(
+                lambda replica, idx: self._batch(replica, route, key, [item(i, slots[i]) for i in idx]),
+                groups)
             pending = []
             for replica, outcome in outcomes.items():
                 if isinstance(outcome, _ReplicaDown):
                     self._mark_dead(outcome.replica, outcome.error)
                     pending += groups[replica]
                     continue
-                for i, result in zip(groups[replica], outcome):
+                for i, result in zip(groups[replica], outcome, strict=True):
                     if isinstance(result, _SESSION_GONE):
                         replica.placed -= 1
                         slots[i].replica, slots[i].session_id = None, None
@@ -366,7 +375,8 @@ class EnvFleet:
             if not pending:
                 return answers
         raise RemoteEnvError(f"{route} of {len(pending)} sessions kept failing over; services: "
-                             + "; ".join(f"{r.url} ({'live' if r.alive else r.last_error})" for r in self.replicas))
+                             + "; ".join(f"{r.url} ({'live' if r.alive else r.last_error})"
+                                         for r in self.replicas))
 
     @staticmethod
     def _raise_first(answers: list[Any]) -> None:
@@ -381,7 +391,7 @@ class EnvFleet:
             slot.started, slot.actions = False, []
         answers = self._run(slots, "reset", "resets",
                             lambda i, slot: {"session_id": slot.session_id, **bodies[i]})
-        for slot, answer, body in zip(slots, answers, bodies):
+        for slot, answer, body in zip(slots, answers, bodies, strict=True):
             if isinstance(answer, dict):
                 slot.seed, slot.options, slot.actions = answer["episode_seed"], body["options"], []
                 slot.started, slot.state_key = True, answer["info"].get("state_key")
@@ -390,8 +400,9 @@ class EnvFleet:
 
     def step(self, slots: Sequence[FleetSlot], actions: Sequence[str]) -> list[StepResult]:
         bodies = [_step_body(action) for action in actions]
-        answers = self._run(slots, "step", "steps", lambda i, slot: {"session_id": slot.session_id, **bodies[i]})
-        for slot, answer, action in zip(slots, answers, actions):
+        answers = self._run(slots, "step", "steps",
+                            lambda i, slot: {"session_id": slot.session_id, **bodies[i]})
+        for slot, answer, action in zip(slots, answers, actions, strict=True):
             if isinstance(answer, dict):
                 slot.actions.append(action)
                 slot.state_key = answer["info"].get("state_key")
@@ -402,10 +413,10 @@ class EnvFleet:
         answers = self._run(slots, "fork", "forks",
                             lambda i, slot: {"session_id": slot.session_id, "mode": self.fork_mode})
         children = []
-        for slot, answer in zip(slots, answers):
+        for slot, answer in zip(slots, answers, strict=True):
             if isinstance(answer, dict):
-                child = FleetSlot(slot.replica, answer["session_id"], slot.seed, slot.options, list(slot.actions),
-                                  slot.started, slot.state_key)
+                child = FleetSlot(slot.replica, answer["session_id"], slot.seed, slot.options,
+                                  list(slot.actions), slot.started, slot.state_key)
                 slot.replica.placed += 1  # type: ignore[union-attr]
                 self._slots[id(child)] = child
                 children.append(child)

@@ -119,7 +119,8 @@ def wait_healthy(url: str, runner: subprocess.Popen[Any] | threading.Thread | No
         except httpx.HTTPError as exc:
             last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() >= deadline:
-            raise RemoteEnvError(f"the service at {url} was not healthy within {timeout_s:g} s (last: {last})")
+            raise RemoteEnvError(f"the service at {url} was not healthy within {timeout_s:g} s "
+                                 f"(last: {last})")
         time.sleep(poll_s)
 
 

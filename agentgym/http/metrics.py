@@ -35,13 +35,14 @@ class ServiceMetrics:
         )
         self.sessions_created = Counter("agentgym_sessions_created", "Sessions created (incl. forks)",
                                         registry=self.registry)
-        self.errors = Counter("agentgym_errors", "Error responses by error type", ["type"], registry=self.registry)
+        self.errors = Counter("agentgym_errors", "Error responses by error type", ["type"],
+                              registry=self.registry)
         Gauge("agentgym_sessions_active", "Live sessions", registry=self.registry).set_function(
             lambda: len(store.sessions))
         Gauge("agentgym_sessions_max", "Session capacity", registry=self.registry).set_function(
             lambda: store.max_sessions)
-        Gauge("agentgym_sessions_reaped", "Sessions closed by the idle reaper", registry=self.registry).set_function(
-            lambda: store.reaped_total)
+        Gauge("agentgym_sessions_reaped", "Sessions closed by the idle reaper",
+              registry=self.registry).set_function(lambda: store.reaped_total)
         self._single = (self.steps.labels("single"), self.step_seconds.labels("single"))
         self._batched = (self.steps.labels("batch"), self.step_seconds.labels("batch"))
 

@@ -140,11 +140,11 @@ class Coalescer:
         except RemoteTimeout as exc:
             for index, outcome in enumerate(list(outcomes)):
                 if outcome is None:
-                    outcomes[index] = (False, RemoteTimeout(f"{exc}; this call was not run" if index not in started
-                                                            else str(exc)))
+                    outcomes[index] = (False, RemoteTimeout(f"{exc}; this call was not run"
+                                                            if index not in started else str(exc)))
         except BaseException as exc:  # noqa: BLE001 - the pool is gone (shutdown): every caller hears it
             outcomes = [(False, exc) for _ in items]
-        for (_, _, future), outcome in zip(items, outcomes):
+        for (_, _, future), outcome in zip(items, outcomes, strict=True):
             if future.done():
                 continue
             ok, value = outcome  # type: ignore[misc]
@@ -174,8 +174,9 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
     async def openenv_metadata(env_id: str) -> Response:
         served(env_id)
         spec = lookup_spec(env_id)
-        return json_response({"name": spec.id, "description": spec.description, "version": agentgym.__version__,
-                              "readme_content": None, "author": None, "documentation_url": None})
+        return json_response({"name": spec.id, "description": spec.description,
+                              "version": agentgym.__version__, "readme_content": None, "author": None,
+                              "documentation_url": None})
 
     @app.get("/openenv/{env_id:path}/schema", tags=["openenv"], responses=error_responses(401, 404))
     async def openenv_schema(env_id: str) -> Response:
@@ -196,7 +197,8 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
         session = await store.create(env_id, {}, None)
         try:
             async with session.lock:
-                obs, info = await store.run(session, lambda: session.env.reset(seed=body.seed, options=body.options))
+                obs, info = await store.run(
+                    session, lambda: session.env.reset(seed=body.seed, options=body.options))
         finally:
             await store.delete(session.session_id)
         return json_response(_observation(obs, info, None, False, False, 0))
@@ -204,9 +206,9 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
     @app.post("/openenv/{env_id:path}/step", tags=["openenv"], responses=error_responses(401, 404, 409))
     async def openenv_step(env_id: str) -> Response:
         served(env_id)
-        raise EnvContractError("an episode needs a session: OpenEnv's HTTP /step acts on a fresh env that was never "
-                               f"reset; open the WebSocket /openenv/{env_id}/ws (one session per connection), or "
-                               "use agentgym's /sessions routes")
+        raise EnvContractError("an episode needs a session: OpenEnv's HTTP /step acts on a fresh env that "
+                               f"was never reset; open the WebSocket /openenv/{env_id}/ws (one session per "
+                               "connection), or use agentgym's /sessions routes")
 
     @app.websocket("/openenv/{env_id:path}/ws")
     async def openenv_ws(websocket: WebSocket, env_id: str) -> None:
@@ -241,8 +243,8 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: 
     while True:
         raw = await websocket.receive_text()
         if len(raw) > max_bytes:
-            await websocket.send_text(_error("VALIDATION_ERROR", f"message of {len(raw)} characters exceeds the "
-                                                                 f"limit of {max_bytes}"))
+            await websocket.send_text(_error("VALIDATION_ERROR", f"message of {len(raw)} characters "
+                                                                 f"exceeds the limit of {max_bytes}"))
             continue
         try:
             message = json.loads(raw)
@@ -268,20 +270,23 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: 
                 request = OpenEnvReset.model_validate(data)
                 async with session.lock:
                     obs, info = await store.run(
-                        session, lambda request=request: session.env.reset(seed=request.seed, options=request.options))
+                        session,
+                        lambda request=request: session.env.reset(seed=request.seed, options=request.options))
                 episode_id = request.episode_id
                 answer = {"type": "observation", "data": _observation(obs, info, None, False, False, 0)}
             elif kind == "state":
                 env = session.env
                 answer = {"type": "state", "data": {"episode_id": episode_id, "step_count": env.turn,
-                                                    "env_id": session.env_id, "episode_seed": env.episode_seed,
+                                                    "env_id": session.env_id,
+                                                    "episode_seed": env.episode_seed,
                                                     "episode_over": env.episode_over}}
             else:
-                await websocket.send_text(_error("UNKNOWN_TYPE", f"unknown message type {kind!r}; send reset, "
-                                                                 "step, state or close"))
+                await websocket.send_text(_error("UNKNOWN_TYPE", f"unknown message type {kind!r}; "
+                                                                 "send reset, step, state or close"))
                 continue
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}" for e in exc.errors()[:5])
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}"
+                                 for e in exc.errors()[:5])
             await websocket.send_text(_error("VALIDATION_ERROR", f"malformed {kind} data: {problems}"))
             continue
         except AgentGymError as exc:

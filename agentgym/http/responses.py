@@ -88,7 +88,8 @@ def keep_integer_bounds(app: FastAPI) -> None:
 def _integral_bounds(node: Any) -> Any:
     if isinstance(node, dict):
         for key, value in node.items():
-            if key in _BOUNDS and isinstance(value, float) and value.is_integer() and node.get("type") == "integer":
+            if (key in _BOUNDS and isinstance(value, float) and value.is_integer()
+                    and node.get("type") == "integer"):
                 node[key] = int(value)
             else:
                 _integral_bounds(value)
@@ -154,7 +155,8 @@ class ErrorResponses:
                 return json_response(error_payload("NotFound", message[:1000]), 404)
             if exc.status_code == 405:
                 allowed = allowed_methods(app, request)
-                message = f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
+                message = (f"{request.method} is not allowed on {request.url.path}; "
+                           f"allowed: {', '.join(allowed)}")
                 return json_response(error_payload("MethodNotAllowed", message[:1000]), 405,
                                      {"Allow": ", ".join(allowed)})
             return json_response(error_payload("HTTPError", str(exc.detail)), exc.status_code,
@@ -170,7 +172,8 @@ class ErrorResponses:
 
     def unexpected(self, exc: Exception) -> Response:
         self.errors.labels("internal").inc()
-        return json_response(error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}"), 500)
+        return json_response(error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}"),
+                             500)
 
     def rejected(self, message: str) -> Response:
         self.errors.labels("RequestRejected").inc()

@@ -141,8 +141,8 @@ class WorkerRouter:
         except asyncio.TimeoutError:
             writer.close()
             assert worker.process is not None
-            raise RemoteTimeout(f"env-worker process {worker.index} (pid {worker.process.pid}) did not answer "
-                                f"{method} {target.split('?')[0]} within {timeout_s:g} s") from None
+            raise RemoteTimeout(f"env-worker process {worker.index} (pid {worker.process.pid}) did not "
+                                f"answer {method} {target.split('?')[0]} within {timeout_s:g} s") from None
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             writer.close()
             raise WorkerGone(f"{type(exc).__name__}: {exc}") from exc
@@ -207,8 +207,8 @@ class WorkerRouter:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                status, headers, payload = _error_body(413, "RequestRejected",
-                                                       f"request body exceeds the limit of {self.max_body_bytes} bytes")
+                status, headers, payload = _error_body(
+                    413, "RequestRejected", f"request body exceeds the limit of {self.max_body_bytes} bytes")
                 await send({"type": "http.response.start", "status": status,
                             "headers": [*headers, (b"content-length", str(len(payload)).encode())]})
                 await send({"type": "http.response.body", "body": payload})
@@ -232,8 +232,9 @@ class WorkerRouter:
         if path.startswith("/sessions/"):
             public_id, _, verb = path[len("/sessions/"):].partition("/")
             worker, inner = self.workers.owner(public_id)
-            answer = await self._send(worker, public_id, method, f"/sessions/{inner}" + target[len("/sessions/") +
-                                      len(public_id):], headers, body)
+            answer = await self._send(worker, public_id, method,
+                                      f"/sessions/{inner}" + target[len("/sessions/") + len(public_id):],
+                                      headers, body)
             status = answer[0]
             if status == 204 and method == "DELETE":
                 worker.sessions = max(0, worker.sessions - 1)
@@ -277,7 +278,8 @@ class WorkerRouter:
                                    "restarting or not answering); retry in a second")
 
     async def _unless_silent(self, worker: Worker, pending: asyncio.Future[Answer]) -> Answer | None:
-        """``pending``'s answer, or ``None`` once ``worker`` has answered no health check for ``silent_after_s``."""
+        """``pending``'s answer, or ``None`` once ``worker`` has answered no health check for
+        ``silent_after_s``."""
         while True:
             left = self.workers.silent_after_s - worker.silent_s()
             done, _ = await asyncio.wait({pending}, timeout=max(left, 0.0) + 0.05)
@@ -286,7 +288,8 @@ class WorkerRouter:
             if not self.workers.responding(worker):
                 return None
 
-    def _withdraw(self, worker: Worker, pending: asyncio.Future[Answer], headers: list[tuple[bytes, bytes]]) -> None:
+    def _withdraw(self, worker: Worker, pending: asyncio.Future[Answer],
+                  headers: list[tuple[bytes, bytes]]) -> None:
         """Let a create nobody waits for finish in the background, and delete the session it makes."""
         async def delete_late_session() -> None:
             with contextlib.suppress(WorkerGone, RemoteTimeout):
@@ -312,7 +315,8 @@ class WorkerRouter:
             assert worker.process is not None
             where = f"env-worker process {worker.index} (pid {worker.process.pid})"
             if public_id is None:
-                raise RemoteEnvError(f"{where} failed while handling {method} {target}: {exc}; retry") from None
+                raise RemoteEnvError(f"{where} failed while handling {method} {target}: {exc}; "
+                                     "retry") from None
             raise SessionLost(f"session {public_id!r} lived in {where}, which died while handling {method} "
                               f"{target.split('?')[0]}; its episode is lost: create a new session") from None
 
@@ -357,7 +361,7 @@ class WorkerRouter:
                 return
             if status != 200:
                 raise _Rejected((status, [(b"content-type", b"application/json")], payload))
-            for i, result in zip(indices, json.loads(payload)["results"]):
+            for i, result in zip(indices, json.loads(payload)["results"], strict=True):
                 if key == "forks" and isinstance(result, dict) and "session_id" in result:
                     worker.sessions += 1
                     result["session_id"] = worker.prefix + result["session_id"]
@@ -372,19 +376,21 @@ class WorkerRouter:
             return rejected.answer
         return 200, [(b"content-type", b"application/json")], dumps({"results": results})
 
-    async def _ask_all(self, target: str, headers: list[tuple[bytes, bytes]]) -> list[tuple[Worker, Answer | None]]:
+    async def _ask_all(self, target: str,
+                       headers: list[tuple[bytes, bytes]]) -> list[tuple[Worker, Answer | None]]:
         """``GET target`` of every ready, responding worker at once, each bounded by ``health_timeout_s``;
         ``None`` for a worker that broke the connection or did not answer in time."""
         async def ask(worker: Worker) -> Answer | None:
             if not (worker.ready and self.workers.responding(worker)):
                 return None
             try:
-                return await self.forward(worker, "GET", target, headers, b"", timeout_s=self.health_timeout_s)
+                return await self.forward(worker, "GET", target, headers, b"",
+                                          timeout_s=self.health_timeout_s)
             except (WorkerGone, RemoteTimeout):
                 return None
 
         slots = list(self.workers.slots)
-        return list(zip(slots, await asyncio.gather(*(ask(w) for w in slots))))
+        return list(zip(slots, await asyncio.gather(*(ask(w) for w in slots)), strict=True))
 
     async def _health(self, headers: list[tuple[bytes, bytes]]) -> Answer:
         active, listed, statuses = 0, [], []
@@ -406,7 +412,8 @@ class WorkerRouter:
         served = self.workers.app_kwargs.get("env_ids") or [s.id for s in agentgym.list_envs()]
         return 503 if status == "unavailable" else 200, [(b"content-type", b"application/json")], dumps({
             "status": status, "version": agentgym.__version__, "active_sessions": active,
-            "max_sessions": self.workers.app_kwargs["max_sessions"] * self.workers.num_workers, "envs": served,
+            "max_sessions": self.workers.app_kwargs["max_sessions"] * self.workers.num_workers,
+            "envs": served,
             "workers": listed, "worker_restarts": self.workers.restarts,
         })
 
@@ -428,9 +435,11 @@ class WorkerRouter:
                 match = _SAMPLE.match(line)
                 if match:
                     name, labels, rest = match.groups()
-                    inner = f'worker="{worker.index}"' + (("," + labels[1:-1]) if labels and labels != "{}" else "")
+                    inner = f'worker="{worker.index}"' + (("," + labels[1:-1]) if labels and labels != "{}"
+                                                          else "")
                     lines.append(f"{name}{{{inner}}}{rest}")
-        return 200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")], ("\n".join(lines) + "\n").encode()
+        return (200, [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+                ("\n".join(lines) + "\n").encode())
 
 
 class _Rejected(Exception):
@@ -440,8 +449,9 @@ class _Rejected(Exception):
 
 def _lost(worker: Worker, public_id: str, path: str) -> dict[str, Any]:
     assert worker.process is not None
-    return error_payload("SessionLost", f"session {public_id!r} lived in env-worker process {worker.index} (pid "
-                         f"{worker.process.pid}), which died while handling {path}; its episode is lost")
+    return error_payload("SessionLost", f"session {public_id!r} lived in env-worker process {worker.index} "
+                         f"(pid {worker.process.pid}), which died while handling {path}; "
+                         "its episode is lost")
 
 
 def _with_public_id(answer: Answer, worker: Worker) -> Answer:

@@ -191,8 +191,8 @@ def create_app(
 
     # --- service ------------------------------------------------------------------------------
 
-    @app.get("/health", response_model=wire.Health, responses={503: {"model": wire.Health,
-                                                                     "description": "Every worker is stuck."}})
+    @app.get("/health", response_model=wire.Health,
+             responses={503: {"model": wire.Health, "description": "Every worker is stuck."}})
     async def health() -> Response:
         stuck, available = store.stuck_workers, store.available_workers
         status = "ok" if stuck == 0 else ("degraded" if available > 0 else "unavailable")
@@ -212,7 +212,8 @@ def create_app(
     @app.get("/envs", response_model=list[wire.EnvSummary], responses=error_responses(401))
     async def envs() -> Response:
         specs = [lookup_spec(i) for i in env_ids] if env_ids is not None else list_envs()
-        return json_response([{"id": s.id, "description": s.description, "max_turns": s.max_turns} for s in specs])
+        return json_response([{"id": s.id, "description": s.description, "max_turns": s.max_turns}
+                              for s in specs])
 
     @app.get("/envs/{env_id:path}", response_model=wire.EnvDetail, responses=error_responses(401, 404))
     async def env_detail(env_id: str) -> Response:
@@ -235,7 +236,8 @@ def create_app(
         metrics.sessions_created.inc()
         return json_response(session.describe(), 201)
 
-    @app.get("/sessions/{session_id}", response_model=wire.SessionInfo, responses=error_responses(401, 404, 500))
+    @app.get("/sessions/{session_id}", response_model=wire.SessionInfo,
+             responses=error_responses(401, 404, 500))
     async def get_session(session_id: str) -> Response:
         return json_response(store.get(session_id).describe())
 
@@ -262,7 +264,8 @@ def create_app(
         with store.reserve():  # capacity is held while the fork runs, so concurrent forks cannot overshoot
             async with session.lock:
                 store.check_live(session)
-                child_env = await store.run(session, lambda: _env_call(session, "fork", lambda: session.env.fork(mode)))
+                child_env = await store.run(
+                    session, lambda: _env_call(session, "fork", lambda: session.env.fork(mode)))
             child = store.add(session.env_id, child_env)
         metrics.sessions_created.inc()
         return json_response(child.describe(), 201)
@@ -273,20 +276,24 @@ def create_app(
         session = store.get(session_id)
         async with session.lock:
             store.check_live(session)
-            action = await store.run(session, lambda: _env_call(session, "expert_action", session.env.expert_action))
+            action = await store.run(
+                session, lambda: _env_call(session, "expert_action", session.env.expert_action))
         return json_response({"action": action})
 
     # --- batched ------------------------------------------------------------------------------
 
-    @app.post("/batch/step", response_model=wire.BatchStepResponse, responses=error_responses(401, 413, 422, 503))
+    @app.post("/batch/step", response_model=wire.BatchStepResponse,
+              responses=error_responses(401, 413, 422, 503))
     async def batch_step(body: wire.BatchStepRequest) -> Response:
         return await run_batch_step(body)  # served by HotRoutes; declared for /docs and direct use
 
-    @app.post("/batch/reset", response_model=wire.BatchResetResponse, responses=error_responses(401, 413, 422, 503))
+    @app.post("/batch/reset", response_model=wire.BatchResetResponse,
+              responses=error_responses(401, 413, 422, 503))
     async def batch_reset(body: wire.BatchResetRequest) -> Response:
         return await run_batch_reset(body)  # served by HotRoutes; declared for /docs and direct use
 
-    @app.post("/batch/fork", response_model=wire.BatchForkResponse, responses=error_responses(401, 413, 422, 503))
+    @app.post("/batch/fork", response_model=wire.BatchForkResponse,
+              responses=error_responses(401, 413, 422, 503))
     async def batch_fork(body: wire.BatchForkRequest) -> Response:
         results = await _run_batch_fork(store, [(item.session_id, item.mode) for item in body.forks])
         metrics.sessions_created.inc(sum(1 for r in results if "error" not in r))
@@ -304,7 +311,8 @@ def _reset(session: Session, seed: int | None, options: dict[str, Any] | None) -
     try:
         obs, info = session.env.reset(seed=seed, options=options)
     except AgentGymError as exc:
-        ended = f"the episode that was running (turn {turn}) has ended" if running else "no episode is running"
+        ended = (f"the episode that was running (turn {turn}) has ended" if running
+                 else "no episode is running")
         session.reset_failure = f"{type(exc).__name__}: {exc}"
         raise _with_message(exc, f"reset rejected: {exc} -- {ended}; send a reset with valid seed and "
                                  "options to start a new one") from exc
@@ -321,7 +329,8 @@ def _with_message(exc: AgentGymError, message: str) -> AgentGymError:
 
 
 def _env_call(session: Session, what: str, fn: Any) -> Any:
-    """Report env code that raises outside ``EpisodeGuard``'s own wrapping (expert, fork) as ``EnvCrashed``."""
+    """Report env code that raises outside ``EpisodeGuard``'s own wrapping (expert, fork) as
+    ``EnvCrashed``."""
     try:
         return fn()
     except AgentGymError:
@@ -404,7 +413,8 @@ async def _run_batch_fork(store: SessionStore, items: list[tuple[str, str]]) -> 
             pass
 
         def fork(session: Session, mode: str) -> dict[str, Any]:
-            return {"env": _env_call(session, "fork", lambda: session.env.fork(mode)), "env_id": session.env_id}
+            return {"env": _env_call(session, "fork", lambda: session.env.fork(mode)),
+                    "env_id": session.env_id}
 
         results = await _run_batch(store, items[:reserved], fork) if reserved else []
         answers = []
@@ -414,7 +424,8 @@ async def _run_batch_fork(store: SessionStore, items: list[tuple[str, str]]) -> 
             else:
                 answers.append(store.add(result["env_id"], result["env"]).describe())
     over = [error_payload("SessionCapacityError",
-                          f"the service holds its maximum of {store.max_sessions} sessions; this fork was not made")
+                          f"the service holds its maximum of {store.max_sessions} sessions; "
+                          "this fork was not made")
             for _ in items[reserved:]]
     return answers + over
 
@@ -441,7 +452,8 @@ async def _run_ready(store: SessionStore, ready: list[tuple[int, Session, Any]],
             except AgentGymError as exc:
                 results[index] = error_payload(type(exc).__name__, str(exc))
             except Exception as exc:  # noqa: BLE001 - one item's failure must not sink the others
-                results[index] = error_payload("AgentGymError", f"internal error: {type(exc).__name__}: {exc}")
+                results[index] = error_payload("AgentGymError",
+                                               f"internal error: {type(exc).__name__}: {exc}")
 
     def unfinished() -> list[Session]:
         nonlocal timed_out

@@ -180,8 +180,9 @@ class SessionStore:
     def _busy_message(self) -> str:
         pool = self.executor
         return (f"no env worker took this call within the {self.step_timeout_s:g} s step timeout "
-                f"({pool.num_workers} workers, {pool.stuck} stuck in calls past their deadline, {pool.queued} "
-                "calls queued); nothing was run and the session is unchanged: retry after Retry-After")
+                f"({pool.num_workers} workers, {pool.stuck} stuck in calls past their deadline, "
+                f"{pool.queued} calls queued); nothing was run and the session is unchanged: "
+                "retry after Retry-After")
 
     def _give_up(self, call: Call, session: Session | None,
                  unfinished: Callable[[], list[Session]] | None) -> Any:
@@ -224,7 +225,8 @@ class SessionStore:
     # --- lifecycle ----------------------------------------------------------------------------
 
     def check_served(self, env_id: str) -> None:
-        """Raise ``UnknownEnv``/``VersionNotFound`` (with suggestions) if this service does not serve the id."""
+        """Raise ``UnknownEnv``/``VersionNotFound`` (with suggestions) if this service does not serve the
+        id."""
         served = self.allowed_env_ids
         if served is None or env_id in served:
             return
@@ -257,7 +259,8 @@ class SessionStore:
 
     async def create(self, env_id: str, kwargs: dict[str, Any], max_turns: int | None) -> Session:
         self.check_served(env_id)
-        for reserved, fix in (("max_turns", "the request's max_turns field"), ("env_id", "the request's env_id")):
+        for reserved, fix in (("max_turns", "the request's max_turns field"),
+                              ("env_id", "the request's env_id")):
             if reserved in kwargs:
                 raise ConfigError(f"kwargs may not contain {reserved!r}; use {fix} instead")
 
@@ -298,7 +301,8 @@ class SessionStore:
         if session.poisoned is not None:
             raise EnvCrashed(session.poisoned)
         if self.sessions.get(session.session_id) is not session:
-            raise UnknownSession(f"session {session.session_id!r} was closed while this request waited for it")
+            raise UnknownSession(f"session {session.session_id!r} was closed while this request waited "
+                                 "for it")
 
     async def delete(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
@@ -320,7 +324,8 @@ class SessionStore:
     async def reap_idle(self) -> int:
         """Close sessions idle longer than ``ttl_s``; returns how many were closed."""
         now = time.monotonic()
-        stale = [s for s in list(self.sessions.values()) if now - s.last_used > self.ttl_s and not s.lock.locked()]
+        stale = [s for s in list(self.sessions.values())
+                 if now - s.last_used > self.ttl_s and not s.lock.locked()]
         for session in stale:
             if self.sessions.pop(session.session_id, None) is not None:
                 await self._close(session)

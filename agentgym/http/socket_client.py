@@ -48,14 +48,15 @@ class AsyncSocketEnv:
         try:
             from websockets.asyncio.client import connect
         except ImportError:
-            raise ConfigError("AsyncSocketEnv needs the websockets package: pip install 'agentgym-rl[server]'") from None
+            raise ConfigError("AsyncSocketEnv needs the websockets package: "
+                              "pip install 'agentgym-rl[server]'") from None
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
         url = "ws" + base_url.rstrip("/")[4:] + f"/openenv/{env_id}/ws"
         headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
-            connection = await connect(url, additional_headers=headers, open_timeout=timeout_s, max_size=2**26,
-                                       compression=None)
+            connection = await connect(url, additional_headers=headers, open_timeout=timeout_s,
+                                       max_size=2**26, compression=None)
         except (OSError, asyncio.TimeoutError) as exc:
             raise RemoteEnvError(f"could not open {url}: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # websockets' handshake errors (401, 404...)
@@ -67,9 +68,11 @@ class AsyncSocketEnv:
             await self._ws.send(json.dumps(message))
             raw = await asyncio.wait_for(self._ws.recv(), self.timeout_s)
         except asyncio.TimeoutError:
-            raise RemoteTimeout(f"{self.url}: no answer to {message['type']} within {self.timeout_s:g} s") from None
+            raise RemoteTimeout(f"{self.url}: no answer to {message['type']} "
+                                f"within {self.timeout_s:g} s") from None
         except Exception as exc:  # the connection closed
-            raise RemoteEnvError(f"{self.url}: {message['type']} failed: {type(exc).__name__}: {exc}") from exc
+            raise RemoteEnvError(f"{self.url}: {message['type']} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
         answer = json.loads(raw)
         if answer.get("type") == "error":
             data = answer.get("data") or {}

@@ -45,7 +45,8 @@ class WorkerPool:
         >>> pool.shutdown()
     """
 
-    def __init__(self, num_workers: int = 8, max_spare: int | None = None, name: str = "agentgym-env") -> None:
+    def __init__(self, num_workers: int = 8, max_spare: int | None = None,
+                 name: str = "agentgym-env") -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
         self.num_workers = num_workers

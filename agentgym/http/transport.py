@@ -66,7 +66,8 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
         >>> client = httpx.AsyncClient(transport=LeanAsyncTransport())
     """
 
-    def __init__(self, *, max_connections: int | None = 256, max_keepalive_connections: int | None = 64) -> None:
+    def __init__(self, *, max_connections: int | None = 256,
+                 max_keepalive_connections: int | None = 64) -> None:
         self._max_connections = max_connections
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
@@ -76,12 +77,13 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
 
     @classmethod
     def from_limits(cls, limits: httpx.Limits) -> LeanAsyncTransport:
-        return cls(max_connections=limits.max_connections, max_keepalive_connections=limits.max_keepalive_connections)
+        return cls(max_connections=limits.max_connections,
+                   max_keepalive_connections=limits.max_keepalive_connections)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.scheme != "http":
-            raise httpx.UnsupportedProtocol(f"LeanAsyncTransport speaks plain http only, not {request.url.scheme!r}",
-                                            request=request)
+            raise httpx.UnsupportedProtocol("LeanAsyncTransport speaks plain http only, "
+                                            f"not {request.url.scheme!r}", request=request)
         if self._closed:
             raise httpx.ConnectError("the transport is closed", request=request)
         timeouts = request.extensions.get("timeout", {})
@@ -130,7 +132,8 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
             raise httpx.PoolTimeout(f"no free connection within {timeout} s (max_connections reached)",
                                     request=request) from None
 
-    async def _connect(self, request: httpx.Request, key: tuple[str, int], timeout: float | None) -> _Connection:
+    async def _connect(self, request: httpx.Request, key: tuple[str, int],
+                       timeout: float | None) -> _Connection:
         idle = self._idle.get(key)
         while idle:
             connection = idle.pop()
@@ -158,7 +161,8 @@ class LeanAsyncTransport(httpx.AsyncBaseTransport):
             raise httpx.WriteTimeout(f"sending the request took over {timeouts.get('write')} s",
                                      request=request) from None
         except OSError as exc:
-            raise httpx.RemoteProtocolError(f"the connection broke while sending: {exc}", request=request) from exc
+            raise httpx.RemoteProtocolError(f"the connection broke while sending: {exc}",
+                                            request=request) from exc
         try:
             async with asyncio.timeout(timeouts.get("read")):
                 return await _read_response(connection.reader, request)

@@ -88,7 +88,8 @@ class ErrorBody(_Response):
     error: ErrorDetail
 
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"error": {"type": "UnknownSession", "message": "no live session 'abc'"}}]}
+        json_schema_extra={"examples": [{"error": {"type": "UnknownSession",
+                                                   "message": "no live session 'abc'"}}]}
     )
 
 
@@ -220,5 +221,6 @@ class Health(_Response):
     envs: list[str]
     workers: int = Field(description="Threads that run env calls (num_workers).")
     stuck_workers: int = Field(description="Threads still inside env calls that ran past the step timeout.")
-    available_workers: int = Field(description="Threads not stuck (spares stand in for stuck ones, boundedly).")
+    available_workers: int = Field(
+        description="Threads not stuck (spares stand in for stuck ones, boundedly).")
     queued_calls: int = Field(description="Env calls waiting for a thread.")

@@ -118,7 +118,8 @@ class WorkerSet:
                 raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
         if silent_after_s <= heartbeat_s:
             raise ConfigError(f"silent_after_s ({silent_after_s:g}) must be longer than heartbeat_s "
-                              f"({heartbeat_s:g}), or every worker would count as unresponsive between checks")
+                              f"({heartbeat_s:g}), or every worker would count as unresponsive between "
+                              "checks")
         self.num_workers = num_workers
         total = int(app_kwargs.get("max_sessions", 1024))
         self.app_kwargs = {**app_kwargs, "max_sessions": max(1, -(-total // num_workers))}
@@ -145,7 +146,8 @@ class WorkerSet:
 
     def _spawn(self, index: int, generation: int) -> Worker:
         worker = Worker(index, generation, os.path.join(self.directory, f"w{index}g{generation}.sock"))
-        spec = json.dumps({"socket": worker.socket_path, "app": self.app_kwargs, "keep_alive_s": self.keep_alive_s})
+        spec = json.dumps({"socket": worker.socket_path, "app": self.app_kwargs,
+                           "keep_alive_s": self.keep_alive_s})
         worker.process = subprocess.Popen(python_command("-m", "agentgym.http.workers", spec),
                                           # prctl only, no locks taken: safe between fork and exec
                                           preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
@@ -157,8 +159,9 @@ class WorkerSet:
         while True:
             assert worker.process is not None
             if worker.process.poll() is not None:
-                raise RemoteEnvError(f"env-worker process {worker.index} {how_it_ended(worker.process.returncode)} "
-                                     "while starting; run `agentgym serve` without --workers to see why")
+                raise RemoteEnvError(f"env-worker process {worker.index} "
+                                     f"{how_it_ended(worker.process.returncode)} while starting; "
+                                     "run `agentgym serve` without --workers to see why")
             # A process stopped while starting answers nothing: every wait ends by the deadline.
             with contextlib.suppress(OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
                 reader, writer = await asyncio.open_unix_connection(worker.socket_path)
@@ -284,13 +287,14 @@ class WorkerSet:
         """
         ready = [w for w in self.ready() if w not in excluding]
         if not ready:
-            raise SessionCapacityError("no env-worker process is running (they are restarting); retry in a second")
+            raise SessionCapacityError("no env-worker process is running (they are restarting); "
+                                       "retry in a second")
         responding = [w for w in ready if self.responding(w)]
         if not responding:
             silent = ", ".join(f"{w.index} (pid {w.process.pid if w.process else None}) for "
                                f"{w.silent_s():.0f} s" for w in ready)
-            raise SessionCapacityError(f"every env-worker process has stopped answering (frozen or overloaded: "
-                                       f"{silent}); retry later")
+            raise SessionCapacityError("every env-worker process has stopped answering "
+                                       f"(frozen or overloaded: {silent}); retry later")
         return min(responding, key=lambda w: (w.sessions, w.index))
 
     def owner(self, public_id: str) -> tuple[Worker, str]:
@@ -310,8 +314,9 @@ class WorkerSet:
         if worker.died is not None or not worker.ready:
             assert worker.process is not None
             reason = worker.died or "is restarting"
-            raise SessionLost(f"session {public_id!r} lived in env-worker process {worker.index} (pid "
-                              f"{worker.process.pid}), which {reason}; its episode is lost: create a new session")
+            raise SessionLost(f"session {public_id!r} lived in env-worker process {worker.index} "
+                              f"(pid {worker.process.pid}), which {reason}; its episode is lost: "
+                              "create a new session")
         return worker, inner
 
 
