@@ -48,7 +48,7 @@ from pathlib import Path
 
 from provenance import provenance
 
-from agentgym.training.run.run_folder import RunFolder
+from agentgym.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -9,9 +9,9 @@ import pytest
 from learning import small
 
 from agentgym.errors import ConfigError
+from agentgym.run_folder import LAYOUT, RUN_FILES, RunFolder
 from agentgym.training.config.loading import load_config
 from agentgym.training.run.loop import train
-from agentgym.training.run.run_folder import LAYOUT, RUN_FILES, RunFolder
 
 #: The names on disk: runs written before any change must stay readable, so they never change.
 NAMES = {"config": "config.json", "history": "config_history.jsonl", "checkpoint": "checkpoint.pt",

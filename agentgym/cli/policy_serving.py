@@ -12,7 +12,7 @@ import typer
 from agentgym.cli.app import app, err_console, fail
 from agentgym.cli.serving import bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError, ConfigError
-from agentgym.training.run.run_folder import RunFolder
+from agentgym.run_folder import RunFolder
 
 DTYPES = ("float32", "bfloat16", "float16")
 

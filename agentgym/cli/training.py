@@ -12,8 +12,8 @@ from rich.table import Table
 
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.errors import AgentGymError, ConfigError
+from agentgym.run_folder import CURVE, REPORT, RunFolder
 from agentgym.training.config.loading import list_presets
-from agentgym.training.run.run_folder import CURVE, REPORT, RunFolder
 
 if TYPE_CHECKING:
     from agentgym.training.config.schema import TrainConfig

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.prompt import PromptSettings
-from agentgym.training.run.run_folder import RunFolder
+from agentgym.run_folder import RunFolder
 
 PolicyKind = Literal["random", "expert", "endpoint", "model", "run"]
 

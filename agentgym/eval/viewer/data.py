@@ -26,7 +26,7 @@ from typing import Any
 
 from agentgym.errors import ConfigError
 from agentgym.eval.store import PLAN, EvalStore
-from agentgym.training.run.run_folder import RunFolder as TrainingRun
+from agentgym.run_folder import RunFolder as TrainingRun
 
 #: Turns a page holds at most, and the JSON size after which a page ends early (a page always
 #: holds at least one turn, however large).

@@ -25,8 +25,8 @@ from agentgym.backends.lora import (
     merged_state_dict,
 )
 from agentgym.errors import ConfigError
+from agentgym.run_folder import RunFolder
 from agentgym.training.run.checkpoint import write_torch
-from agentgym.training.run.run_folder import RunFolder
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from agentgym.errors import ConfigError
-from agentgym.training.run.run_folder import RunFolder
+from agentgym.run_folder import RunFolder
 
 
 def rng_state() -> dict[str, Any]:

@@ -36,6 +36,7 @@ from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.policy import SamplingParams, capability
 from agentgym.rollout.records import EpisodeGroup
+from agentgym.run_folder import RunFolder
 from agentgym.training.api.plugin_set import PluginSet
 from agentgym.training.api.terms import RunContext
 from agentgym.training.api.turn_table import TurnTable
@@ -63,7 +64,6 @@ from agentgym.training.run.interrupt import StopNow, StopSignals
 from agentgym.training.run.metrics import MetricsLog, iteration_metrics
 from agentgym.training.run.pipeline import RolloutPipeline, gather_groups, merge_stats
 from agentgym.training.run.progress import Progress, iteration_status
-from agentgym.training.run.run_folder import RunFolder
 from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: re-exported)
     action_format,
     env_factory,

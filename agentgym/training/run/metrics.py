@@ -13,7 +13,7 @@ import numpy as np
 from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import CollectStats
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.run.run_folder import RunFolder
+from agentgym.run_folder import RunFolder
 
 
 def iteration_metrics(iteration: int, groups: list[EpisodeGroup], advantages: np.ndarray, stats: CollectStats,
