@@ -31,7 +31,8 @@ MAZE = {"size": 2, "max_turns": 6}
 def play(make_env: Any, actor: Any, seeds: list[int], **kwargs: Any) -> list[EpisodeGroup]:
     collector = Collector(make_env, actor, None, **kwargs)
     try:
-        return collector.collect(seeds, 1, SamplingParams(), group_ids=[f"maze-v0/{i}" for i in range(len(seeds))])
+        return collector.collect(seeds, 1, SamplingParams(),
+                                 group_ids=[f"maze-v0/{i}" for i in range(len(seeds))])
     finally:
         collector.close()
 
@@ -40,9 +41,12 @@ def play(make_env: Any, actor: Any, seeds: list[int], **kwargs: Any) -> list[Epi
 def test_every_step_info_lands_on_its_turn(make_service: Any, where: str) -> None:
     if where == "http":
         client = EnvClient(client=make_service(["maze-v0"]))
-        make_env: Any = lambda: RemoteEnv("maze-v0", client=client, size=2, max_turns=6)
+
+        def make_env() -> Any:
+            return RemoteEnv("maze-v0", client=client, size=2, max_turns=6)
     else:
-        make_env = lambda: agentgym.make("maze-v0", **MAZE)
+        def make_env() -> Any:
+            return agentgym.make("maze-v0", **MAZE)
     groups = play(make_env, RandomActor(seed=3), [0, 1, 2])
     for group in groups:
         [trajectory] = group.trajectories
@@ -104,7 +108,10 @@ def test_the_expert_refuses_a_pool_it_cannot_ask(live_server: Any) -> None:
 def test_demos_are_the_expert_episodes_rendered_as_rollouts() -> None:
     _, tokenizer = build_tiny_model(TinyModelConfig(num_layers=1))
     renderer = PromptRenderer(tokenizer, mode="full", action_format="tag")
-    make_env = lambda: agentgym.make("maze-v0", size=3, max_turns=8)
+
+    def make_env() -> Any:
+        return agentgym.make("maze-v0", size=3, max_turns=8)
+
     turns, stats = collect_demos(make_env, renderer, [0, 1, 2, 3, 4], action_format="tag")
     # The same numbers as before the collector played demos: 3 of 5 mazes solved within 8 turns.
     assert stats == {"expert_success_rate": 0.6, "demo_turns": 38.0}
@@ -115,8 +122,10 @@ def test_demos_are_the_expert_episodes_rendered_as_rollouts() -> None:
         conv = renderer.start(obs, info)
         while (action := env.expert_action()) is not None:
             turn = turns[at]
-            response = tokenizer.encode(f"<action>{action}</action>", add_special_tokens=False) + [tokenizer.eos_token_id]
-            assert (turn.prompt_ids, turn.response_ids, turn.action) == (renderer.prompt_ids(conv), response, action)
+            response = (tokenizer.encode(f"<action>{action}</action>", add_special_tokens=False)
+                        + [tokenizer.eos_token_id])
+            assert ((turn.prompt_ids, turn.response_ids, turn.action)
+                    == (renderer.prompt_ids(conv), response, action))
             obs, reward, terminated, truncated, info = env.step(action)
             assert (turn.reward, turn.observation, turn.info) == (reward, obs, info)
             at += 1
@@ -157,7 +166,8 @@ class ConcurrentChat:
             with self.lock:
                 self.in_flight -= 1
         return {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "down"}}],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "down"}}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
 

@@ -71,7 +71,8 @@ def test_segment_entropy_by_hand() -> None:
     assert segment_entropy(turn, 2, "sum") == pytest.approx(2 * math.log(4))
     assert segment_entropy(turn, 20, "mean") == pytest.approx(math.log(4))
     # A top-k truncation: the listed entries only (0.5 and 0.25 of the mass).
-    skewed = Turn([0], [1], [0.0], 0.0, "s", extras={"top_logprobs": [[[1, math.log(0.5)], [2, math.log(0.25)]]]})
+    skewed = Turn([0], [1], [0.0], 0.0, "s",
+                  extras={"top_logprobs": [[[1, math.log(0.5)], [2, math.log(0.25)]]]})
     assert segment_entropy(skewed, 20, "sum") == pytest.approx(0.5 * math.log(2) + 0.25 * math.log(4))
     with pytest.raises(ConfigError, match="top-k log-probs"):
         segment_entropy(Turn([0], [1], [0.0], 0.0, "s"), 20, "sum")
@@ -95,7 +96,8 @@ def test_never_branching_still_tops_up_each_finished_task_to_the_budget() -> Non
     hook = EntropyBranching(ARPOArgs(budget=4, branch_probability=0.0, entropy_weight=0.0))
     hook.before_collect(2)
     # Group 0's two rollouts are over, group 1's are live.
-    episodes = [view("g0-t0", 0, [uniform_turn(2)], over=True), view("g0-t1", 0, [uniform_turn(2)], over=True),
+    episodes = [view("g0-t0", 0, [uniform_turn(2)], over=True),
+                view("g0-t1", 0, [uniform_turn(2)], over=True),
                 view("g1-t0", 1, [uniform_turn(2)]), view("g1-t1", 1, [uniform_turn(2)])]
     assert hook.after_turn(episodes, CONTEXT) == [Fork(0)]  # one fresh rollout per round
     episodes.append(view("g0-t2", 0, [uniform_turn(2)], over=True))
@@ -131,7 +133,8 @@ def test_draws_are_seeded_and_initial_entropies_reset_every_collection() -> None
         hook.begin_iteration(iteration, context)
         hook.before_collect(1)
         forks = list(hook.after_turn([view(f"g0-t{i}", 0, [uniform_turn(4)]) for i in range(8)], context))
-        return forks + list(hook.after_turn([view(f"g0-t{i}", 0, [uniform_turn(4)] * 2) for i in range(8)], context))
+        return forks + list(hook.after_turn([view(f"g0-t{i}", 0, [uniform_turn(4)] * 2) for i in range(8)],
+                                            context))
 
     args = ARPOArgs(budget=64, branch_probability=0.5)
     a, b = EntropyBranching(args), EntropyBranching(args)
@@ -142,7 +145,8 @@ def test_draws_are_seeded_and_initial_entropies_reset_every_collection() -> None
     run(hook, 1)
     hook.begin_iteration(2, CollectContext(tokenizer=Vocabulary(), iteration=2))
     hook.before_collect(1)
-    hook.after_turn([view("g0-t0", 0, [uniform_turn(16)])], CollectContext(tokenizer=Vocabulary(), iteration=2))
+    hook.after_turn([view("g0-t0", 0, [uniform_turn(16)])],
+                    CollectContext(tokenizer=Vocabulary(), iteration=2))
     assert hook._probs == [0.5]
 
 
@@ -197,9 +201,9 @@ def test_hard_attribution_is_the_mean_over_the_rollouts_sharing_a_turn() -> None
         ids = original_turns(groups, table)
         owners = owners_by_loop(groups)
         # Same id exactly when the loop finds the same original turn; shared turns are identical objects.
-        assert len(set(zip(ids.tolist(), owners))) == len(set(ids.tolist())) == len(set(owners))
+        assert len(set(zip(ids.tolist(), owners, strict=True))) == len(set(ids.tolist())) == len(set(owners))
         turns = [u for g in groups for t in g.trajectories for u in t.turns]
-        for i, j in zip(*np.nonzero(ids[:, None] == ids[None, :])):
+        for i, j in zip(*np.nonzero(ids[:, None] == ids[None, :]), strict=True):
             assert turns[i] is turns[j]
         soft = arpo_advantages(groups, ARPOArgs())
         hard = arpo_advantages(groups, ARPOArgs(attribution="hard"))
@@ -213,7 +217,8 @@ def test_hard_attribution_is_the_mean_over_the_rollouts_sharing_a_turn() -> None
 
 def test_without_forks_hard_equals_soft() -> None:
     turns = [Turn([0], [1], [0.0], r, "s") for r in (1.0, 0.0, 0.5)]
-    groups = [EpisodeGroup("g", "t", 0, [Trajectory([u], "t", 0, trajectory_id=f"t{i}") for i, u in enumerate(turns)])]
+    groups = [EpisodeGroup("g", "t", 0,
+                           [Trajectory([u], "t", 0, trajectory_id=f"t{i}") for i, u in enumerate(turns)])]
     np.testing.assert_array_equal(arpo_advantages(groups, ARPOArgs(attribution="hard")),
                                   arpo_advantages(groups, ARPOArgs()))
 
@@ -223,7 +228,7 @@ def test_hard_plan_trains_each_shared_turn_once() -> None:
     index = TurnTable.from_groups(groups)
     owners = owners_by_loop(groups)
     own = [o == (t.trajectory_id, k) for o, (t, k) in
-           zip(owners, [(t, k) for t in groups[0].trajectories for k in range(len(t.turns))])]
+           zip(owners, [(t, k) for t in groups[0].trajectories for k in range(len(t.turns))], strict=True)]
     assert index.copied is not None and (~index.copied).tolist() == own
     [phase] = SharedPrefixOnce(ARPOArgs(attribution="hard")).phases(index)
     assert sorted(owners[r] for r in phase.rows) == sorted(set(owners))  # every original turn, once
@@ -236,7 +241,8 @@ def test_hard_plan_trains_each_shared_turn_once() -> None:
 
 @pytest.fixture(scope="module")
 def policy() -> TransformersPolicy:
-    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64, seed=0))
+    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64,
+                                                        seed=0))
     return TransformersPolicy(model, tokenizer)
 
 
@@ -263,7 +269,9 @@ def branched(policy: TransformersPolicy, make_env, args: ARPOArgs, seeds=(1, 2, 
     return groups, hook.metrics()
 
 
-def test_a_branched_collection_fills_every_task_and_branches_replay_exactly(policy: TransformersPolicy) -> None:
+def test_a_branched_collection_fills_every_task_and_branches_replay_exactly(
+    policy: TransformersPolicy,
+) -> None:
     args = ARPOArgs(budget=5, branch_probability=0.8)
     groups, metrics = branched(policy, search_env, args)
     assert [len(g.trajectories) for g in groups] == [5, 5, 5]  # the budget, whatever branched
@@ -276,7 +284,8 @@ def test_a_branched_collection_fills_every_task_and_branches_replay_exactly(poli
             if t.parent_id is None:
                 continue
             parent = by_id[t.parent_id]
-            assert t.turns[:t.fork_turn] == parent.turns[:t.fork_turn] and parent.turns[t.fork_turn - 1].tool_calls > 0
+            assert t.turns[:t.fork_turn] == parent.turns[:t.fork_turn]
+            assert parent.turns[t.fork_turn - 1].tool_calls > 0
             env = search_env()  # a branch is what a fresh env gives for its actions
             env.reset(seed=t.seed)
             for turn in t.turns:
@@ -297,8 +306,8 @@ def test_branching_over_http_uses_the_fork_route_and_matches_in_process(policy: 
     server = live_server(["search-qa-v0"])  # uvicorn on 127.0.0.1, a random port
     client = EnvClient(server.url)
     try:
-        remote, metrics = branched(policy, lambda: RemoteEnv("search-qa-v0", client=client, max_turns=4, **ENV_KWARGS),
-                                   args)
+        remote, metrics = branched(
+            policy, lambda: RemoteEnv("search-qa-v0", client=client, max_turns=4, **ENV_KWARGS), args)
     finally:
         client.close()
     local, _ = branched(policy, search_env, args)
@@ -327,7 +336,8 @@ def test_regression_pin_arpo_learns_search_qa_seed0(tmp_path: Path) -> None:
     """ARPO raises held-out success; branches reuse their parents' searches, so it runs fewer tool calls.
 
     On one torch thread, as measured: 31% -> 52% on seed 0. ARPO's gain on this task is
-    seed-dependent (benchmarks/results/algorithms.json, tag skip-forced: 52%, 31%, 64% after RL on seeds 0-2)."""
+    seed-dependent (benchmarks/results/algorithms.json, tag skip-forced: 52%, 31%, 64% after RL on
+    seeds 0-2)."""
     register_tool_envs()
     with one_torch_thread():
         report = train(load_config(PRESET), tmp_path)
@@ -342,11 +352,14 @@ def test_regression_pin_arpo_learns_search_qa_seed0(tmp_path: Path) -> None:
 
 
 def test_hard_attribution_trains_shared_turns_once_in_a_real_run(tmp_path: Path) -> None:
-    """Same seed, same rollouts: the hard run's update leaves the forks' copied turns out, the soft run's not."""
+    """Same seed, same rollouts: the hard run's update leaves the forks' copied turns out, the soft run's
+    not."""
     register_tool_envs()
     short = ["iterations=1", "rollout.num_tasks=3", "rollout.group_size=2", "algorithm.args.budget=4",
-             "algorithm.args.branch_probability=1.0", "eval.num_episodes=2", "sft.num_episodes=8", "sft.num_epochs=2"]
-    reports = {mode: train(load_config(PRESET, [*short, f"algorithm.args.attribution={mode}"]), tmp_path / mode)
+             "algorithm.args.branch_probability=1.0", "eval.num_episodes=2", "sft.num_episodes=8",
+             "sft.num_epochs=2"]
+    reports = {mode: train(load_config(PRESET, [*short, f"algorithm.args.attribution={mode}"]),
+                           tmp_path / mode)
                for mode in ("soft", "hard")}
     soft, hard = (reports[m]["history"][0] for m in ("soft", "hard"))
     assert soft["arpo/branches"] == hard["arpo/branches"] > 0
@@ -362,7 +375,8 @@ def test_needs_follow_the_arguments() -> None:
     plugins = PluginSet.from_config(cfg)
     assert plugins.needs.top_logprobs == 20
     assert plugins.sampling(SamplingParams(max_new_tokens=4)).num_top_logprobs == 20
-    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32, seed=0))
+    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=16, num_layers=1, intermediate_size=32,
+                                                        seed=0))
     policy = TransformersPolicy(model, tokenizer)
     policy.max_top_logprobs = 12  # a backend that returns at most 12: enough for the default 10, not for 20
     with pytest.raises(ConfigError, match="top 20 log-probs"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,10 @@ def test_asynchronous_run_reports_staleness_overlap_and_correction(tmp_path: Pat
         assert 0 < m["offpolicy/is_weight_mean"] <= 2.0 and m["offpolicy/logprob_gap"] > 0
     # The tasks are those of a synchronous run; the weights that sampled them are one update older.
     sync = train(load_config(None, SMALL), tmp_path / "sync")
-    seeds = lambda folder: [[json.loads(line)["seed"] for line in text.splitlines()] for text in _trajectories(folder)]
+
+    def seeds(folder: Path) -> list[list[int]]:
+        return [[json.loads(line)["seed"] for line in text.splitlines()] for text in _trajectories(folder)]
+
     assert seeds(tmp_path) == seeds(tmp_path / "sync")
     assert _trajectories(tmp_path)[0] == _trajectories(tmp_path / "sync")[0]  # iteration 1: same weights
     assert len(sync["history"]) == 3
@@ -56,9 +60,13 @@ def test_without_weight_changes_asynchronous_equals_synchronous(tmp_path: Path) 
     frozen = [*SMALL, "algorithm.name=grpo", "algorithm.drop_zero_advantage_turns=true", "env.max_turns=1"]
     a = train(load_config(None, [*frozen, "rollout.max_staleness=1"]), tmp_path / "async")
     b = train(load_config(None, frozen), tmp_path / "sync")
-    assert all(m.get("loss/skipped") == 1.0 for m in a["history"]), "the weights moved; the test needs them frozen"
+    assert all(m.get("loss/skipped") == 1.0 for m in a["history"]), (
+        "the weights moved; the test needs them frozen")
     assert _trajectories(tmp_path / "async") == _trajectories(tmp_path / "sync")
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith(("perf/", "rollout/staleness"))} for m in h]
+
+    def strip(h: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith(("perf/", "rollout/staleness"))} for m in h]
+
     assert strip(a["history"]) == strip(b["history"])
 
 
@@ -67,9 +75,10 @@ def test_a_stale_batch_is_trained_with_importance_weighted_advantages(tmp_path: 
     hand: a stale update equals a fresh update on advantages times min(exp(old - behaviour), 2)."""
     cfg = load_config(None, [*SMALL, "optim.num_minibatches=1", "loss.kl_coef=0", "loss.entropy_coef=0"])
     rng = np.random.default_rng(3)
-    turns = [Turn(rng.integers(0, 200, 6).tolist(), [int(rng.integers(0, 200))], [float(rng.normal(-5.0, 1.0))],
-                  0.0, str(i)) for i in range(6)]
-    turns[0] = Turn(turns[0].prompt_ids, turns[0].response_ids, [-12.0], 0.0, "0")  # far less likely: capped at 2
+    turns = [Turn(rng.integers(0, 200, 6).tolist(), [int(rng.integers(0, 200))],
+                  [float(rng.normal(-5.0, 1.0))], 0.0, str(i)) for i in range(6)]
+    # Far less likely: capped at 2.
+    turns[0] = Turn(turns[0].prompt_ids, turns[0].response_ids, [-12.0], 0.0, "0")
     advantages = np.array([1.0, -0.5, 0.25, -1.0, 0.75, -0.25])
     index = plan_table(list("abcdef"), np.zeros(6, dtype=np.int64))
 
@@ -89,7 +98,8 @@ def test_a_stale_batch_is_trained_with_importance_weighted_advantages(tmp_path: 
     by_hand, _ = updated(advantages * weights.double().numpy(), 0)
     uncorrected, _ = updated(advantages, 0)
     assert all(torch.allclose(stale[k], by_hand[k], atol=1e-7) for k in stale)
-    assert any(not torch.allclose(stale[k], uncorrected[k], atol=1e-5) for k in stale), "the correction changed nothing"
+    assert any(not torch.allclose(stale[k], uncorrected[k], atol=1e-5) for k in stale), (
+        "the correction changed nothing")
 
 
 def test_asynchronous_run_resumes_exactly(tmp_path: Path) -> None:
@@ -97,6 +107,9 @@ def test_asynchronous_run_resumes_exactly(tmp_path: Path) -> None:
     full = train(load_config(None, overrides), tmp_path / "full")
     train(load_config(None, overrides), tmp_path / "split", stop_after=1)
     resumed = train(load_config(None, overrides), tmp_path / "split", resume=True)
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
+    def strip(h: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
     assert strip(resumed["history"]) == strip(full["history"])
     assert _trajectories(tmp_path / "split") == _trajectories(tmp_path / "full")

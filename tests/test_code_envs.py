@@ -72,13 +72,16 @@ def test_check_env_passes() -> None:
     check_env("code-math-v0", num_episodes=4)
     check_env("code-tests-v0", num_episodes=4)
     check_env(lambda: CodeMathEnv(difficulty=3, templates=["count", "digits"], format_penalty=0.5))
-    check_env(lambda: CodeTestsEnv(reward_on="best", feedback="inputs", format_penalty=0.1, max_submissions=2))
+    check_env(lambda: CodeTestsEnv(reward_on="best", feedback="inputs", format_penalty=0.1,
+                                   max_submissions=2))
 
 
 def test_bad_arguments_raise_config_errors() -> None:
     for kwargs, message in [({"difficulty": 4}, "difficulty"), ({"templates": ["algebra"]}, "templates"),
-                            ({"format_penalty": -1}, "format_penalty"), ({"max_output_chars": 5}, "max_output_chars"),
-                            ({"limits": {"wall": 1}}, "unknown sandbox limit"), ({"sandbox_url": "ftp://x"}, "sandbox_url"),
+                            ({"format_penalty": -1}, "format_penalty"),
+                            ({"max_output_chars": 5}, "max_output_chars"),
+                            ({"limits": {"wall": 1}}, "unknown sandbox limit"),
+                            ({"sandbox_url": "ftp://x"}, "sandbox_url"),
                             ({"sandbox_backend": "vm"}, "unknown sandbox backend")]:
         with pytest.raises(ConfigError, match=message):
             CodeMathEnv(**kwargs)
@@ -129,7 +132,8 @@ def test_both_envs_on_a_sandbox_service() -> None:
             obs, *_ = env.step(cell("print(6 * 7)"))
             latencies.append(time.perf_counter() - started)
             assert obs == "<output>\n42\n</output>"
-        print(f"\ncode-math step over the sandbox service: median {statistics.median(latencies) * 1000:.0f} ms")
+        print(f"\ncode-math step over the sandbox service: "
+              f"median {statistics.median(latencies) * 1000:.0f} ms")
     finally:
         server.stop()
 
@@ -156,7 +160,8 @@ def test_sandbox_url_from_the_environment_variable(monkeypatch: pytest.MonkeyPat
 
 def test_answers_are_compared_exactly() -> None:
     gold = Fraction(42)
-    for text in ["42", "42.0", " 84/2 ", "\\boxed{42}", "$42$", "x = 42", "42.", "+42", "4200%", "\\frac{84}{2}"]:
+    for text in ["42", "42.0", " 84/2 ", "\\boxed{42}", "$42$", "x = 42", "42.", "+42", "4200%",
+                 "\\frac{84}{2}"]:
         assert same_number(text, gold) == (text != "4200%"), text
     assert parse_number("1,234,567") == 1234567 and parse_number("-3/4") == Fraction(-3, 4)
     assert parse_number("$149.04") == Fraction(3726, 25) and parse_number("12.5%") == Fraction(25, 2)
@@ -181,8 +186,9 @@ def test_generator_is_deterministic_and_each_solution_prints_the_answer() -> Non
     assert len(seen) > 0.95 * len(TEMPLATES) * 3 * 12  # seeds give different problems
 
     def digits(difficulty: int) -> float:  # mean length of the longest number in a question
-        return statistics.mean(max(len(n) for n in re.findall(r"\d+", generate_problem(t, difficulty, s).question))
-                               for t in TEMPLATES for s in range(20))
+        return statistics.mean(
+            max(len(n) for n in re.findall(r"\d+", generate_problem(t, difficulty, s).question))
+            for t in TEMPLATES for s in range(20))
 
     assert digits(1) < digits(2) < digits(3)
 
@@ -209,7 +215,7 @@ def test_the_expression_drill_is_copied_into_a_cell_and_its_value_answered() -> 
         assert trace[1][0] == f"<output>\n{problem.answer}\n</output>"
         prompts = (trace[0][0], trace[1][0])
         actions = (f"<python>{problem.solution}</python>", f"<answer>{problem.answer}</answer>")
-        for prompt, action in zip(prompts, actions):
+        for prompt, action in zip(prompts, actions, strict=True):
             assert rule.may_end(prompt, action), (prompt, action)
     assert "expression" in DRILLS and "expression" not in TEMPLATES
     default = agentgym.make("code-math-v0")
@@ -309,7 +315,8 @@ def test_invalid_actions_and_the_json_form() -> None:
                          ("<answer>forty two</answer>", "is not a number"),
                          ("<python>print(1)", "never closed"),
                          ("<search>x</search>", "unknown tool 'search'"),
-                         ('<tool_call>{"name": "python"}</tool_call>', "missing the required argument 'code'")]:
+                         ('<tool_call>{"name": "python"}</tool_call>',
+                          "missing the required argument 'code'")]:
         obs, reward, terminated, _, info = env.step(bad)
         assert info["invalid_action"] and reward == -0.25 and not terminated, bad
         assert message in obs and obs.endswith(question), (bad, obs)
@@ -353,7 +360,8 @@ def test_problem_set_is_well_formed_and_every_reference_passes_all_tests() -> No
         assert len(problem.examples) >= 2 and len(problem.tests) >= 6
         assert not set(map(json.dumps, problem.examples)) & set(map(json.dumps, problem.tests))
         obs, info = env.reset(options={"task_id": problem.id})
-        assert problem.signature in obs and problem.reference not in obs and info["answer"] == problem.reference
+        assert problem.signature in obs and problem.reference not in obs
+        assert info["answer"] == problem.reference
         obs, reward, terminated, _, info = env.step(env.expert_action())
         assert (reward, terminated, info["success"]) == (1.0, True, True), (problem.id, obs)
         assert info["tests_passed"] == info["tests_total"] == len(problem.tests)
@@ -369,7 +377,8 @@ def test_wrong_solutions_score_partially_and_rewards_telescope() -> None:
     partial = info["tests_passed"]
     assert 0 < partial < 10 and reward == partial / 10 and not terminated and not info["success"]
     assert info["state_key"] == f"is_palindrome|score={partial}/10|left=2"
-    assert obs.startswith(f"Submission 1: {partial}/10 hidden tests passed.") and "expected True, got False" in obs
+    assert obs.startswith(f"Submission 1: {partial}/10 hidden tests passed.")
+    assert "expected True, got False" in obs
     obs, reward, terminated, _, info = env.step(fenced("def is_palindrome(s):\n    return None"))
     assert info["tests_passed"] == 0 and reward == -partial / 10  # final: the latest submission counts
     obs, reward, terminated, _, info = env.step(fenced(wrong))
@@ -391,21 +400,26 @@ def test_bad_submissions_fail_tests_without_raising() -> None:
     forged = ("import atexit, os\n"
               "def forge():\n"
               "    for i in range(8):\n"
-              "        os.write(1, ('@@agentgym-test@@ {\"test\": %d, \"hash\": \"0\", \"repr\": \"[0, 1]\"}\\n' % i).encode())\n"
+              "        os.write(1, ('@@agentgym-test@@ {\"test\": %d, \"hash\": \"0\", "
+              "\"repr\": \"[0, 1]\"}\\n' % i).encode())\n"
               "atexit.register(forge)\n"
               "def two_sum(nums, target):\n"
               "    raise ValueError('no idea')\n")
     cases = {
         "def two_sum(nums, target:\n    pass": "could not be loaded: SyntaxError",
-        "raise RuntimeError('at import')": "could not be loaded: RuntimeError: at import (solution.py, line 1)",
-        "def other(nums, target):\n    return []": "could not be loaded: the code defines no function 'two_sum'",
-        "def two_sum(nums, target):\n    return nums[99]": "raised IndexError: list index out of range (solution.py, line 2)",
+        "raise RuntimeError('at import')":
+            "could not be loaded: RuntimeError: at import (solution.py, line 1)",
+        "def other(nums, target):\n    return []":
+            "could not be loaded: the code defines no function 'two_sum'",
+        "def two_sum(nums, target):\n    return nums[99]":
+            "raised IndexError: list index out of range (solution.py, line 2)",
         "def two_sum(nums, target):\n    while True:\n        pass": "timed out after 0.3 s",
         "def two_sum(nums, target):\n    import sys\n    sys.exit(0)": "raised SystemExit",
         "def two_sum(nums, target):\n    import os\n    os._exit(0)": "no result: the program ended early",
         "def two_sum(nums, target):\n    import os\n    while True:\n        os.write(1, b'x' * 1000)":
             "[stopped: the output went past 8192 bytes]",
-        "def two_sum(nums, target):\n    print('thinking ' * 100)\n    return object()": "got <object object at",
+        "def two_sum(nums, target):\n    print('thinking ' * 100)\n    return object()":
+            "got <object object at",
         forged: "got [0, 1]",
     }
     for code, expected in cases.items():
@@ -445,7 +459,8 @@ def test_feedback_modes_hide_what_they_should() -> None:
         shown[mode] = env.step(fenced(wrong))[0]
     assert "fizzbuzz(3): expected ['1', '2', 'Fizz'], got ['1', '2', '3']" in shown["full"]
     assert "fizzbuzz(3): got ['1', '2', '3']" in shown["inputs"] and "expected" not in shown["inputs"]
-    assert "fizzbuzz(" not in shown["count"] and shown["count"].startswith("Submission 1: 2/8 hidden tests passed.")
+    assert "fizzbuzz(" not in shown["count"]
+    assert shown["count"].startswith("Submission 1: 2/8 hidden tests passed.")
 
 
 def test_user_problem_file(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 
 import pytest
@@ -42,7 +43,8 @@ def test_full_mode_splicing_equals_rendering_the_whole_chat(policy: Transformers
 def test_tool_env_results_are_tool_messages_and_specs_reach_the_template(policy: TransformersPolicy) -> None:
     tok = copy.deepcopy(policy.tokenizer)
     # ChatML that also lists the tool names it is given, as Qwen's template does in its system turn.
-    tok.chat_template = ("{% if tools %}{{ '<|im_start|>tools\\n' }}{% for t in tools %}{{ t.function.name + ' ' }}"
+    tok.chat_template = ("{% if tools %}{{ '<|im_start|>tools\\n' }}"
+                         "{% for t in tools %}{{ t.function.name + ' ' }}"
                          "{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}" + CHATML_TEMPLATE)
     env = agentgym.make("tools-v0")
     obs, info = env.reset(seed=4)
@@ -54,7 +56,8 @@ def test_tool_env_results_are_tool_messages_and_specs_reach_the_template(policy:
     for _ in range(2):
         action = env.expert_action()
         reply, _, _, _, info = env.step(action)
-        renderer.record(conv, tok.encode(action, add_special_tokens=False) + [tok.eos_token_id], action, reply, info)
+        response = tok.encode(action, add_special_tokens=False) + [tok.eos_token_id]
+        renderer.record(conv, response, action, reply, info)
         messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": reply}]
     expected = _ids(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, tools=tools))
     assert renderer.prompt_ids(conv) == expected
@@ -103,7 +106,7 @@ def test_collect_records_groups_and_turns(policy: TransformersPolicy, mode: str)
                 assert turn.action == parse_action(text).action
                 assert turn.state_key.startswith(group.task_id)
             if mode == "full":  # each prompt extends the previous prompt + its generated ids
-                for before, after in zip(trajectory.turns, trajectory.turns[1:]):
+                for before, after in itertools.pairwise(trajectory.turns):
                     prefix = before.prompt_ids + before.response_ids
                     assert after.prompt_ids[:len(prefix)] == prefix
     # a random tiny model mostly emits garbage: invalid actions are flagged, not raised

@@ -109,7 +109,7 @@ def test_an_untrained_model_only_writes_copied_calls(policy: TransformersPolicy)
     rule = TagSpans()
     for temperature, copies in ((1.5, 3), (0.0, 1)):
         params = SamplingParams(max_new_tokens=64, temperature=temperature, seed=3, constraint="tag_spans")
-        for prompt, gen in zip(prompts * copies, policy.generate(prompts * copies, params)):
+        for prompt, gen in zip(prompts * copies, policy.generate(prompts * copies, params), strict=True):
             text = policy.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             prompt_text = policy.tokenizer.decode(prompt, skip_special_tokens=True)
             assert all(math.isfinite(lp) for lp in gen.logprobs)
@@ -124,8 +124,10 @@ def test_an_untrained_model_only_writes_copied_calls(policy: TransformersPolicy)
     params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=5, constraint="tag_spans")
     constrained = policy.generate(prompts, params)
     free = policy.score(prompts, [g.token_ids for g in constrained])
-    assert all(c >= f - 1e-5 for g, fs in zip(constrained, free) for c, f in zip(g.logprobs, fs))
-    assert any(c > f + 1e-3 for g, fs in zip(constrained, free) for c, f in zip(g.logprobs, fs))
+    pairs = [(c, f) for g, fs in zip(constrained, free, strict=True)
+             for c, f in zip(g.logprobs, fs, strict=True)]
+    assert all(c >= f - 1e-5 for c, f in pairs)
+    assert any(c > f + 1e-3 for c, f in pairs)
 
 
 def test_unknown_constraint_names_the_field() -> None:
@@ -143,7 +145,8 @@ def test_a_constraint_takes_arguments_after_a_colon() -> None:
     assert rule.may_end(prompt, "<python>42 * 57 + 93</python>")
     assert not rule.may_end(prompt, "<python>42 * 57 + 93.</python>")  # "." ends no word
     assert not rule.may_end(prompt, "<search>Compute</search>")
-    assert make_constraint("tag_spans") == TagSpans() and make_constraint("tag_spans:answer").tags == ("answer",)
+    assert make_constraint("tag_spans") == TagSpans()
+    assert make_constraint("tag_spans:answer").tags == ("answer",)
     for spec, message in (("tag_spans:a b", "tag names made of letters"),
                           ("tag_spans:python,", "tag names made of letters"),
                           ("tag_spanz:python", "Did you mean 'tag_spans'")):
@@ -162,7 +165,8 @@ def test_a_factory_that_takes_no_arguments_refuses_them_in_one_line() -> None:
     register("search_only", lambda: TagSpans(("search",)))
     try:
         assert make_constraint("search_only").tags == ("search",)
-        with pytest.raises(ConfigError, match=r"decoding constraint 'search_only' does not take the arguments \['x'\]"):
+        with pytest.raises(ConfigError,
+                           match=r"decoding constraint 'search_only' does not take the arguments \['x'\]"):
             make_constraint("search_only:x")
     finally:
         del constraints._CONSTRAINTS["search_only"]

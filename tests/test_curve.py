@@ -17,7 +17,8 @@ def _eval(rate: float) -> dict:
 
 REPORT = {
     "algorithm": "gigpo", "env": "maze-v0", "iterations": 6,
-    "history": [{"iteration": i + 1, "rollout/success_rate": r} for i, r in enumerate([0.0, 1.0, 0.0, 1.0, 1.0, 1.0])],
+    "history": [{"iteration": i + 1, "rollout/success_rate": r}
+                for i, r in enumerate([0.0, 1.0, 0.0, 1.0, 1.0, 1.0])],
     "eval": {"before_sft": _eval(0.05), "before": _eval(0.3), "after": _eval(0.8)},
 }
 REPORT["history"][2]["eval/success_rate"] = 0.5  # a held-out evaluation at iteration 3
@@ -38,7 +39,8 @@ def test_held_out_points_are_markers_only_and_include_before_sft() -> None:
     try:
         lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
         held_out = [line for label, line in lines.items() if label.startswith("held-out")]
-        points = sorted((float(x), float(y)) for line in held_out for x, y in zip(line.get_xdata(), line.get_ydata()))
+        points = sorted((float(x), float(y)) for line in held_out
+                        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True))
         assert points == [(0.0, 0.05), (0.0, 0.3), (3.0, 0.5), (6.0, 0.8)]
         for line in held_out:
             assert line.get_linestyle() == "None" and line.get_marker() not in (None, "None", "")

@@ -67,7 +67,8 @@ def test_gigpo_all_equal_returns_give_zero() -> None:
     t1 = traj([("A", 0.0), ("B", 1.0)])
     t2 = traj([("A", 0.0), ("B", 1.0)])
     for mode in ("mean_norm", "mean_std_norm"):
-        np.testing.assert_allclose(gigpo([group(t1, t2)], mode=mode, invalid_action_penalty=0.0), 0.0, atol=1e-12)
+        np.testing.assert_allclose(gigpo([group(t1, t2)], mode=mode, invalid_action_penalty=0.0), 0.0,
+                                   atol=1e-12)
 
 
 def test_gigpo_invalid_action_penalty_hits_only_the_offending_turn() -> None:
@@ -147,7 +148,8 @@ def random_groups(rng: np.random.Generator, num_groups: int = 5) -> list[Episode
         trajectories = []
         for _ in range(int(rng.integers(1, 6))):
             length = int(rng.integers(1, 8))
-            steps = [(f"s{int(rng.integers(0, 4))}", float(rng.choice([0.0, 0.0, 1.0, -0.5])), bool(rng.random() < 0.2))
+            steps = [(f"s{int(rng.integers(0, 4))}", float(rng.choice([0.0, 0.0, 1.0, -0.5])),
+                      bool(rng.random() < 0.2))
                      for _ in range(length)]
             trajectories.append(traj(steps))
         groups.append(group(*trajectories, gid=f"g{gi}"))
@@ -188,16 +190,17 @@ def gigpo_reference(groups: list[EpisodeGroup], gamma: float, mode: str, weight:
             for t in reversed(tr.turns):
                 running = t.reward + gamma * running
                 row.append(running)
-            row = [v - penalty * t.invalid for v, t in zip(reversed(row), tr.turns)]
+            row = [v - penalty * t.invalid for v, t in zip(reversed(row), tr.turns, strict=True)]
             discounted.append(row)
-            for v, t in zip(row, tr.turns):
+            for v, t in zip(row, tr.turns, strict=True):
                 step_values[t.state_key].append(v)
         for i, tr in enumerate(g.trajectories):
             for j, t in enumerate(tr.turns):
                 a_e = 0.0
                 if len(g.trajectories) > 1 and baseline == "trajectory":
                     centred = returns[i] - mu
-                    a_e = (centred if mode == "mean_norm" else (centred / (sd + eps) if sd + eps > 0 else 0.0))
+                    a_e = (centred if mode == "mean_norm"
+                           else (centred / (sd + eps) if sd + eps > 0 else 0.0))
                     a_e -= penalty * tr.turns[j].invalid
                 elif len(g.trajectories) > 1:
                     a_e = scores[i][j] - mu if mode == "mean_norm" else (scores[i][j] - mu) / (sd + eps)
@@ -299,7 +302,8 @@ def test_long_trajectory_then_an_early_reward_keeps_every_return() -> None:
 @pytest.mark.parametrize("gamma", [0.5, 0.1, 0.95])
 def test_small_gamma_long_trajectories_are_exact(gamma: float) -> None:
     rng = np.random.default_rng(0)
-    trajectories = [traj([(f"s{int(rng.integers(0, 3))}", float(rng.choice([0.0, 1.0, -0.5]))) for _ in range(n)])
+    trajectories = [traj([(f"s{int(rng.integers(0, 3))}", float(rng.choice([0.0, 1.0, -0.5])))
+                          for _ in range(n)])
                     for n in rng.integers(40, 60, size=12)]
     groups = [group(*trajectories[:6], gid="a"), group(*trajectories[6:], gid="b")]
     assert discounted_returns(TurnTable.from_groups(groups), gamma).tolist() == loop_returns(groups, gamma)

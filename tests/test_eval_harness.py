@@ -42,7 +42,9 @@ class NoExpertCounter(CounterEnv):
 class ToolCounter(CounterEnv):
     """A counter with a tool spec; ``inc`` is a tool call, reported in info["tool_calls"] when ``report``."""
 
-    TOOLS: ClassVar[list[dict[str, Any]]] = [{"type": "function", "function": {"name": "inc", "parameters": {"type": "object"}}}]
+    TOOLS: ClassVar[list[dict[str, Any]]] = [
+        {"type": "function", "function": {"name": "inc", "parameters": {"type": "object"}}},
+    ]
 
     def __init__(self, report: bool = True) -> None:
         super().__init__()
@@ -67,8 +69,8 @@ agentgym.register("test/eval-tools-v0", ToolCounter, max_turns=8, override=True)
 POLICIES = (parse_policy("random"), parse_policy("expert"))
 
 
-def plan(envs: tuple[EnvEntry, ...] = (EnvEntry("test/eval-counter-v0"),), seeds: tuple[int, ...] = tuple(range(6)),
-         **kwargs: Any) -> EvalPlan:
+def plan(envs: tuple[EnvEntry, ...] = (EnvEntry("test/eval-counter-v0"),),
+         seeds: tuple[int, ...] = tuple(range(6)), **kwargs: Any) -> EvalPlan:
     return EvalPlan(kwargs.pop("policies", POLICIES), envs, seeds, **kwargs)
 
 
@@ -90,7 +92,8 @@ def test_every_policy_plays_the_same_tasks_and_the_log_holds_every_turn(tmp_path
         assert turn["state_key"] == info["state_key"]
         obs, reward, terminated, _truncated, info = replay.step(turn["action"])
         assert (turn["observation"], turn["reward"], turn["info"]) == (obs, reward, info)
-        assert set(turn) >= {"prompt", "response", "action", "observation", "reward", "state_key", "info", "invalid"}
+        assert set(turn) >= {"prompt", "response", "action", "observation", "reward", "state_key", "info",
+                             "invalid"}
     assert episode["success"] and terminated
     rows = {r["policy"]: r for r in results["results"]}
     assert rows["expert"]["success_rate"] == 1.0 and rows["expert"]["episodes"] == 6
@@ -100,9 +103,11 @@ def test_every_policy_plays_the_same_tasks_and_the_log_holds_every_turn(tmp_path
 def test_results_json_and_reports(tmp_path: Path) -> None:
     Evaluation(plan(samples=3, seeds=(10, 11, 12, 13)), tmp_path, command="agentgym eval ...").run()
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["agentgym_version"] == agentgym.__version__ and results["command"] == "agentgym eval ..."
+    assert results["agentgym_version"] == agentgym.__version__
+    assert results["command"] == "agentgym eval ..."
     assert results["seeds"] == [10, 11, 12, 13] and results["config"]["samples"] == 3
-    assert EvalPlan.from_json(results["config"]) == plan(samples=3, seeds=(10, 11, 12, 13))  # the exact config
+    # The exact config.
+    assert EvalPlan.from_json(results["config"]) == plan(samples=3, seeds=(10, 11, 12, 13))
     row = next(r for r in results["results"] if r["policy"] == "random")
     assert row["episodes"] == 12 and row["tasks"] == 4 and {"pass@1", "pass@2", "pass@3"} <= set(row)
     assert row["pass@1"] <= row["pass@2"] <= row["pass@3"]
@@ -120,7 +125,8 @@ def test_tool_calls_per_episode_where_the_env_reports_them(tmp_path: Path) -> No
     envs = (EnvEntry("test/eval-tools-v0"), EnvEntry("test/eval-tools-v0", {"report": False}))
     reported = Evaluation(plan(envs=envs[:1], policies=(parse_policy("expert"),)), tmp_path / "a").run()
     row = reported["results"][0]
-    assert row["has_tools"] and row["tool_calls_reported"] and row["tool_calls_per_episode"] == 4.0  # span 4: 4 incs
+    # Span 4: 4 incs.
+    assert row["has_tools"] and row["tool_calls_reported"] and row["tool_calls_per_episode"] == 4.0
     assert "| 4.00 |" in (tmp_path / "a" / "report.md").read_text()
     silent = Evaluation(plan(envs=envs[1:], policies=(parse_policy("expert"),)), tmp_path / "b").run()
     assert not silent["results"][0]["tool_calls_reported"]
@@ -132,7 +138,8 @@ def test_returns_are_compared_where_they_say_more_than_success(tmp_path: Path) -
     assert [c["metric"] for c in results["comparisons"]] == ["success", "return"]
     by_metric = {c["metric"]: c for c in results["comparisons"]}
     rows = {r["policy"]: r for r in results["results"]}
-    assert by_metric["return"]["difference"] == pytest.approx(rows["expert"]["mean_return"] - rows["random"]["mean_return"])
+    assert by_metric["return"]["difference"] == pytest.approx(rows["expert"]["mean_return"]
+                                                              - rows["random"]["mean_return"])
 
 
 def test_interrupted_evaluation_keeps_finished_episodes_and_resume_does_not_redo_them(tmp_path: Path) -> None:
@@ -156,12 +163,16 @@ def test_interrupted_evaluation_keeps_finished_episodes_and_resume_does_not_redo
         Evaluation(plan(seeds=(0, 1)), tmp_path / "cut", resume=True).run()
 
     calls.clear()
-    resumed = Evaluation(the_plan, tmp_path / "cut", resume=True, on_progress=lambda e, p, d, t: calls.append((p, d))).run()
+    resumed = Evaluation(the_plan, tmp_path / "cut", resume=True,
+                         on_progress=lambda e, p, d, t: calls.append((p, d))).run()
     assert ("expert", 3) in calls and ("expert", 0) not in calls and ("random", 6) == calls[0]
     after = lines(path)
     assert after[:3] == kept and len(after) == 6  # nothing replayed, nothing duplicated
     whole = Evaluation(the_plan, tmp_path / "whole").run()
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "episodes_per_s")} for r in rows]
+
+    def strip(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "episodes_per_s")} for r in rows]
+
     assert strip(resumed["results"]) == strip(whole["results"])
 
 
@@ -202,14 +213,17 @@ def test_env_service_gives_the_same_episodes_as_in_process(tmp_path: Path, live_
     for policy in ("random", "expert"):
         a = EvalStore(tmp_path / "local").records("maze-v0", policy)
         b = EvalStore(tmp_path / "remote").records("maze-v0", policy)
-        assert [[(t["action"], t["observation"], t["reward"], t["state_key"]) for t in r["turns"]] for r in a] == \
-               [[(t["action"], t["observation"], t["reward"], t["state_key"]) for t in r["turns"]] for r in b]
+        assert ([[(t["action"], t["observation"], t["reward"], t["state_key"]) for t in r["turns"]]
+                 for r in a]
+                == [[(t["action"], t["observation"], t["reward"], t["state_key"]) for t in r["turns"]]
+                    for r in b])
     assert [r["success_rate"] for r in local["results"]] == [r["success_rate"] for r in remote["results"]]
 
 
 def test_unreachable_env_service_is_one_clear_line(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(EvalError, match=rf"env maze-v0 on the env service {url} cannot be reached .*agentgym serve maze-v0"):
+    with pytest.raises(EvalError, match=rf"env maze-v0 on the env service {url} cannot be reached "
+                                        r".*agentgym serve maze-v0"):
         Evaluation(plan(envs=(EnvEntry("maze-v0", url=url),)), tmp_path).run()
 
 

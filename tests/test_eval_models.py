@@ -40,7 +40,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(model_dir: Path) -> Iterator[LiveServer]:
-    live = LiveServer(create_policy_app(TransformersPolicy.from_pretrained(model_dir), "tiny", max_new_tokens=64))
+    live = LiveServer(create_policy_app(TransformersPolicy.from_pretrained(model_dir), "tiny",
+                                        max_new_tokens=64))
     yield live
     live.stop()
 
@@ -63,7 +64,8 @@ def test_local_model_and_the_same_model_served_play_identical_episodes(tmp_path:
     assert turns_of(tmp_path, "chat") == local  # the endpoint saw the same prompts (its chat template)
     assert turns_of(tmp_path, "completions") == local  # token ids out, token ids back
     rows = {r["policy"]: r for r in results["results"]}
-    assert rows["local"]["tokens_generated"] == rows["chat"]["tokens_generated"] == rows["completions"]["tokens_generated"] > 0
+    assert (rows["local"]["tokens_generated"] == rows["chat"]["tokens_generated"]
+            == rows["completions"]["tokens_generated"] > 0)
     first = EvalStore(tmp_path).records("maze-v0", "local")[0]["turns"][0]
     assert first["prompt"].startswith("<|im_start|>") and first["response_ids"]
     chat_first = EvalStore(tmp_path).records("maze-v0", "chat")[0]["turns"][0]
@@ -98,7 +100,8 @@ def test_run_folder_and_checkpoint_reproduce_the_training_report(tmp_path: Path)
     seeds = tuple(range(1_000_000, 1_000_006))  # eval.seed_offset: the tasks report.json was measured on
     results = Evaluation(EvalPlan(tuple(specs), tuple(envs), seeds, concurrency=4), tmp_path / "eval").run()
     for row in results["results"]:  # chunks of 4 tasks, still the same greedy episodes
-        for key in ("episodes", "success_rate", "mean_return", "mean_turns", "invalid_rate", "tokens_generated"):
+        for key in ("episodes", "success_rate", "mean_return", "mean_turns", "invalid_rate",
+                    "tokens_generated"):
             assert row[key] == pytest.approx(after[key]), (row["policy"], key)
 
 
@@ -109,7 +112,10 @@ def test_model_directory_without_tokenizer_or_chat_template(tmp_path: Path, mode
     shutil.copytree(model_dir, bare)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (bare / name).unlink()
-    plan = lambda p: EvalPlan((parse_policy(str(p)),), MAZE, (0,))
+
+    def plan(p: Path) -> EvalPlan:
+        return EvalPlan((parse_policy(str(p)),), MAZE, (0,))
+
     with pytest.raises(ConfigError, match="has no tokenizer files .* save the tokenizer there"):
         Evaluation(plan(bare), tmp_path / "a").run()
     templateless = tmp_path / "templateless"
@@ -143,7 +149,8 @@ def scripted_server(mode: str, good_replies: int) -> LiveServer:
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "t"}]}
+        return {"object": "list",
+                "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "t"}]}
 
     @app.post("/v1/chat/completions")
     def chat(body: dict[str, Any]) -> Any:
@@ -157,7 +164,8 @@ def scripted_server(mode: str, good_replies: int) -> LiveServer:
                 return JSONResponse({"error": {"message": "CUDA out of memory", "type": "server_error"}}, 500)
             time.sleep(3)
         return {"id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "inc"}, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "inc"},
+                             "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}
 
     return LiveServer(app)
@@ -171,7 +179,8 @@ COUNTER = (EnvEntry("test/http-counter-v0"),)  # 4 "inc" per episode win it
     ("error", "answered HTTP 500: CUDA out of memory"),
     ("slow", "timed out after 0.5 s"),
 ])
-def test_endpoint_failing_mid_run_is_one_line_and_keeps_finished_episodes(tmp_path: Path, mode: str, match: str) -> None:
+def test_endpoint_failing_mid_run_is_one_line_and_keeps_finished_episodes(tmp_path: Path, mode: str,
+                                                                          match: str) -> None:
     live = scripted_server(mode, good_replies=8)
     try:
         spec = parse_policy(f"{live.url}/v1,max_retries=0,timeout_s=0.5")
@@ -186,10 +195,13 @@ def test_endpoint_failing_mid_run_is_one_line_and_keeps_finished_episodes(tmp_pa
     assert [r["seed"] for r in saved] == [0, 1] and all(r["success"] for r in saved)
 
 
-def test_unreachable_endpoint_and_unknown_model_fail_before_any_episode(tmp_path: Path, served: LiveServer) -> None:
+def test_unreachable_endpoint_and_unknown_model_fail_before_any_episode(tmp_path: Path,
+                                                                        served: LiveServer) -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
-    with pytest.raises(PolicyEndpointError, match=rf"policy endpoint {url} \(GET /models\) is unreachable .*start the server"):
+    with pytest.raises(PolicyEndpointError,
+                       match=rf"policy endpoint {url} \(GET /models\) is unreachable .*start the server"):
         Evaluation(EvalPlan((parse_policy(f"{url},max_retries=0"),), COUNTER, (0,)), tmp_path / "a").run()
     with pytest.raises(ConfigError, match="does not serve model 'gpt-4'; it serves tiny"):
-        Evaluation(EvalPlan((parse_policy(f"{served.url}/v1,model=gpt-4"),), COUNTER, (0,)), tmp_path / "b").run()
+        Evaluation(EvalPlan((parse_policy(f"{served.url}/v1,model=gpt-4"),), COUNTER, (0,)),
+                   tmp_path / "b").run()
     assert not (tmp_path / "a" / "plan.json").exists() and not (tmp_path / "b" / "plan.json").exists()

@@ -23,7 +23,8 @@ from agentgym.eval.summary import summarize, wilson_interval
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 
-@pytest.mark.parametrize("n, c, k", [(n, c, k) for n in range(1, 7) for c in range(n + 1) for k in range(1, n + 1)])
+@pytest.mark.parametrize("n, c, k", [(n, c, k) for n in range(1, 7) for c in range(n + 1)
+                                     for k in range(1, n + 1)])
 def test_pass_at_k_is_the_share_of_k_subsets_with_a_success(n: int, c: int, k: int) -> None:
     outcomes = [True] * c + [False] * (n - c)
     subsets = list(itertools.combinations(range(n), k))
@@ -65,7 +66,8 @@ def test_sign_flip_exact_equals_brute_force_enumeration() -> None:
         d = rng.normal(size=int(rng.integers(1, 9))).round(2)
         observed = abs(d.sum())
         patterns = list(itertools.product((1, -1), repeat=len(d)))
-        expected = sum(abs(sum(s * x for s, x in zip(p, d))) >= observed - 1e-12 for p in patterns) / len(patterns)
+        expected = sum(abs(sum(s * x for s, x in zip(p, d, strict=True))) >= observed - 1e-12
+                       for p in patterns) / len(patterns)
         assert sign_flip_p(d) == pytest.approx(expected)
 
 
@@ -119,7 +121,8 @@ def test_comparison_with_several_samples_uses_the_permutation_test() -> None:
 
 def test_summary_counts_and_pass_at_k() -> None:
     def trajectory(success: bool, rewards: list[float], invalid: int = 0, tokens: int = 2) -> Trajectory:
-        turns = [Turn([1], [5] * tokens, [0.0] * tokens, r, "s", invalid=i < invalid) for i, r in enumerate(rewards)]
+        turns = [Turn([1], [5] * tokens, [0.0] * tokens, r, "s", invalid=i < invalid)
+                 for i, r in enumerate(rewards)]
         return Trajectory(turns, "t", 0, success=success)
 
     groups = [EpisodeGroup("g0", "t", 0, [trajectory(True, [0, 1], invalid=1), trajectory(False, [0, 0, 0])]),

@@ -58,12 +58,14 @@ class ForkAndTopUp(RolloutHooks):
         if self.done:
             return []
         self.done = True
-        forks = [Fork(v.group_index, v.trajectory_id) for v in episodes if v.trajectory_id.endswith("-t0") and not v.over]
+        forks = [Fork(v.group_index, v.trajectory_id) for v in episodes
+                 if v.trajectory_id.endswith("-t0") and not v.over]
         return forks + [Fork(0)]
 
 
 class AtTurn(RolloutHooks):
-    """Runs ``action()`` once after turn ``turn`` (kills a service mid-collection), then forks like ForkAndTopUp."""
+    """Runs ``action()`` once after turn ``turn`` (kills a service mid-collection), then forks like
+    ForkAndTopUp."""
 
     def __init__(self, turn: int, action: Callable[[], None]) -> None:
         self.turn, self.action, self.seen = turn, action, 0
@@ -253,7 +255,10 @@ def test_training_on_a_fleet_equals_training_in_process(live_server, tmp_path: P
     made.close()
     local = train(load_config(None, small), tmp_path / "local")
     remote = train(fleet_cfg, tmp_path / "fleet")
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
+    def strip(h: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
     assert strip(remote["history"]) == strip(local["history"])
     assert all(s.thread.is_alive() for s in servers)
     assert httpx_active(servers) == 0  # the run deleted its sessions

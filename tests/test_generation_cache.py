@@ -1,4 +1,5 @@
-"""KV-cached decoding uses the cache API transformers expects: no deprecation warning, same tokens as no cache."""
+"""KV-cached decoding uses the cache API transformers expects: no deprecation warning, same tokens as no
+cache."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def test_cached_generation_warns_nothing_and_matches_uncached_decoding() -> None
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(TinyModelConfig(num_layers=2))
     model.eval()
-    prompts = [tokenizer.encode(text, add_special_tokens=False) for text in ("2+2=", "go up", "a longer prompt here")]
+    prompts = [tokenizer.encode(text, add_special_tokens=False)
+               for text in ("2+2=", "go up", "a longer prompt here")]
     free = [_greedy_without_cache(model, p, 8, set()) for p in prompts]
     # A stop id that ends the second prompt's row first, so a finished row is dropped from the cache.
     stop_id = free[1][0][0]
@@ -42,6 +44,6 @@ def test_cached_generation_warns_nothing_and_matches_uncached_decoding() -> None
         warnings.simplefilter("error")  # transformers' FutureWarning on `past_key_values` would fail here
         generations = policy.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0))
     assert [g.finish_reason for g in generations] == ["length", "stop", "length"]
-    for generation, (token_ids, logprobs) in zip(generations, expected):
+    for generation, (token_ids, logprobs) in zip(generations, expected, strict=True):
         assert generation.token_ids == token_ids
-        assert max(abs(a - b) for a, b in zip(generation.logprobs, logprobs)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(generation.logprobs, logprobs, strict=True)) < 1e-4

@@ -44,7 +44,8 @@ def client(make_service: Callable[..., Any]) -> EnvClient:
     return EnvClient(client=make_service(TEST_ENV_IDS + ["maze-v0", "sokoban-v0"], max_sessions=32))
 
 
-def play(env: Any, seed: int, actions: list[str] | None = None, max_steps: int = 200) -> tuple[list[Any], list[str]]:
+def play(env: Any, seed: int, actions: list[str] | None = None,
+         max_steps: int = 200) -> tuple[list[Any], list[str]]:
     """Reset and step (the given actions, or else the env's expert); returns the trajectory and actions."""
     obs, info = env.reset(seed=seed)
     trajectory: list[Any] = [("reset", obs, jsonable(info))]
@@ -151,7 +152,8 @@ def test_remote_exceptions_are_the_local_classes(client: EnvClient) -> None:
     with pytest.raises(ConfigError):
         RemoteEnv("test/http-counter-v0", client=client, max_turns=0)
     # A crash is EnvCrashed on both sides, and reset recovers both.
-    local_crashy, remote_crashy = agentgym.make("test/http-crashy-v0"), RemoteEnv("test/http-crashy-v0", client=client)
+    local_crashy = agentgym.make("test/http-crashy-v0")
+    remote_crashy = RemoteEnv("test/http-crashy-v0", client=client)
     for env in (local_crashy, remote_crashy):
         env.reset(seed=0)
     both(lambda env: env.step("crash"), EnvCrashed, (local_crashy, remote_crashy))
@@ -191,12 +193,12 @@ def test_batch_step_matches_single_steps(client: EnvClient) -> None:
     envs = [RemoteEnv("test/http-counter-v0", client=client) for _ in range(4)]
     locals_ = [agentgym.make("test/http-counter-v0") for _ in range(4)]
     resets = client.batch_reset([(env.session_id, seed, None) for seed, env in enumerate(envs)])
-    for seed, (result, local) in enumerate(zip(resets, locals_)):
+    for seed, (result, local) in enumerate(zip(resets, locals_, strict=True)):
         obs, info = local.reset(seed=seed)
         assert result == {"observation": obs, "info": jsonable(info), "episode_seed": seed}
     results = client.batch_step([(env.session_id, "inc") for env in envs] + [("ghost", "inc")])
     assert isinstance(results[-1], UnknownSession)
-    for result, local in zip(results, locals_):
+    for result, local in zip(results[:-1], locals_, strict=True):
         obs, reward, terminated, truncated, info = local.step("inc")
         assert result == {"observation": obs, "reward": reward, "terminated": terminated,
                           "truncated": truncated, "info": jsonable(info), "turn": 1}
@@ -240,7 +242,7 @@ def test_async_clients_give_the_same_results() -> None:
                 local.reset(seed=seed)
             for turn in range(1, 4):
                 results = await client.batch_step([(env.session_id, "inc") for env in envs])
-                for result, local in zip(results, locals_):
+                for result, local in zip(results, locals_, strict=True):
                     obs, reward, terminated, truncated, info = local.step("inc")
                     assert result == {"observation": obs, "reward": reward, "terminated": terminated,
                                       "truncated": truncated, "info": jsonable(info), "turn": turn}
@@ -326,9 +328,11 @@ def test_get_is_retried_after_a_read_timeout_and_on_503() -> None:
 
 def test_connection_failures_are_retried_for_every_method() -> None:
     ok = httpx.Response(200, json={"observation": "o"})
-    for error in (httpx.ConnectError("refused"), httpx.ConnectTimeout("no answer"), httpx.PoolTimeout("full")):
+    for error in (httpx.ConnectError("refused"), httpx.ConnectTimeout("no answer"),
+                  httpx.PoolTimeout("full")):
         handler = Scripted(error, ok)
-        assert sync_client(handler).request("POST", "/sessions/abc/step", {"action": "inc"}) == {"observation": "o"}
+        answer = sync_client(handler).request("POST", "/sessions/abc/step", {"action": "inc"})
+        assert answer == {"observation": "o"}
         assert handler.calls == ["POST", "POST"]
     handler = Scripted(httpx.ConnectError("refused"))
     with pytest.raises(RemoteEnvError, match="ConnectError"):
@@ -359,7 +363,8 @@ def test_unexpected_error_bodies_fall_back_to_the_status() -> None:
     for status, body, exc in ((502, b"<html>bad gateway</html>", RemoteEnvError),
                               (504, b"gateway timeout", RemoteTimeout),
                               (401, b"", AuthenticationError),
-                              (404, b'{"error": {"type": "NotFound", "message": "no route"}}', RemoteEnvError),
+                              (404, b'{"error": {"type": "NotFound", "message": "no route"}}',
+                               RemoteEnvError),
                               (409, b'{"error": {"type": "SomethingNew", "message": "m"}}', RemoteEnvError)):
         handler = Scripted(httpx.Response(status, content=body))
         with pytest.raises(exc):

@@ -92,7 +92,8 @@ def test_malformed_json_is_422_saying_the_body_is_not_json(service: Any) -> None
     healthy = Healthy(service)
     sid = new_session(service)
     for raw in (b'{"action": "inc"', b"{action: inc}", b"\xff\xfe", b"nul"):
-        response = service.post(f"/sessions/{sid}/step", content=raw, headers={"content-type": "application/json"})
+        response = service.post(f"/sessions/{sid}/step", content=raw,
+                                headers={"content-type": "application/json"})
         assert_error(response, 422, "RequestRejected", "not valid JSON")
         healthy.check()
     response = service.post("/sessions", content=b"[1,", headers={"content-type": "application/json"})
@@ -146,8 +147,8 @@ def test_a_body_that_is_not_declared_json_is_422_naming_the_content_type(service
 def test_wrong_types_are_422_naming_the_field(service: Any, route: str, body: dict, field: str) -> None:
     healthy = Healthy(service)
     sid = new_session(service)
-    path = {"step": f"/sessions/{sid}/step", "reset": f"/sessions/{sid}/reset", "fork": f"/sessions/{sid}/fork",
-            "create": "/sessions", "batch": "/batch/step"}[route]
+    path = {"step": f"/sessions/{sid}/step", "reset": f"/sessions/{sid}/reset",
+            "fork": f"/sessions/{sid}/fork", "create": "/sessions", "batch": "/batch/step"}[route]
     message = assert_error(service.post(path, json=body), 422, "RequestRejected")
     assert message.startswith("malformed request: ") and f"{field}:" in message, message
     healthy.check()
@@ -221,13 +222,15 @@ def test_idle_session_expires_over_asgi_transport_without_lifespan() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
             created = await client.post("/sessions", json={"env_id": "test/http-counter-v0"})
             sid = created.json()["session_id"]
-            keep = (await client.post("/sessions", json={"env_id": "test/http-counter-v0"})).json()["session_id"]
+            kept = await client.post("/sessions", json={"env_id": "test/http-counter-v0"})
+            keep = kept.json()["session_id"]
             assert (await client.post(f"/sessions/{sid}/reset", json={"seed": 0})).status_code == 200
             for _ in range(6):  # the store started its reaper on the first create; keep one session busy
                 await asyncio.sleep(0.05)
                 assert (await client.get(f"/sessions/{keep}")).status_code == 200
             await store.reap_idle()
-            assert_error(await client.post(f"/sessions/{sid}/step", json={"action": "inc"}), 404, "UnknownSession")
+            assert_error(await client.post(f"/sessions/{sid}/step", json={"action": "inc"}), 404,
+                         "UnknownSession")
             assert (await client.get(f"/sessions/{keep}")).status_code == 200
         await store.stop()
 
@@ -245,11 +248,12 @@ def test_step_before_reset_and_after_the_end_are_409(service: Any) -> None:
     for _ in range(4):  # span 4: the fourth "inc" reaches the target
         last = service.post(f"/sessions/{sid}/step", json={"action": "inc"}).json()
     assert last["terminated"] and last["info"]["success"]
-    assert_error(service.post(f"/sessions/{sid}/step", json={"action": "inc"}), 409, "EpisodeFinished", "reset")
+    assert_error(service.post(f"/sessions/{sid}/step", json={"action": "inc"}), 409, "EpisodeFinished",
+                 "reset")
     healthy.check()
     # Truncation by the turn budget ends the episode too.
     assert service.post(f"/sessions/{sid}/reset", json={"seed": 3}).status_code == 200
-    for turn in range(8):
+    for _turn in range(8):
         last = service.post(f"/sessions/{sid}/step", json={"action": "dec"}).json()
     assert last["truncated"] and not last["terminated"] and last["turn"] == 8
     assert_error(service.post(f"/sessions/{sid}/step", json={"action": "dec"}), 409, "EpisodeFinished")
@@ -260,7 +264,8 @@ def test_oversized_bodies_are_413_with_and_without_content_length(service: Any) 
     healthy = Healthy(service)
     sid = new_session(service)
     big = json.dumps({"action": "x" * 5000}).encode()
-    response = service.post(f"/sessions/{sid}/step", content=big, headers={"content-type": "application/json"})
+    response = service.post(f"/sessions/{sid}/step", content=big,
+                            headers={"content-type": "application/json"})
     assert_error(response, 413, "RequestRejected", "4096")
     healthy.check()
 
@@ -268,7 +273,8 @@ def test_oversized_bodies_are_413_with_and_without_content_length(service: Any) 
         for start in range(0, len(big), 1000):
             yield big[start:start + 1000]
 
-    response = service.post(f"/sessions/{sid}/step", content=chunks(), headers={"content-type": "application/json"})
+    response = service.post(f"/sessions/{sid}/step", content=chunks(),
+                            headers={"content-type": "application/json"})
     assert "content-length" not in response.request.headers
     assert_error(response, 413, "RequestRejected", "4096")
     healthy.check()
@@ -323,9 +329,9 @@ def test_concurrent_forks_never_exceed_capacity() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as client:
             sid = (await client.post("/sessions", json={"env_id": "test/http-slow-v0"})).json()["session_id"]
             await client.post(f"/sessions/{sid}/reset", json={"seed": 0})
-            responses = await asyncio.gather(*(client.post(f"/sessions/{sid}/fork", json={}) for _ in range(8)),
-                                             *(client.post("/sessions", json={"env_id": "test/http-counter-v0"})
-                                               for _ in range(4)))
+            responses = await asyncio.gather(
+                *(client.post(f"/sessions/{sid}/fork", json={}) for _ in range(8)),
+                *(client.post("/sessions", json={"env_id": "test/http-counter-v0"}) for _ in range(4)))
             codes = sorted(r.status_code for r in responses)
             assert codes.count(201) == 3 and codes.count(503) == 9, codes
             assert len(app.state.store.sessions) == 4
@@ -339,7 +345,8 @@ def test_a_crashing_env_fails_only_its_own_session(service: Any) -> None:
     sid = new_session(service, "test/http-crashy-v0")
     assert service.post(f"/sessions/{sid}/step", json={"action": "inc"}).status_code == 200
     response = service.post(f"/sessions/{sid}/step", json={"action": "crash"})
-    assert_error(response, 500, "EnvCrashed", "CrashyEnv.step()", "RuntimeError", "kaboom on purpose", "reset")
+    assert_error(response, 500, "EnvCrashed", "CrashyEnv.step()", "RuntimeError", "kaboom on purpose",
+                 "reset")
     healthy.check()
     assert_error(service.post(f"/sessions/{sid}/step", json={"action": "inc"}), 409, "EpisodeFinished")
     healthy.check()
@@ -349,8 +356,10 @@ def test_a_crashing_env_fails_only_its_own_session(service: Any) -> None:
     assert step.status_code == 200 and step.json()["turn"] == 1
     healthy.check()
     # An expert that raises is the env's crash too; the session keeps its episode.
-    assert service.post(f"/sessions/{sid}/reset", json={"seed": 0, "options": {"target": 99}}).status_code == 200
-    assert_error(service.post(f"/sessions/{sid}/expert"), 500, "EnvCrashed", "expert_action()", "the expert is lost")
+    reset = service.post(f"/sessions/{sid}/reset", json={"seed": 0, "options": {"target": 99}})
+    assert reset.status_code == 200, reset.text
+    assert_error(service.post(f"/sessions/{sid}/expert"), 500, "EnvCrashed", "expert_action()",
+                 "the expert is lost")
     healthy.check()
     assert service.post(f"/sessions/{sid}/step", json={"action": "inc"}).status_code == 200
 
@@ -444,11 +453,13 @@ def test_batches_in_opposite_orders_do_not_deadlock() -> None:
         app = create_app(TEST_ENV_IDS, step_timeout_s=5)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as client:
             async def session(env_id: str, **kwargs: Any) -> str:
-                sid = (await client.post("/sessions", json={"env_id": env_id, "kwargs": kwargs})).json()["session_id"]
+                created = await client.post("/sessions", json={"env_id": env_id, "kwargs": kwargs})
+                sid = created.json()["session_id"]
                 assert (await client.post(f"/sessions/{sid}/reset", json={"seed": 0})).status_code == 200
                 return sid
 
-            slow, other = await session("test/http-slow-v0", delay_s=0.3), await session("test/http-counter-v0")
+            slow = await session("test/http-slow-v0", delay_s=0.3)
+            other = await session("test/http-counter-v0")
             step_slow = asyncio.create_task(client.post(f"/sessions/{slow}/step", json={"action": "sleep"}))
             await asyncio.sleep(0.1)
             batch_y = asyncio.create_task(client.post("/batch/step", json={"steps": [
@@ -473,9 +484,9 @@ def test_fuzz_never_answers_500(service: Any) -> None:
     healthy = Healthy(service)
     sid = new_session(service)
     paths = ["/health", "/envs", "/envs/test/http-counter-v0", "/envs/%00", "/sessions", f"/sessions/{sid}",
-             f"/sessions/{sid}/step", f"/sessions/{sid}/reset", f"/sessions/{sid}/fork", f"/sessions/{sid}/expert",
-             "/sessions/nope/step", "/batch/step", "/batch/reset", "/metrics", "/nowhere", "/sessions//step",
-             "/sessions/%ff%fe/step", "/" + "a" * 3000, "/envs/" + "x/" * 50]
+             f"/sessions/{sid}/step", f"/sessions/{sid}/reset", f"/sessions/{sid}/fork",
+             f"/sessions/{sid}/expert", "/sessions/nope/step", "/batch/step", "/batch/reset", "/metrics",
+             "/nowhere", "/sessions//step", "/sessions/%ff%fe/step", "/" + "a" * 3000, "/envs/" + "x/" * 50]
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
     junk_values: list[Any] = [None, True, -1, 0, 2**70, 1.5, float("1e308"), "", "inc", "\ud800", "x" * 300,
                               [], {}, [1, "a"], {"a": {"b": [None]}}, sid, "test/http-counter-v0"]
@@ -497,7 +508,8 @@ def test_fuzz_never_answers_500(service: Any) -> None:
         method, path = rng.choice(methods), rng.choice(paths)
         kind = rng.random()
         if kind < 0.6:
-            content = json.dumps(junk_json(), ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+            content = json.dumps(junk_json(), ensure_ascii=rng.random() < 0.5).encode("utf-8",
+                                                                                       "surrogatepass")
         elif kind < 0.8:
             content = bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
         else:
@@ -519,7 +531,8 @@ def test_lone_surrogates_are_refused_or_escaped_never_500(service: Any) -> None:
                             headers={"content-type": "application/json"})
     assert_error(response, 422, "RequestRejected", "action")
     # Inside options (free-form JSON) it reaches the env, which echoes it into info.
-    response = service.post(f"/sessions/{sid}/reset", content=b'{"seed": 1, "options": {"label": "\\udc80!"}}',
+    response = service.post(f"/sessions/{sid}/reset",
+                            content=b'{"seed": 1, "options": {"label": "\\udc80!"}}',
                             headers={"content-type": "application/json"})
     assert response.status_code == 200, response.text
     assert response.json()["info"]["label"] == "\udc80!"
@@ -620,23 +633,25 @@ DEEP = b"[" * 300 + b"]" * 300  # deeper than pydantic's JSON parser goes, withi
 HOT_CASES: list[tuple[str, bytes, dict[str, str]]] = [
     # Content-Type handling: only JSON media types are read as JSON.
     *(("/sessions/@a@/step", b'{"action": "inc"}', {"content-type": ct} if ct else {})
-      for ct in (None, "application/json", "text/plain", "application/json; charset=utf-8", "Application/JSON",
-                 "application/vnd.agentgym+json", "application/jsonx", "text/json", "application/json; charset=latin-1",
-                 "application/x-www-form-urlencoded", "application/json, text/plain", "")),
+      for ct in (None, "application/json", "text/plain", "application/json; charset=utf-8",
+                 "Application/JSON", "application/vnd.agentgym+json", "application/jsonx", "text/json",
+                 "application/json; charset=latin-1", "application/x-www-form-urlencoded",
+                 "application/json, text/plain", "")),
     # Bodies that are not JSON, not an object, or not a StepRequest.
     *(("/sessions/@a@/step", body, J)
       for body in (b"", b"null", b"[]", b'["inc"]', b"[1,", b"{action: inc}", b"\xff\xfe", b"nul", b'"inc"',
                    b'{"action": 3}', b'{"action": null}', b"{}", b'{"action": "inc", "force": true}',
                    b'{"action": "\\ud800x"}', b'{"action": "\xed\xa0\x80"}', b'\xef\xbb\xbf{"action": "dec"}',
-                   b'{"action": "inc", "action": "dec"}', b'{"action": ' + DEEP + b"}", b"[" * 5000 + b"]" * 5000,
-                   b'{"action": "inc", "x": 1' + b"1" * 5000 + b"}", b'{"action": "' + b"x" * 100_001 + b'"}',
-                   b'{"action": "inc"} x', b'{"action": "inc"}')),
+                   b'{"action": "inc", "action": "dec"}', b'{"action": ' + DEEP + b"}",
+                   b"[" * 5000 + b"]" * 5000, b'{"action": "inc", "x": 1' + b"1" * 5000 + b"}",
+                   b'{"action": "' + b"x" * 100_001 + b'"}', b'{"action": "inc"} x', b'{"action": "inc"}')),
     # Resets: seeds, options (free-form JSON: lone surrogates pass through), bad fields.
     *(("/sessions/@a@/reset", body, J)
-      for body in (b'{"seed": 3}', b'{"seed": 3, "options": {"target": 5}}', b'{"seed": -1}', b'{"seed": "3"}',
-                   b'{"seed": 1.0}', b'{"seed": 2, "seed": 3}', b'{"sed": 1}', b"[1]", b'{"seed": 18446744073709551616}',
-                   b'{"seed": 1, "options": {"label": "\\udc80!"}}', b'{"seed": 1, "options": ' + b'{"a": ' * 40
-                   + b"1" + b"}" * 40 + b"}", b'{"seed": 1, "options": {"a": ' + DEEP + b"}}", b'{"seed": 3}')),
+      for body in (b'{"seed": 3}', b'{"seed": 3, "options": {"target": 5}}', b'{"seed": -1}',
+                   b'{"seed": "3"}', b'{"seed": 1.0}', b'{"seed": 2, "seed": 3}', b'{"sed": 1}', b"[1]",
+                   b'{"seed": 18446744073709551616}', b'{"seed": 1, "options": {"label": "\\udc80!"}}',
+                   b'{"seed": 1, "options": ' + b'{"a": ' * 40 + b"1" + b"}" * 40 + b"}",
+                   b'{"seed": 1, "options": {"a": ' + DEEP + b"}}", b'{"seed": 3}')),
     ("/sessions/@a@/reset", b'{"seed": 3}', {}),
     # Episode state: before reset, the end, a crash, unknown and deleted sessions.
     ("/sessions/@fresh@/step", b'{"action": "inc"}', J),
@@ -651,14 +666,20 @@ HOT_CASES: list[tuple[str, bytes, dict[str, str]]] = [
     ("/sessions/@a@/step", b'{"action": "explode"}', J),  # an unexpected exception: 500, same body
     # Batches.
     ("/batch/reset", (b'{"resets": [{"session_id": "@a@", "seed": 4}, {"session_id": "@b@", "seed": 5, '
-                      b'"options": {"target": 9}}, {"session_id": "ghost"}, {"session_id": "@fresh@", "seed": 1}]}'), J),
-    ("/batch/step", (b'{"steps": [{"session_id": "@a@", "action": "inc"}, {"session_id": "ghost", "action": "inc"}, '
-                     b'{"session_id": "@crashy@", "action": "crash"}, {"session_id": "@b@", "action": "dec"}, '
-                     b'{"session_id": "@gone@", "action": "dec"}, {"session_id": "@fresh@", "action": "explode"}]}'), J),
-    ("/batch/step", b'{"steps": [{"session_id": "@a@", "action": "inc"}, {"session_id": "@a@", "action": "inc"}]}', J),
+                      b'"options": {"target": 9}}, {"session_id": "ghost"}, '
+                      b'{"session_id": "@fresh@", "seed": 1}]}'), J),
+    ("/batch/step", (b'{"steps": [{"session_id": "@a@", "action": "inc"}, '
+                     b'{"session_id": "ghost", "action": "inc"}, '
+                     b'{"session_id": "@crashy@", "action": "crash"}, '
+                     b'{"session_id": "@b@", "action": "dec"}, '
+                     b'{"session_id": "@gone@", "action": "dec"}, '
+                     b'{"session_id": "@fresh@", "action": "explode"}]}'), J),
+    ("/batch/step", (b'{"steps": [{"session_id": "@a@", "action": "inc"}, '
+                     b'{"session_id": "@a@", "action": "inc"}]}'), J),
     ("/batch/step", b'{"steps": []}', J),
     ("/batch/step", b'{"steps": [{"session_id": "x", "action": 1}, {"session_id": 2}]}', J),
-    ("/batch/step", b'{"steps": [' + b'{"session_id": "x", "action": "inc"},' * 4096 + b'{"session_id": "y"}]}', J),
+    ("/batch/step",
+     b'{"steps": [' + b'{"session_id": "x", "action": "inc"},' * 4096 + b'{"session_id": "y"}]}', J),
     ("/batch/step", b'{"steps": "all"}', J),
     ("/batch/step", b'{"steps": [{"session_id": "@a@", "action": "inc"}]}', {"content-type": "text/plain"}),
     ("/batch/step", b"", J),
@@ -668,7 +689,8 @@ HOT_CASES: list[tuple[str, bytes, dict[str, str]]] = [
     # Past the step timeout: 504, then the poisoned session's 500.
     ("/sessions/@slow@/step", b'{"action": "sleep"}', J),
     ("/sessions/@slow@/step", b'{"action": "inc"}', J),
-    ("/batch/step", b'{"steps": [{"session_id": "@slow@", "action": "inc"}, {"session_id": "@b@", "action": "inc"}]}', J),
+    ("/batch/step", (b'{"steps": [{"session_id": "@slow@", "action": "inc"}, '
+                     b'{"session_id": "@b@", "action": "inc"}]}'), J),
 ]
 
 
@@ -712,12 +734,14 @@ def test_hot_routes_answer_byte_for_byte_like_the_fastapi_routes(monkeypatch: py
             far = {"seed": 3, "options": {"target": 99}}  # an episode that does not end soon
             counter = "test/http-counter-v0"
             for name, env_id, kwargs, reset in (("a", counter, {}, far), ("b", counter, {}, far),
-                                                ("fresh", counter, {}, None), ("gone", counter, {}, {"seed": 0}),
+                                                ("fresh", counter, {}, None),
+                                                ("gone", counter, {}, {"seed": 0}),
                                                 ("crashy", "test/http-crashy-v0", {}, {"seed": 0}),
                                                 ("slow", "test/http-slow-v0", {"delay_s": 0.6}, {"seed": 0})):
                 pair = []
                 for _ in range(2):
-                    created = await hot.post("/sessions", json={"env_id": env_id, "kwargs": kwargs, "max_turns": 99})
+                    created = await hot.post("/sessions",
+                                             json={"env_id": env_id, "kwargs": kwargs, "max_turns": 99})
                     pair.append(created.json()["session_id"])
                     if reset is not None:
                         assert (await hot.post(f"/sessions/{pair[-1]}/reset", json=reset)).status_code == 200
@@ -739,13 +763,15 @@ def test_hot_routes_answer_byte_for_byte_like_the_fastapi_routes(monkeypatch: py
                         return text
 
                     before = _counts(metrics)
-                    response = await client.post(fill(path.encode()).decode(), content=fill(body), headers=headers)
+                    response = await client.post(fill(path.encode()).decode(), content=fill(body),
+                                                 headers=headers)
                     after = _counts(metrics)
                     counted = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
-                    answers.append((response.status_code, response.headers.multi_items(), unfill(response.content),
-                                    counted))
+                    answers.append((response.status_code, response.headers.multi_items(),
+                                    unfill(response.content), counted))
                 assert answers[0] == answers[1], (path, body[:200], headers)
-                assert answers[0][0] != 500 or b"boom" in answers[0][2] or b"EnvCrashed" in answers[0][2], answers[0]
+                assert (answers[0][0] != 500 or b"boom" in answers[0][2]
+                        or b"EnvCrashed" in answers[0][2]), answers[0]
 
             assert len(parsed) >= len(HOT_CASES)  # the service's side did take the hot routes
             # A streamed (chunked) body takes the guard's other path into the hot routes.
@@ -788,19 +814,23 @@ def test_a_rejected_reset_says_what_happened_to_the_running_episode(service: Any
     # the env refuses these options (its reset raises): the reply says the episode at turn 1 ended
     message = assert_error(service.post(f"/sessions/{sid}/reset", json={"options": {"target": "nope"}}),
                            500, "EnvCrashed")
-    assert message.startswith("reset rejected: ") and "the episode that was running (turn 1) has ended" in message
+    assert message.startswith("reset rejected: ")
+    assert "the episode that was running (turn 1) has ended" in message
     # and the next step says why it cannot run, instead of a bare "step() called before reset()"
-    message = assert_error(service.post(f"/sessions/{sid}/step", json={"action": "inc"}), 409, "ResetNeeded")
+    message = assert_error(service.post(f"/sessions/{sid}/step", json={"action": "inc"}), 409,
+                           "ResetNeeded")
     assert "the last reset was rejected" in message and "ValueError" in message
     assert service.post(f"/sessions/{sid}/reset", json={"seed": 2}).status_code == 200
-    assert service.post(f"/sessions/{sid}/step", json={"action": "inc"}).status_code == 200  # a good reset clears it
+    # A good reset clears it.
+    assert service.post(f"/sessions/{sid}/step", json={"action": "inc"}).status_code == 200
 
 
 def test_integral_floats_are_integers_and_bools_are_not(service: Any) -> None:
     sid = new_session(service, seed=None)
     assert service.post(f"/sessions/{sid}/reset", json={"seed": 2305.0}).json()["episode_seed"] == 2305
     for bad in (True, 2.5, "3", -1, 2**63):
-        assert_error(service.post(f"/sessions/{sid}/reset", json={"seed": bad}), 422, "RequestRejected", "seed")
+        assert_error(service.post(f"/sessions/{sid}/reset", json={"seed": bad}), 422, "RequestRejected",
+                     "seed")
 
 
 def test_openapi_declares_what_the_routes_answer(service: Any) -> None:

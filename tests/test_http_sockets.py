@@ -57,7 +57,7 @@ def test_sixteen_sessions_in_one_batch(live_server: Callable[..., Any]) -> None:
             assert local.reset(seed=seed)[0] == resets[seed]["observation"]
         for turn in range(1, 5):
             results = client.batch_step([(env.session_id, "inc") for env in envs])
-            for result, local in zip(results, locals_):
+            for result, local in zip(results, locals_, strict=True):
                 obs, reward, terminated, truncated, info = local.step("inc")
                 assert result == {"observation": obs, "reward": reward, "terminated": terminated,
                                   "truncated": truncated, "info": json.loads(json.dumps(info)), "turn": turn}
@@ -134,7 +134,8 @@ def test_size_limit_and_errors_over_real_sockets(live_server: Callable[..., Any]
                                  headers={"content-type": "application/json"})
             assert response.status_code == 413, response.text
             assert response.json()["error"]["type"] == "RequestRejected"
-        response = http.post(f"/sessions/{sid}/step", content=b"{oops", headers={"content-type": "application/json"})
+        response = http.post(f"/sessions/{sid}/step", content=b"{oops",
+                             headers={"content-type": "application/json"})
         assert response.status_code == 422 and "not valid JSON" in response.json()["error"]["message"]
         response = http.post(f"/sessions/{sid}/step", json={"action": "inc"})
         assert response.status_code == 200 and response.json()["turn"] == 1

@@ -1,5 +1,6 @@
 """IGPO: hand-computed rewards and advantages, invariants, loop-vs-vectorised equivalence, the batched
-scoring hook on a real policy (locally and over HTTP), the answer staying out of every prompt, and learning."""
+scoring hook on a real policy (locally and over HTTP), the answer staying out of every prompt, and
+learning."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ EPS = 1e-6
 def traj(values: list[float], rewards: list[float], tid: str = "") -> Trajectory:
     """Turns with recorded answer values (nan: none) and env rewards."""
     turns = [Turn([0], [1], [-0.1], r, "s", extras={} if math.isnan(v) else {VALUE_KEY: v})
-             for v, r in zip(values, rewards)]
+             for v, r in zip(values, rewards, strict=True)]
     return Trajectory(turns, "task", 0, trajectory_id=tid)
 
 
@@ -75,7 +76,8 @@ def test_separate_log_prob_diff_with_discount() -> None:
 
 
 def test_joint_prob_diff_pools_outcomes_and_gains() -> None:
-    # prob_diff: IG = exp(v') - exp(v). A: ln .2 -> ln .5 (IG .3), right (1). B: ln .2 -> ln .1 (IG -.1), wrong (0).
+    # prob_diff: IG = exp(v') - exp(v). A: ln .2 -> ln .5 (IG .3), right (1). B: ln .2 -> ln .1 (IG -.1),
+    # wrong (0).
     a = traj([math.log(0.2), math.log(0.5)], [0.0, 1.0])
     b = traj([math.log(0.2), math.log(0.1)], [0.0, 0.0])
     adv = igpo([group(a, b)], info_gain_type="prob_diff", norm_mode="joint", gamma=1.0)
@@ -131,7 +133,7 @@ def loop_reference(groups: list[EpisodeGroup], args: IGPOArgs) -> list[float]:
             values = [t.extras.get(VALUE_KEY, math.nan) for t in t.turns]
             if args.info_gain_type == "prob_diff":
                 values = [math.exp(v) for v in values]
-            for k, turn in enumerate(t.turns):
+            for k, _turn in enumerate(t.turns):
                 if k == len(t.turns) - 1:
                     rows.append((i, sum(x.reward for x in t.turns), "f"))
                 else:
@@ -168,7 +170,8 @@ def test_vectorised_equals_the_loop(mode: str, kind: str) -> None:
         groups = random_groups(rng)
         args = IGPOArgs(norm_mode=mode, info_gain_type=kind, gamma=float(rng.choice([1.0, 0.9, 0.3])),
                         normalize_std=bool(rng.random() < 0.8))
-        np.testing.assert_allclose(igpo_advantages(groups, args), loop_reference(groups, args), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(igpo_advantages(groups, args), loop_reference(groups, args), rtol=1e-9,
+                                   atol=1e-12)
 
 
 def test_invariances() -> None:
@@ -186,15 +189,18 @@ def test_invariances() -> None:
     np.testing.assert_allclose(igpo(shifted(1.7), epsilon=0.0, variance_floor=0.0), base, atol=1e-9)
     # Scaling the outcome rewards leaves the z-scores unchanged (separate statistics).
     np.testing.assert_allclose(igpo(shifted(0.0, 3.0), epsilon=0.0, variance_floor=0.0), base, atol=1e-9)
-    # γ = 0: each turn's advantage is its own normalised reward; separate normalisation centres each set.
+    # γ = 0: each turn's advantage is its own normalised reward; separate normalisation centres each
+    # set.
     one_step = igpo(groups, gamma=0.0)
-    last = np.array([k == len(t.turns) - 1 for g in groups for t in g.trajectories for k in range(len(t.turns))])
+    last = np.array([k == len(t.turns) - 1 for g in groups for t in g.trajectories
+                     for k in range(len(t.turns))])
     group_of = np.array([i for i, g in enumerate(groups) for t in g.trajectories for _ in t.turns])
     for gi in range(len(groups)):
         assert abs(one_step[(group_of == gi) & last].sum()) < 1e-9
     # Without any recorded value, IGPO is outcome-only: every turn carries its trajectory's z-score.
-    bare = [EpisodeGroup(g.group_id, g.task_id, g.seed, [traj([math.nan] * len(t.turns),
-                                                             [u.reward for u in t.turns]) for t in g.trajectories])
+    bare = [EpisodeGroup(g.group_id, g.task_id, g.seed,
+                         [traj([math.nan] * len(t.turns), [u.reward for u in t.turns])
+                          for t in g.trajectories])
             for g in groups]
     outcome_only = igpo(bare, gamma=1.0)
     trajectory = np.repeat(np.arange(sum(len(g.trajectories) for g in groups)),
@@ -217,7 +223,8 @@ def test_bad_arguments_name_the_field() -> None:
 
 @pytest.fixture(scope="module")
 def policy() -> TransformersPolicy:
-    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64, seed=0))
+    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, intermediate_size=64,
+                                                        seed=0))
     return TransformersPolicy(model, tokenizer)
 
 
@@ -229,8 +236,8 @@ def search_env(**kwargs: Any) -> Env:
     return agentgym.make("search-qa-v0", num_entities=100, max_hops=1, top_k=1, max_turns=3, **kwargs)
 
 
-def collect(policy: TransformersPolicy, make_env, seeds=(1, 2), group_size: int = 3, args: IGPOArgs | None = None
-            ) -> tuple[list[EpisodeGroup], IGPOScoring]:
+def collect(policy: TransformersPolicy, make_env, seeds=(1, 2), group_size: int = 3,
+            args: IGPOArgs | None = None) -> tuple[list[EpisodeGroup], IGPOScoring]:
     renderer = PromptRenderer(policy.tokenizer, mode="window", window_turns=0, action_format="raw",
                               include_instructions=False, show_admissible_actions=False)
     collector = Collector(make_env, policy, renderer, action_format="raw")
@@ -242,7 +249,9 @@ def collect(policy: TransformersPolicy, make_env, seeds=(1, 2), group_size: int 
     return groups, hook
 
 
-def test_scoring_hook_records_the_teacher_forced_answer_value_of_every_prompt(policy: TransformersPolicy) -> None:
+def test_scoring_hook_records_the_teacher_forced_answer_value_of_every_prompt(
+    policy: TransformersPolicy,
+) -> None:
     groups, hook = collect(policy, search_env)
     tokenizer = policy.tokenizer
     prefix = tokenizer.encode("<answer>", add_special_tokens=False)
@@ -308,8 +317,8 @@ def test_scoring_over_http_matches_in_process(policy: TransformersPolicy, live_s
     register_tool_envs()
     client = EnvClient(live_server(["search-qa-v0"]).url)  # uvicorn on 127.0.0.1, a random port
     try:
-        remote, _ = collect(policy, lambda: RemoteEnv("search-qa-v0", client=client, max_turns=3, num_entities=100,
-                                                      max_hops=1, top_k=1))
+        remote, _ = collect(policy, lambda: RemoteEnv("search-qa-v0", client=client, max_turns=3,
+                                                      num_entities=100, max_hops=1, top_k=1))
     finally:
         client.close()
     local, _ = collect(policy, search_env)

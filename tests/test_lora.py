@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,7 +79,8 @@ def test_lora_rl_update_changes_only_the_adapter_and_the_loss_falls(tmp_path: Pa
         advantages = np.linspace(-1.0, 1.0, len(turns))
         base_before = base_state_dict(run.model)
         adapter_before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
-        losses = [run.update(turns, advantages, TurnTable.from_groups(groups), i)["loss/policy"] for i in range(1, 6)]
+        losses = [run.update(turns, advantages, TurnTable.from_groups(groups), i)["loss/policy"]
+                  for i in range(1, 6)]
         assert losses[-1] < losses[0], losses
         base_after = base_state_dict(run.model)
         assert all(torch.equal(base_before[k], base_after[k]) for k in base_before)
@@ -107,7 +109,10 @@ def test_lora_resume_is_exact(tmp_path: Path) -> None:
     full = train(load_config(None, overrides), tmp_path / "full")
     train(load_config(None, overrides), tmp_path / "split", stop_after=1)
     resumed = train(load_config(None, overrides), tmp_path / "split", resume=True)
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
+    def strip(h: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
     assert strip(resumed["history"]) == strip(full["history"])
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["adapter"]
     b = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)["adapter"]

@@ -62,14 +62,17 @@ def test_models_and_chat_like_a_user(client: openai.OpenAI, policy: Transformers
     assert reply.usage.prompt_tokens == len(prompt_ids(policy, "go up"))
 
 
-def test_completions_with_token_ids_n_seed_and_stop(client: openai.OpenAI, policy: TransformersPolicy) -> None:
+def test_completions_with_token_ids_n_seed_and_stop(client: openai.OpenAI,
+                                                    policy: TransformersPolicy) -> None:
     ids = prompt_ids(policy, "x")
-    kwargs: dict[str, Any] = {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 1.0, "seed": 7, "n": 3}
+    kwargs: dict[str, Any] = {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 1.0, "seed": 7,
+                              "n": 3}
     first, again = client.completions.create(**kwargs), client.completions.create(**kwargs)
     texts = [c.text for c in first.choices]
     assert texts == [c.text for c in again.choices]  # seeded: reproducible
     assert len(set(texts)) > 1  # n samples of one prompt differ
-    batch = client.completions.create(model="tiny", prompt=[ids, ids[:-1]], max_tokens=3, temperature=0, logprobs=2)
+    batch = client.completions.create(model="tiny", prompt=[ids, ids[:-1]], max_tokens=3, temperature=0,
+                                      logprobs=2)
     assert [c.index for c in batch.choices] == [0, 1] and len(batch.choices[0].logprobs.token_logprobs) == 3
     seeded = {"model": "tiny", "prompt": ids, "max_tokens": 12, "temperature": 1.0, "seed": 11}
     full = client.completions.create(**seeded).choices[0].text
@@ -97,11 +100,13 @@ def test_streaming_sends_the_same_text(client: openai.OpenAI) -> None:
     ({"temperature": 5}, openai.BadRequestError, "temperature"),
     ({"max_tokens": 1000}, openai.BadRequestError, "above this server's limit of 64"),
     ({"presence_penalty": 0.5}, openai.BadRequestError, "not supported"),
-    ({"messages": [{"role": "user", "content": "x" * 600}]}, openai.BadRequestError, "exceeds the model's context length"),
+    ({"messages": [{"role": "user", "content": "x" * 600}]}, openai.BadRequestError,
+     "exceeds the model's context length"),
 ])
 def test_bad_requests_get_openai_shaped_errors(client: openai.OpenAI, kwargs: dict[str, Any], error: type,
                                                match: str) -> None:
-    request: dict[str, Any] = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    request: dict[str, Any] = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 4}
     with pytest.raises(error, match=match) as caught:
         client.chat.completions.create(**{**request, **kwargs})
     assert caught.value.body["message"]  # {"error": {"message", "type", "param", "code"}}
@@ -112,7 +117,8 @@ def test_concurrent_requests_share_batched_generate_calls(server: LiveServer, cl
     before = batcher.batches
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         replies = list(pool.map(lambda i: client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": f"task {i}"}], max_tokens=16, temperature=0), range(16)))
+            model="tiny", messages=[{"role": "user", "content": f"task {i}"}], max_tokens=16, temperature=0),
+            range(16)))
     assert len(replies) == 16
     assert batcher.batches - before < 16  # some requests were generated together
 
@@ -128,14 +134,17 @@ def test_backend_against_the_server_matches_the_in_process_backend(server: LiveS
         over_http, in_process = remote.generate(prompts, params), policy.generate(prompts, params)
     finally:
         remote.close()
-    for a, b in zip(over_http, in_process):
+    for a, b in zip(over_http, in_process, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
-        assert [[t for t, _ in row] for row in a.top_logprobs] == [[t for t, _ in row] for row in b.top_logprobs]
+        assert ([[t for t, _ in row] for row in a.top_logprobs]
+                == [[t for t, _ in row] for row in b.top_logprobs])
         assert "retokenized" not in a.extras
 
 
-def test_text_only_servers_are_refused_for_token_ids_unless_retokenizing_is_allowed(policy: TransformersPolicy) -> None:
+def test_text_only_servers_are_refused_for_token_ids_unless_retokenizing_is_allowed(
+    policy: TransformersPolicy,
+) -> None:
     from fastapi import FastAPI
 
     app = FastAPI()
@@ -152,9 +161,11 @@ def test_text_only_servers_are_refused_for_token_ids_unless_retokenizing_is_allo
     live = LiveServer(app)
     try:
         endpoint = OpenAIEndpoint(f"{live.url}/v1", "m")
-        with pytest.raises(PolicyEndpointError, match="returned text but no generated token ids; training must not"):
+        with pytest.raises(PolicyEndpointError,
+                           match="returned text but no generated token ids; training must not"):
             OpenAIPolicy(endpoint, policy.tokenizer).generate([[1, 2]], SamplingParams(max_new_tokens=4))
-        [g] = OpenAIPolicy(endpoint, policy.tokenizer, allow_retokenize=True).generate([[1, 2]], SamplingParams())
+        retokenizing = OpenAIPolicy(endpoint, policy.tokenizer, allow_retokenize=True)
+        [g] = retokenizing.generate([[1, 2]], SamplingParams())
         assert g.token_ids == list(policy.tokenizer.encode("up", add_special_tokens=False))
         assert g.extras["retokenized"] is True
     finally:
@@ -165,7 +176,8 @@ def test_training_with_the_openai_backend_fails_with_one_line_saying_what_is_mis
     with pytest.raises(ConfigError) as caught:
         make_policy(ModelConfig(backend="openai"))
     message = str(caught.value)
-    assert "\n" not in message and "send each update to the server" in message and "model.backend=transformers" in message
+    assert "\n" not in message and "send each update to the server" in message
+    assert "model.backend=transformers" in message
 
 
 def test_server_answers_while_a_slow_generation_runs(server: LiveServer, client: openai.OpenAI) -> None:

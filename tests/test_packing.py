@@ -10,14 +10,22 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.backends.tiny import TinyModelConfig, build_tiny_model
-from agentgym.backends.transformers_backend import TransformersPolicy, entropy_of
-from agentgym.errors import ConfigError
-from agentgym.rollout.records import Turn
-from agentgym.training.api.terms import EntropyArgs, EntropyTerm, ForwardOutputs, KLArgs, KLTerm, total_loss
-from agentgym.training.config.schema import LossConfig
-from agentgym.training.engine.losses import get_policy_loss
-from agentgym.training.engine.packing import (
+# After the skips above, so that a missing torch or transformers skips this file instead of failing it.
+from agentgym.backends.tiny import TinyModelConfig, build_tiny_model  # noqa: E402
+from agentgym.backends.transformers_backend import TransformersPolicy, entropy_of  # noqa: E402
+from agentgym.errors import ConfigError  # noqa: E402
+from agentgym.rollout.records import Turn  # noqa: E402
+from agentgym.training.api.terms import (  # noqa: E402
+    EntropyArgs,
+    EntropyTerm,
+    ForwardOutputs,
+    KLArgs,
+    KLTerm,
+    total_loss,
+)
+from agentgym.training.config.schema import LossConfig  # noqa: E402
+from agentgym.training.engine.losses import get_policy_loss  # noqa: E402
+from agentgym.training.engine.packing import (  # noqa: E402
     TokenBatch,
     minibatches,
     pack_turns,
@@ -79,11 +87,13 @@ def test_pack_turns_covers_every_response_token(seed):
     assert int(mask.sum()) == sum(len(t.response_ids) for t in turns)
     assert batch.input_ids[mask].tolist() == [i for t in turns for i in t.response_ids]
     torch.testing.assert_close(
-        batch.old_logprobs[mask], torch.tensor([x for t in turns for x in t.response_logprobs], dtype=torch.float32)
+        batch.old_logprobs[mask],
+        torch.tensor([x for t in turns for x in t.response_logprobs], dtype=torch.float32),
     )
     torch.testing.assert_close(
         batch.advantages[mask],
-        torch.tensor([a for t, a in zip(turns, adv) for _ in t.response_ids], dtype=torch.float32),
+        torch.tensor([a for t, a in zip(turns, adv, strict=True) for _ in t.response_ids],
+                     dtype=torch.float32),
     )
     for row, t in enumerate(turns):
         p, r = len(t.prompt_ids), len(t.response_ids)
@@ -104,7 +114,8 @@ def test_forced_positions_leave_the_response_mask_only_when_asked():
     skipped = pack_turns([a, b], [1.0, -1.0], pad_token_id=PAD, max_length=5, skip_forced=True)
     assert plain.response_mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]]
     assert skipped.response_mask.tolist() == [[0, 0, 1, 0, 0], [0, 1, 1, 0, 0]]
-    assert torch.equal(plain.input_ids, skipped.input_ids) and torch.equal(plain.old_logprobs, skipped.old_logprobs)
+    assert torch.equal(plain.input_ids, skipped.input_ids)
+    assert torch.equal(plain.old_logprobs, skipped.old_logprobs)
     assert skipped.num_response_tokens == 3
     a.extras["forced_positions"] = [3]
     with pytest.raises(ConfigError, match="turn 0 has forced_positions outside its 3-token response"):
@@ -161,7 +172,7 @@ def test_token_batch_helpers():
                    batch.old_logprobs, batch.turn_index)
 
 
-# --- sequence_logprobs ----------------------------------------------------------------------------------------
+# --- sequence_logprobs --------------------------------------------------------------------------------------
 
 
 def test_sequence_logprobs_equals_teacher_forced_score(tiny):
@@ -170,7 +181,8 @@ def test_sequence_logprobs_equals_teacher_forced_score(tiny):
     batch = pack_turns(turns, [0.0] * len(turns), pad_token_id=tokenizer.pad_token_id)
     policy = TransformersPolicy(model, tokenizer)
     for temperature in (1.0, 0.7):
-        scored = policy.score([t.prompt_ids for t in turns], [t.response_ids for t in turns], temperature=temperature)
+        scored = policy.score([t.prompt_ids for t in turns], [t.response_ids for t in turns],
+                              temperature=temperature)
         with torch.no_grad():
             logprobs, entropy = sequence_logprobs(model, batch, temperature=temperature)
         assert entropy is None
@@ -187,7 +199,8 @@ def test_sequence_logprobs_entropy_and_chunking(tiny):
     batch = pack_turns(random_turns(3, 5, vocab=260), [1.0] * 5, pad_token_id=tokenizer.pad_token_id)
     with torch.no_grad():
         full_lp, full_ent = sequence_logprobs(model, batch, temperature=0.8, return_entropy=True)
-        chunk_lp, chunk_ent = sequence_logprobs(model, batch, temperature=0.8, return_entropy=True, chunk_rows=2)
+        chunk_lp, chunk_ent = sequence_logprobs(model, batch, temperature=0.8, return_entropy=True,
+                                                chunk_rows=2)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
     torch.testing.assert_close(full_lp, chunk_lp, atol=1e-6, rtol=0)
     torch.testing.assert_close(full_ent, chunk_ent, atol=1e-6, rtol=0)
@@ -199,7 +212,8 @@ def test_sequence_logprobs_entropy_and_chunking(tiny):
 
 def test_sequence_logprobs_gradients_match_plain_log_softmax(tiny):
     model, tokenizer = tiny
-    batch = pack_turns(random_turns(4, 4, vocab=260), [1.0, -1.0, 0.5, 2.0], pad_token_id=tokenizer.pad_token_id)
+    batch = pack_turns(random_turns(4, 4, vocab=260), [1.0, -1.0, 0.5, 2.0],
+                       pad_token_id=tokenizer.pad_token_id)
     mask = batch.response_mask
 
     def grads(objective):
@@ -241,7 +255,8 @@ def test_padding_ids_do_not_change_real_positions(tiny):
 def test_end_to_end_loss_at_recomputed_old_logprobs(tiny):
     """Pack -> recompute old log-probs -> loss: ratio 1 everywhere, only response tokens get gradient."""
     model, tokenizer = tiny
-    batch = pack_turns(random_turns(6, 4, vocab=260), [1.0, -0.5, 0.25, 2.0], pad_token_id=tokenizer.pad_token_id)
+    batch = pack_turns(random_turns(6, 4, vocab=260), [1.0, -0.5, 0.25, 2.0],
+                       pad_token_id=tokenizer.pad_token_id)
     with torch.no_grad():
         old, _ = sequence_logprobs(model, batch)
     logprobs, entropy = sequence_logprobs(model, batch, return_entropy=True)
@@ -266,7 +281,7 @@ def test_sequence_logprobs_argument_errors(tiny):
         sequence_logprobs(model, batch, chunk_rows=0)
 
 
-# --- minibatches -----------------------------------------------------------------------------------------------
+# --- minibatches --------------------------------------------------------------------------------------------
 
 
 def test_minibatches_are_a_deterministic_partition():

@@ -37,14 +37,15 @@ def test_build_load_search_ranks_the_entity_doc_first(corpus_dir: Path, tmp_path
     docs = [json.loads(line) for line in (corpus_dir / "corpus.jsonl").read_text().splitlines()]
     assert len(loaded) == len(docs) == 300
     queries = [doc["title"] for doc in docs]
-    for doc, hits in zip(docs, loaded.search(queries, k=3)):
+    for doc, hits in zip(docs, loaded.search(queries, k=3), strict=True):
         assert hits[0].id == doc["id"], doc["title"]
         assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert loaded.search(queries[:20], k=5) == built.search(queries[:20], k=5)
     assert loaded.search(["zzzz qqqq"], k=3) == [[]]  # nothing shares a term: no hits, not random ones
 
 
-def lucene_bm25_loop(docs: list[list[str]], query: list[str], k1: float = 1.5, b: float = 0.75) -> list[float]:
+def lucene_bm25_loop(docs: list[list[str]], query: list[str], k1: float = 1.5,
+                     b: float = 0.75) -> list[float]:
     """Reference BM25 (Lucene variant), one document and one query term at a time.
 
     A term repeated in the query counts once per occurrence, as in a Lucene boolean query of term clauses.
@@ -67,7 +68,10 @@ def test_bm25_scores_match_a_hand_computed_example() -> None:
     index = Index([{"id": "0", "text": "cat sat"}, {"id": "1", "text": "dog ran"},
                    {"id": "2", "text": "cat cat dog slept"}])
     idf = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))  # = ln 1.6
-    norm = lambda length: 1.5 * (0.25 + 0.75 * length / (8 / 3))
+
+    def norm(length: int) -> float:
+        return 1.5 * (0.25 + 0.75 * length / (8 / 3))
+
     expected = [idf * 1 / (1 + norm(2)), 0.0, idf * 2 / (2 + norm(4))]
     assert index.scores("cat").tolist() == pytest.approx(expected, rel=1e-6)
     assert [hit.id for hit in index.search(["cat"], k=3)[0]] == ["2", "0"]  # doc 1 has no "cat": not returned
@@ -86,7 +90,8 @@ def test_bm25_matches_a_plain_loop_reference_on_random_corpora() -> None:
             reference = lucene_bm25_loop(tokens, tokenize(query))
             assert index.scores(query).tolist() == pytest.approx(reference, rel=1e-5, abs=1e-6)
             hits = index.search([query], k=4)[0]
-            ranked = sorted((i for i, s in enumerate(reference) if s > 1e-6), key=lambda i: (-reference[i], i))
+            ranked = sorted((i for i, s in enumerate(reference) if s > 1e-6),
+                            key=lambda i: (-reference[i], i))
             # Top-4 scores agree (ids may differ only between float32 ties).
             assert [h.score for h in hits] == pytest.approx([reference[i] for i in ranked[:4]], rel=1e-5)
 
@@ -117,14 +122,16 @@ def test_service_in_process_errors_and_client(corpus_dir: Path) -> None:
     auth = {"Authorization": "Bearer tok"}
     with TestClient(app) as http:
         assert http.get("/health").json()["num_docs"] == 300  # no token needed
-        response = http.post("/retrieve", json={"queries": [index.titles[7], index.titles[9]], "k": 2}, headers=auth)
+        response = http.post("/retrieve", json={"queries": [index.titles[7], index.titles[9]], "k": 2},
+                             headers=auth)
         assert response.status_code == 200
         results = response.json()["results"]
         assert [r[0]["id"] for r in results] == [index.ids[7], index.ids[9]]
         assert set(results[0][0]) == {"id", "title", "text", "score"}
         for body, status, fragment in [
             ({"queries": ["x"], "k": 6}, 422, "k: Input should be less than or equal to 5"),
-            ({"queries": ["x"], "k": True}, 422, "k: Input should be a valid integer"),  # strict: true is no number
+            # Strict: true is no number.
+            ({"queries": ["x"], "k": True}, 422, "k: Input should be a valid integer"),
             ({"queries": ["x"], "k": "2"}, 422, "k: Input should be a valid integer"),
             ({"queries": [], "k": 2}, 422, "queries"),
             ({"queries": "x"}, 422, "queries"),
@@ -134,7 +141,8 @@ def test_service_in_process_errors_and_client(corpus_dir: Path) -> None:
             response = http.post("/retrieve", json=body, headers=auth)
             assert response.status_code == status, body
             assert fragment in response.json()["error"]["message"]
-        response = http.post("/retrieve", content=b"{not json", headers={**auth, "Content-Type": "application/json"})
+        response = http.post("/retrieve", content=b"{not json",
+                             headers={**auth, "Content-Type": "application/json"})
         assert response.status_code == 422 and response.json()["error"]["type"] == "RequestRejected"
         response = http.post("/retrieve", json={"queries": ["x"]})
         assert response.status_code == 401 and response.json()["error"]["type"] == "AuthenticationError"

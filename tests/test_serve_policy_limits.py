@@ -186,7 +186,8 @@ def test_text_that_cannot_fit_the_context_is_refused_without_tokenizing(serve: A
         setattr(tokenizer, method, lambda *a, _o=original, _m=method, **k: calls.append(_m) or _o(*a, **k))
     server = serve(TransformersPolicy(model, tokenizer))
     text = "x" * 1_000_000
-    answer = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": text, "max_tokens": 1})
+    answer = httpx.post(f"{server.url}/v1/completions",
+                        json={"model": "tiny", "prompt": text, "max_tokens": 1})
     assert answer.status_code == 400
     assert "cannot fit the model's context of 512 tokens" in error_of(answer)["message"]
     chat = httpx.post(f"{server.url}/v1/chat/completions",
@@ -286,8 +287,11 @@ def test_adapters_are_capped_and_cannot_take_the_base_models_name(serve: Any, po
                                                                   tmp_path: Path) -> None:
     adapter = str(save_adapter(policy, tmp_path / "a1"))
     server = serve(adapter_dirs=[tmp_path], max_adapters=1)
-    load = lambda name: httpx.post(f"{server.url}/v1/load_lora_adapter",
-                                   json={"lora_name": name, "lora_path": adapter})
+
+    def load(name: str) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/load_lora_adapter",
+                          json={"lora_name": name, "lora_path": adapter})
+
     assert load("first").status_code == 200
     assert load("first").status_code == 200  # the same name again replaces it
     second = load("second")  # each adapter is a copy of the weights: the cap holds memory in bounds

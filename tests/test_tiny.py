@@ -11,9 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+# After the skips above, so that a missing torch or transformers skips this file instead of failing it.
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from agentgym.backends.tiny import (
+from agentgym.backends.tiny import (  # noqa: E402
     CHATML_TEMPLATE,
     SPECIAL_TOKENS,
     ByteTokenizer,
@@ -22,7 +23,7 @@ from agentgym.backends.tiny import (
     load_model_and_tokenizer,
     save_tiny,
 )
-from agentgym.errors import ConfigError
+from agentgym.errors import ConfigError  # noqa: E402
 
 TEXTS = [
     "",

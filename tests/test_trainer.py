@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -36,7 +37,8 @@ def test_every_trainable_parameter_changes_and_loss_is_finite(tmp_path: Path) ->
         metrics = run.update(turns, advantages, TurnTable.from_groups(groups), 1)
         for key in ("loss/policy", "loss/total", "loss/entropy", "loss/grad_norm"):
             assert torch.isfinite(torch.tensor(metrics[key])), key
-        unchanged = [n for n, p in run.model.named_parameters() if p.requires_grad and torch.equal(p, before[n])]
+        unchanged = [n for n, p in run.model.named_parameters()
+                     if p.requires_grad and torch.equal(p, before[n])]
         assert not unchanged, f"parameters not updated: {unchanged}"
     finally:
         run.close()
@@ -47,7 +49,10 @@ def test_resume_is_exact(tmp_path: Path) -> None:
     full = train(load_config(None, overrides), tmp_path / "full")
     train(load_config(None, overrides), tmp_path / "split", stop_after=2)
     resumed = train(load_config(None, overrides), tmp_path / "split", resume=True)
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
+    def strip(h: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
     assert strip(resumed["history"]) == strip(full["history"])
     assert resumed["eval"]["after"] == full["eval"]["after"]
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["model"]

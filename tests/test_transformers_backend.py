@@ -1,19 +1,22 @@
-"""``TransformersPolicy``: batched KV-cached decoding checked against a naive loop, log-probs, stops, seeds."""
+"""``TransformersPolicy``: batched KV-cached decoding checked against a naive loop, log-probs, stops,
+seeds."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentgym.backends import transformers_backend
-from agentgym.backends.tiny import ByteTokenizer, TinyModelConfig, build_tiny_model
-from agentgym.backends.transformers_backend import TransformersPolicy
-from agentgym.errors import ConfigError
-from agentgym.rollout.policy import Generation, Policy, SamplingParams
+# After the skips above, so that a missing torch or transformers skips this file instead of failing it.
+from agentgym.backends import transformers_backend  # noqa: E402
+from agentgym.backends.tiny import ByteTokenizer, TinyModelConfig, build_tiny_model  # noqa: E402
+from agentgym.backends.transformers_backend import TransformersPolicy  # noqa: E402
+from agentgym.errors import ConfigError  # noqa: E402
+from agentgym.rollout.policy import Generation, Policy, SamplingParams  # noqa: E402
 
 EOS = 259
 #: Prompts of different lengths (1 to 23 tokens), so left padding and position ids matter.
@@ -101,7 +104,7 @@ def test_greedy_batch_equals_naive_reference(arch: str) -> None:
         model, tok = build_tiny_model(TinyModelConfig(arch=arch, seed=2))
     policy = TransformersPolicy(model, tok)
     gens = policy.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=0))
-    for prompt, gen in zip(PROMPTS, gens):
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
         ref_ids, ref_lps = greedy_reference(model, prompt, 12)
         assert gen.token_ids == ref_ids
         assert gen.logprobs == pytest.approx(ref_lps, abs=1e-4)
@@ -112,7 +115,7 @@ def test_greedy_batch_equals_naive_reference(arch: str) -> None:
 def test_greedy_batch_of_one_equals_batch_of_many(policy: TransformersPolicy) -> None:
     params = SamplingParams(max_new_tokens=10, temperature=0, num_top_logprobs=3, return_entropy=True)
     together = policy.generate(PROMPTS, params)
-    for prompt, gen in zip(PROMPTS, together):
+    for prompt, gen in zip(PROMPTS, together, strict=True):
         [alone] = policy.generate([prompt], params)
         assert alone.token_ids == gen.token_ids
         assert alone.logprobs == pytest.approx(gen.logprobs, abs=1e-5)
@@ -129,7 +132,7 @@ def test_rows_that_hit_eos_stop_while_others_continue(shrink_cache: bool, monkey
     assert gens[1].token_ids[-1] == EOS and len(gens[1].token_ids) <= 4
     assert gens[1].finish_reason == "stop"
     assert any(g.finish_reason == "length" for g in gens), "some rows must outlive the finished one"
-    for prompt, gen in zip(PROMPTS, gens):
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
         ref_ids, ref_lps = greedy_reference(model, prompt, 10)
         assert gen.token_ids == ref_ids
         assert gen.logprobs == pytest.approx(ref_lps, abs=1e-4)
@@ -169,12 +172,12 @@ def test_max_new_tokens_zero_and_one(policy: TransformersPolicy) -> None:
 def test_sampled_logprobs_equal_teacher_forced_score(policy: TransformersPolicy) -> None:
     gens = policy.generate(PROMPTS, SamplingParams(max_new_tokens=16, temperature=1.0, seed=11))
     scored = policy.score(PROMPTS, [g.token_ids for g in gens])
-    for gen, row in zip(gens, scored):
+    for gen, row in zip(gens, scored, strict=True):
         assert len(row) == len(gen.token_ids)
-        assert max(abs(a - b) for a, b in zip(row, gen.logprobs)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(row, gen.logprobs, strict=True)) < 1e-4
     gens = policy.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=0.7, seed=11))
     scored = policy.score(PROMPTS, [g.token_ids for g in gens], temperature=0.7, batch_size=2)
-    for gen, row in zip(gens, scored):
+    for gen, row in zip(gens, scored, strict=True):
         assert row == pytest.approx(gen.logprobs, abs=1e-4)
 
 
@@ -191,7 +194,10 @@ def test_seeded_sampling_is_reproducible(policy: TransformersPolicy) -> None:
 
 def test_sampling_logprobs_filters() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    probs = lambda **kw: transformers_backend.sampling_logprobs(logits, **kw).exp()[0].tolist()
+
+    def probs(**kw: Any) -> list[float]:
+        return transformers_backend.sampling_logprobs(logits, **kw).exp()[0].tolist()
+
     assert probs() == pytest.approx([0.5, 0.3, 0.15, 0.05])
     assert probs(top_p=0.8) == pytest.approx([0.625, 0.375, 0, 0])  # smallest set with mass >= 0.8
     assert probs(top_p=0.81) == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
@@ -239,7 +245,8 @@ def test_top_k_limits_sampled_tokens_and_top_logprobs(policy: TransformersPolicy
         max_new_tokens=10, temperature=1.3, top_k=3, num_top_logprobs=5, return_entropy=True, seed=7
     )
     for gen in policy.generate(PROMPTS, params):
-        for token, lp, top, entropy in zip(gen.token_ids, gen.logprobs, gen.top_logprobs, gen.entropies):
+        for token, lp, top, entropy in zip(gen.token_ids, gen.logprobs, gen.top_logprobs, gen.entropies,
+                                           strict=True):
             assert 1 <= len(top) <= 3 + 2  # filtered tokens (-inf) are left out; ties may keep extras
             assert token in dict(top) and dict(top)[token] == pytest.approx(lp)
             assert math.fsum(math.exp(v) for _, v in top) == pytest.approx(1.0, abs=1e-5)
@@ -250,12 +257,12 @@ def test_top_logprobs_sorted_and_greedy_token_is_top_one(policy: TransformersPol
     params = SamplingParams(max_new_tokens=8, temperature=0, num_top_logprobs=4)
     for gen in policy.generate(PROMPTS, params):
         assert len(gen.top_logprobs) == len(gen.token_ids)
-        for token, lp, top in zip(gen.token_ids, gen.logprobs, gen.top_logprobs):
+        for token, lp, top in zip(gen.token_ids, gen.logprobs, gen.top_logprobs, strict=True):
             values = [v for _, v in top]
             assert len(top) == 4 and values == sorted(values, reverse=True)
             assert top[0][0] == token and top[0][1] == pytest.approx(lp)
     for gen in policy.generate(PROMPTS, SamplingParams(max_new_tokens=8, num_top_logprobs=4, seed=3)):
-        for token, lp, top in zip(gen.token_ids, gen.logprobs, gen.top_logprobs):
+        for token, lp, top in zip(gen.token_ids, gen.logprobs, gen.top_logprobs, strict=True):
             assert lp <= top[0][1] + 1e-6
             if token in dict(top):
                 assert dict(top)[token] == pytest.approx(lp)
@@ -287,7 +294,7 @@ def test_score_is_padding_and_batching_invariant(policy: TransformersPolicy) -> 
     together = policy.score(PROMPTS, continuations)
     assert [len(row) for row in together] == [len(c) for c in continuations]
     one_by_one = policy.score(PROMPTS, continuations, batch_size=1)
-    for a, b in zip(together, one_by_one):
+    for a, b in zip(together, one_by_one, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
     with torch.no_grad():  # direct full forward for one row
         ids = torch.tensor([PROMPTS[3] + continuations[3]])

@@ -30,7 +30,8 @@ from agentgym.rollout.policy import SamplingParams
 from agentgym.training.config.loading import load_config
 from agentgym.training.run.loop import train
 
-SMALL = small("iterations=2", "eval.num_episodes=2", "sft.enabled=false", "env.max_turns=3", "model.device=cpu")
+SMALL = small("iterations=2", "eval.num_episodes=2", "sft.enabled=false", "env.max_turns=3",
+              "model.device=cpu")
 
 
 # --- a stand-in for the vllm module: SamplingParams, TokensPrompt, LLM ---------------------------------
@@ -87,17 +88,18 @@ class FakeLLM:
         self.awake = {"weights", "kv_cache"}
         FakeLLM.instances.append(self)
 
-    def generate(self, prompts: list[dict], params: list[FakeSamplingParams], use_tqdm: bool = False) -> list[Any]:
+    def generate(self, prompts: list[dict], params: list[FakeSamplingParams],
+                 use_tqdm: bool = False) -> list[Any]:
         assert self.awake == {"weights", "kv_cache"}, f"generate while asleep ({self.awake})"
         FakeLLM.calls.append(("generate", len(prompts)))
         outputs = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p in zip(prompts, params, strict=True):
             ours = SamplingParams(max_new_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
                                   top_k=max(p.top_k, 0), stop_strings=tuple(p.stop or ()), seed=p.seed,
                                   num_top_logprobs=max(p.logprobs or 0, 1))
             [g] = self.policy.generate([prompt["prompt_token_ids"]], ours)
             entries = []
-            for token, lp, top in zip(g.token_ids, g.logprobs, g.top_logprobs):
+            for token, lp, top in zip(g.token_ids, g.logprobs, g.top_logprobs, strict=True):
                 entry = {t: Logprob(v, rank + 1) for rank, (t, v) in enumerate(top[: p.logprobs or 0])}
                 entry.setdefault(token, Logprob(lp, 99))
                 entries.append(entry)
@@ -143,7 +145,8 @@ def _update_and_sync(policy) -> None:
 def test_sampling_params_ask_for_what_a_generation_needs(fake_vllm: types.ModuleType) -> None:
     built = sampling_params(fake_vllm, SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=0,
                                                       stop_strings=("</a>",), num_top_logprobs=3), seed=11)
-    assert (built.max_tokens, built.temperature, built.top_p, built.top_k, built.seed) == (7, 0.7, 0.9, -1, 11)
+    assert ((built.max_tokens, built.temperature, built.top_p, built.top_k, built.seed)
+            == (7, 0.7, 0.9, -1, 11))
     assert built.stop == ["</a>"] and built.include_stop_str_in_output and built.logprobs == 3
     plain = sampling_params(fake_vllm, SamplingParams(top_k=5))
     assert plain.stop is None and plain.top_k == 5 and plain.logprobs == 0 and not plain.detokenize
@@ -156,7 +159,8 @@ def test_generation_from_a_vllm_output() -> None:
     g = generation_from_output(output, SamplingParams(num_top_logprobs=1))
     assert g.token_ids == [5, 9] and g.logprobs == [-0.1, -1.7] and g.finish_reason == "length"
     assert g.top_logprobs == [[(5, -0.1)], [(3, -0.3)]]
-    broken = types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[5], finish_reason="stop", logprobs=None)])
+    broken = types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[5], finish_reason="stop",
+                                                                  logprobs=None)])
     with pytest.raises(ConfigError, match="must ask for logprobs"):
         generation_from_output(broken, SamplingParams())
 
@@ -169,7 +173,9 @@ def test_settings_errors_name_the_key() -> None:
 # --- the colocated engine ----------------------------------------------------------------------------
 
 
-def test_colocated_generation_matches_the_trained_model_and_sleeps_around_updates(fake_vllm: types.ModuleType) -> None:
+def test_colocated_generation_matches_the_trained_model_and_sleeps_around_updates(
+    fake_vllm: types.ModuleType,
+) -> None:
     cfg = ModelConfig(tiny=TinyModelConfig(num_layers=1), device="cpu", backend="vllm")
     policy = make_policy(cfg, seed=4)
     prompt = policy.tokenizer.encode("go north", add_special_tokens=False)
@@ -202,7 +208,8 @@ def test_colocated_without_sleep_and_waking_for_generation(fake_vllm: types.Modu
 
 def test_training_with_the_colocated_engine_syncs_merged_lora_weights(fake_vllm: types.ModuleType,
                                                                       tmp_path: Path) -> None:
-    cfg = load_config(None, [*SMALL, "model.backend=vllm", "model.lora.r=4", "optim.lr=0.01", "loss.tis_cap=2.0"])
+    cfg = load_config(None, [*SMALL, "model.backend=vllm", "model.lora.r=4", "optim.lr=0.01",
+                             "loss.tis_cap=2.0"])
     report = train(cfg, tmp_path)
     assert len(report["history"]) == 2
     assert "offpolicy/is_weight_mean" in report["history"][0]
@@ -215,7 +222,8 @@ def test_training_with_the_colocated_engine_syncs_merged_lora_weights(fake_vllm:
     ours = engine.llm_engine.model_executor.driver_worker.model_runner.model.hf.state_dict()
     assert all(torch.allclose(ours[k], v, atol=1e-6) for k, v in merged.state_dict().items())
     start = load_model_and_tokenizer(dataclasses.replace(cfg.model.tiny, seed=cfg.seed))[0].state_dict()
-    assert any(not torch.allclose(v, start[k]) for k, v in merged.state_dict().items()), "training changed nothing"
+    assert any(not torch.allclose(v, start[k]) for k, v in merged.state_dict().items()), (
+        "training changed nothing")
 
 
 # --- the server mode, against agentgym serve-policy --------------------------------------------------
@@ -246,7 +254,8 @@ def test_server_mode_trains_and_hot_loads_the_adapter(base_server: LiveServer, t
     body = {"model": "agentgym-step2", "prompt": prompt, "max_tokens": 5, "temperature": 0, "logprobs": 1,
             "return_token_ids": True}
     remote = httpx.post(f"{url}/completions", json=body).json()["choices"][0]
-    [local] = TransformersPolicy(trained, tokenizer).generate([prompt], SamplingParams(max_new_tokens=5, temperature=0))
+    greedy = SamplingParams(max_new_tokens=5, temperature=0)
+    [local] = TransformersPolicy(trained, tokenizer).generate([prompt], greedy)
     assert remote["token_ids"] == local.token_ids
     assert np.allclose(remote["logprobs"]["token_logprobs"], local.logprobs, atol=1e-4)
 
@@ -262,8 +271,8 @@ def test_server_mode_errors_say_what_to_set(base_server: LiveServer) -> None:
 
 
 def test_serve_policy_refuses_an_adapter_for_another_model(base_server: LiveServer, tmp_path: Path) -> None:
-    other = make_policy(ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_heads=2, num_kv_heads=1), device="cpu",
-                                    lora=LoraConfig(r=2)), seed=0)
+    other = make_policy(ModelConfig(tiny=TinyModelConfig(hidden_size=32, num_heads=2, num_kv_heads=1),
+                                    device="cpu", lora=LoraConfig(r=2)), seed=0)
     other.model.save_pretrained(tmp_path / "wrong")
     answer = httpx.post(f"{base_server.url}/v1/load_lora_adapter",
                         json={"lora_name": "x", "lora_path": str(tmp_path / "wrong")})
@@ -279,7 +288,8 @@ def test_serve_policy_refuses_an_adapter_for_another_model(base_server: LiveServ
 def test_real_vllm_engine_generates_and_syncs(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="the vllm extra is not installed")
     cfg = ModelConfig(tiny=TinyModelConfig(hidden_size=256, num_heads=4, num_kv_heads=2), device="cuda",
-                      backend="vllm", dtype="bfloat16", vllm={"gpu_memory_utilization": 0.2, "enforce_eager": True})
+                      backend="vllm", dtype="bfloat16",
+                      vllm={"gpu_memory_utilization": 0.2, "enforce_eager": True})
     policy = make_policy(cfg, seed=0)
     prompt = policy.tokenizer.encode("hello", add_special_tokens=False)
     params = SamplingParams(max_new_tokens=8, temperature=0)
