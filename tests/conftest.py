@@ -72,7 +72,8 @@ class CounterEnv(agentgym.Env):
         return f"[{said}] count={self.count} target={self.target}"
 
     def _info(self, task: bool = False) -> dict[str, Any]:
-        info: dict[str, Any] = {"state_key": f"{self.count}/{self.target}", "admissible_actions": ["inc", "dec"]}
+        info: dict[str, Any] = {"state_key": f"{self.count}/{self.target}",
+                                "admissible_actions": ["inc", "dec"]}
         if task:
             info["task_id"] = f"counter/{self.target}"
         return info
@@ -145,12 +146,14 @@ class SlowEnv(CounterEnv):
         return super().step(action)
 
 
-agentgym.register("test/http-counter-v0", CounterEnv, description="counter (tests)", max_turns=8, override=True)
+agentgym.register("test/http-counter-v0", CounterEnv, description="counter (tests)", max_turns=8,
+                  override=True)
 agentgym.register("test/http-counter-replay-v0", ReplayCounterEnv, max_turns=8, override=True)
 agentgym.register("test/http-crashy-v0", CrashyEnv, max_turns=8, override=True)
 agentgym.register("test/http-slow-v0", SlowEnv, max_turns=8, override=True)
 
-TEST_ENV_IDS = ["test/http-counter-v0", "test/http-counter-replay-v0", "test/http-crashy-v0", "test/http-slow-v0"]
+TEST_ENV_IDS = ["test/http-counter-v0", "test/http-counter-replay-v0", "test/http-crashy-v0",
+                "test/http-slow-v0"]
 
 # --- in-process services ---------------------------------------------------------------------
 

@@ -37,7 +37,8 @@ def turns_and_advantages() -> tuple[list[Turn], np.ndarray, TurnTable]:
         prompt = rng.integers(0, 256, int(rng.integers(3, 14))).tolist()
         response = rng.integers(0, 256, int(rng.integers(1, 9))).tolist()
         turns.append(Turn(prompt, response, rng.normal(-3, 0.3, len(response)).tolist(), 0.0, str(i)))
-    index = plan_table([f"t{i}" for i in range(9)], np.zeros(9, dtype=np.int64), np.arange(9, dtype=np.int64) // 3)
+    index = plan_table([f"t{i}" for i in range(9)], np.zeros(9, dtype=np.int64),
+                       np.arange(9, dtype=np.int64) // 3)
     return turns, rng.normal(0, 1, 9), index
 
 
@@ -46,7 +47,8 @@ def run(micro_batch_tokens: int | None) -> dict[str, dict[str, torch.Tensor]]:
     turns, advantages, index = turns_and_advantages()
     results = {}
     for name, overrides in SETTINGS.items():
-        cfg = load_config(None, ["optim.num_minibatches=2", "optim.lr=0.5", "algorithm.name=grpo", *overrides])
+        cfg = load_config(None, ["optim.num_minibatches=2", "optim.lr=0.5", "algorithm.name=grpo",
+                                 *overrides])
         policy = make_policy(ModelConfig(tiny=TinyModelConfig(num_layers=2), device="cpu"), seed=1)
         model = policy.model
         reference = make_policy(ModelConfig(tiny=TinyModelConfig(num_layers=2), device="cpu"), seed=2).model
@@ -54,9 +56,9 @@ def run(micro_batch_tokens: int | None) -> dict[str, dict[str, torch.Tensor]]:
         # gradients by their own size, which magnifies float rounding).
         optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
         trained, optimizer = dist.prepare(model, optimizer)
-        update = PolicyUpdate(trained, optimizer, PluginSet.from_config(cfg), cfg.loss, cfg.optim, temperature=1.0,
-                              max_length=64, pad_token_id=256, seed=0, ref_model=reference, dist=dist,
-                              micro_batch_tokens=micro_batch_tokens)
+        update = PolicyUpdate(trained, optimizer, PluginSet.from_config(cfg), cfg.loss, cfg.optim,
+                              temperature=1.0, max_length=64, pad_token_id=256, seed=0, ref_model=reference,
+                              dist=dist, micro_batch_tokens=micro_batch_tokens)
         metrics = update(turns, advantages, index, 1)
         results[name] = {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
                          "loss": torch.tensor(metrics["loss/policy"])}
@@ -73,4 +75,5 @@ if __name__ == "__main__":
 
 def initial_parameters() -> dict[str, torch.Tensor]:
     """The weights every setting starts from."""
-    return make_policy(ModelConfig(tiny=TinyModelConfig(num_layers=2), device="cpu"), seed=1).model.state_dict()
+    policy = make_policy(ModelConfig(tiny=TinyModelConfig(num_layers=2), device="cpu"), seed=1)
+    return policy.model.state_dict()

@@ -112,7 +112,8 @@ def test_move_aware_expert_fixes_alfworld_two_object_bookkeeping(cache_dir: Path
     assert steps[True] < steps[False], steps
 
 
-def test_generated_files_are_alfworld_format_and_load_through_alfworld(cache_dir: Path, tmp_path: Path) -> None:
+def test_generated_files_are_alfworld_format_and_load_through_alfworld(cache_dir: Path,
+                                                                        tmp_path: Path) -> None:
     import textworld
     import textworld.gym
     from alfworld.agents.environment.alfred_tw_env import (
@@ -131,8 +132,8 @@ def test_generated_files_are_alfworld_format_and_load_through_alfworld(cache_dir
         assert "UNKNOWN GOAL" not in game["grammar"] and "(:domain alfred)" in game["pddl_problem"]
         traj = json.loads((path.parent / "traj_data.json").read_text())
         assert traj["task_type"] in gen.TASK_TYPES and path.parent.parent.name.startswith(traj["task_type"])
-        assert set(traj["pddl_params"]) >= {"object_target", "parent_target", "toggle_target", "mrecep_target",
-                                            "object_sliced"}
+        assert set(traj["pddl_params"]) >= {"object_target", "parent_target", "toggle_target",
+                                            "mrecep_target", "object_sliced"}
     # ALFWorld's own collector accepts the folder (movable/Sliced/solvable/task-type filters) ...
     config = {"env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6]},
               "dataset": {"data_path": str(root / "json_2.1.1" / "train"), "num_train_games": -1}}
@@ -213,7 +214,8 @@ def test_official_data_path_serves_an_exported_tree(cache_dir: Path, tmp_path: P
     ],
 )
 def test_missing_or_corrupt_data_folders_raise_config_errors(cache_dir: Path, tmp_path: Path, layout: str,
-                                                             needle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                             needle: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "data"
     if layout != "missing":
         (root / "json_2.1.1" / "train").mkdir(parents=True)
@@ -297,7 +299,8 @@ def test_held_out_splits_are_disjoint() -> None:
 
 
 def test_second_make_hits_the_cache(tmp_path: Path) -> None:
-    kwargs = {"task_types": ["pick_and_place_simple"], "num_games": 1, "game_cache_dir": str(tmp_path), **SMALL}
+    kwargs = {"task_types": ["pick_and_place_simple"], "num_games": 1, "game_cache_dir": str(tmp_path),
+              **SMALL}
     before = gen.generation_count
     env = agentgym.make(ENV_ID, **kwargs)
     obs, info = env.reset(seed=0)
@@ -336,7 +339,8 @@ def test_invalid_actions_never_reach_the_game(cache_dir: Path) -> None:
         obs, reward, terminated, truncated, info = env.step(bad)
         assert info["invalid_action"] and reward == 0.0 and not (terminated or truncated), bad
         assert obs.startswith("Nothing happens.") and "admissible" in obs
-        assert info["state_key"] == info0["state_key"] and info["admissible_actions"] == info0["admissible_actions"]
+        assert info["state_key"] == info0["state_key"]
+        assert info["admissible_actions"] == info0["admissible_actions"]
         assert env.expert_action() == expert0  # the expert did not see it either
     target = next(a for a in info0["admissible_actions"] if a.startswith("go to "))
     *_, info = env.step(f"  {target.upper()}. ")
@@ -411,14 +415,16 @@ def test_registration_does_not_import_alfworld_and_missing_alfworld_is_a_config_
         "import sys\n"
         "import agentgym\n"
         "assert 'alfworld-v0' in [spec.id for spec in agentgym.list_envs()]\n"
-        "assert 'alfworld' not in sys.modules and 'textworld' not in sys.modules, 'imported at registration'\n"
+        "assert 'alfworld' not in sys.modules and 'textworld' not in sys.modules, "
+        "'imported at registration'\n"
         "sys.modules['alfworld'] = None  # as if it were not installed\n"
         "try:\n"
         "    agentgym.make('alfworld-v0')\n"
         "except agentgym.ConfigError as exc:\n"
         "    print('ConfigError:', exc)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True)
     assert "ConfigError:" in out.stdout and "agentgym-rl[alfworld]" in out.stdout, out.stdout + out.stderr
 
 

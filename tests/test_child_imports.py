@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 #: What an ``agentgym/`` folder in the working directory does when a child imports it instead.
-SHADOW = 'raise ImportError("imported the agentgym/ folder of the working directory, not the installed package")\n'
+SHADOW = ('raise ImportError("imported the agentgym/ folder of the working directory, '
+          'not the installed package")\n')
 #: Small TextWorld games: generated in a few seconds.
 TREASURE = {"challenge": "tw-treasure_hunter", "settings": {"level": 1}, "num_games": 1}
 
@@ -68,8 +69,9 @@ def test_serve_with_workers_starts_from_a_folder_holding_a_source_tree(shadowed:
         stop_service(service)
 
 
-def test_textworld_generates_a_game_from_a_folder_holding_a_source_tree(shadowed: Path, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_textworld_generates_a_game_from_a_folder_holding_a_source_tree(
+    shadowed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytest.importorskip("textworld", reason="needs the textworld extra")
     from agentgym.envs.textworld import games as tw
 
@@ -107,14 +109,15 @@ def test_the_env_image_layout_serves_workers_and_textworld_on_a_cold_cache(tmp_p
     # venv installs it non-editable; the dependencies come from this venv's site-packages through a
     # path entry (not a site dir, so this venv's editable hook of agentgym stays inactive).
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-                    str(wheels), "."], cwd=workdir, check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), "."], cwd=workdir, check=True, timeout=600)
     fresh = tmp_path / "venv"
     venv.create(fresh, with_pip=True)
     python = fresh / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                     *map(str, wheels.glob("*.whl"))], check=True, timeout=600)
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = Path(subprocess.run([str(python), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "project-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     where = subprocess.run([str(python), "-c", "import agentgym.envs; print(agentgym.envs.__file__)"],
@@ -132,10 +135,12 @@ def test_the_env_image_layout_serves_workers_and_textworld_on_a_cold_cache(tmp_p
     try:
         with httpx.Client(base_url=url, timeout=300) as http:
             assert len(http.get("/health").json()["workers"]) == 2
-            sid = http.post("/sessions", json={"env_id": "textworld-v0", "kwargs": TREASURE}).json()["session_id"]
+            created = http.post("/sessions", json={"env_id": "textworld-v0", "kwargs": TREASURE})
+            sid = created.json()["session_id"]
             reset = http.post(f"/sessions/{sid}/reset", json={"seed": 0})
             assert reset.status_code == 200, reset.text
-            step = http.post(f"/sessions/{sid}/step", json={"action": reset.json()["info"]["admissible_actions"][0]})
+            action = reset.json()["info"]["admissible_actions"][0]
+            step = http.post(f"/sessions/{sid}/step", json={"action": action})
             assert step.status_code == 200, step.text
     finally:
         stop_service(service)

@@ -49,7 +49,8 @@ def test_serve_answers_curl() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_service(
-        [sys.executable, "-m", "agentgym", "serve", "maze-v0", "--port", str(port), "--max-sessions", "4"], url)
+        [sys.executable, "-m", "agentgym", "serve", "maze-v0", "--port", str(port), "--max-sessions", "4"],
+        url)
     try:
         def curl(*args: str) -> dict:
             out = subprocess.run(["curl", "-s", "-H", "content-type: application/json", *args],
@@ -114,7 +115,8 @@ def test_serve_commands_name_the_bad_flag_and_its_range(args: list[str], expecte
 
 @pytest.mark.parametrize(("args", "what"), [
     (["serve", "--host", "0.0.0.0"], "create sessions and run env code"),
-    (["sandbox", "serve", "--host", "0.0.0.0", "--backend", "subprocess"], "run arbitrary code on this machine"),
+    (["sandbox", "serve", "--host", "0.0.0.0", "--backend", "subprocess"],
+     "run arbitrary code on this machine"),
     (["retrieval", "serve", "idx", "--host", "::"], "query this index"),
 ])
 def test_a_non_loopback_host_without_a_token_is_refused(args: list[str], what: str) -> None:
@@ -136,9 +138,10 @@ def test_an_occupied_port_is_one_line() -> None:
 def test_serve_policy_and_view_check_their_port_before_loading_anything(tmp_path) -> None:
     import socket
 
-    assert "--port must be in [1, 65535], got 70000" in one_line_error(["serve-policy", str(tmp_path), "--port",
-                                                                         "70000"])
-    assert "--port must be in [1, 65535], got 0" in one_line_error(["view", str(tmp_path / "nothing"), "--port", "0"])
+    assert "--port must be in [1, 65535], got 70000" in one_line_error(["serve-policy", str(tmp_path),
+                                                                         "--port", "70000"])
+    assert "--port must be in [1, 65535], got 0" in one_line_error(["view", str(tmp_path / "nothing"),
+                                                                     "--port", "0"])
     assert "--max-new-tokens must be >= 1, got 0" in one_line_error(["serve-policy", str(tmp_path),
                                                                      "--max-new-tokens", "0"])
     with socket.socket() as holder:
@@ -152,7 +155,8 @@ def test_serve_policy_and_view_check_their_port_before_loading_anything(tmp_path
 def test_retrieval_index_refuses_a_binary_corpus_and_an_out_under_a_file(tmp_path) -> None:
     binary = tmp_path / "corpus.bin"
     binary.write_bytes(bytes(range(256)) * 4)
-    assert "not UTF-8 text" in one_line_error(["retrieval", "index", str(binary), "--out", str(tmp_path / "i")])
+    assert "not UTF-8 text" in one_line_error(["retrieval", "index", str(binary), "--out",
+                                               str(tmp_path / "i")])
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "d1", "title": "Ostavia", "text": "A country."}\n')
     a_file = tmp_path / "file"

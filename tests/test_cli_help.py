@@ -1,4 +1,5 @@
-"""Every ``agentgym`` command and subcommand prints its ``--help`` (exit 0, no traceback), brackets verbatim."""
+"""Every ``agentgym`` command and subcommand prints its ``--help`` (exit 0, no traceback), brackets
+verbatim."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ COMMAND_PATHS = _command_paths(typer.main.get_command(app))
 
 def test_the_tree_holds_every_command_group() -> None:
     # Guards the walk itself: a tree without subgroups would make the parametrised test vacuous.
-    assert {("eval",), ("train",), ("serve",), ("sandbox", "serve"), ("retrieval", "index")} <= set(COMMAND_PATHS)
+    assert {("eval",), ("train",), ("serve",), ("sandbox", "serve"),
+            ("retrieval", "index")} <= set(COMMAND_PATHS)
 
 
 @pytest.mark.parametrize("path", COMMAND_PATHS, ids=lambda path: " ".join(path) or "agentgym")

@@ -44,7 +44,8 @@ def test_another_algorithm_starts_from_its_own_defaults_with_a_note() -> None:
 
 def test_arguments_given_with_the_new_algorithm_are_kept() -> None:
     notes: list[str] = []
-    cfg = load_config(None, ["algorithm.name=grpo", "algorithm.args.normalize_std=false"], on_note=notes.append)
+    cfg = load_config(None, ["algorithm.name=grpo", "algorithm.args.normalize_std=false"],
+                      on_note=notes.append)
     assert cfg.algorithm.args == {"normalize_std": False}
     assert len(notes) == 1 and "gamma, mode, invalid_action_penalty" in notes[0]
     with pytest.raises(ConfigError, match="algorithm.args.gamma"):  # gigpo's argument, written for grpo
@@ -69,7 +70,8 @@ def test_another_env_drops_the_old_envs_settings_with_a_note() -> None:
 
 def test_settings_given_with_the_new_env_are_kept() -> None:
     notes: list[str] = []
-    cfg = load_config(None, ["env.id=sokoban-v0", "env.kwargs.size=5", "env.max_turns=7"], on_note=notes.append)
+    cfg = load_config(None, ["env.id=sokoban-v0", "env.kwargs.size=5", "env.max_turns=7"],
+                      on_note=notes.append)
     assert cfg.env.kwargs == {"size": 5} and cfg.env.max_turns == 7
     assert len(notes) == 1 and "env.kwargs: observation" in notes[0] and "max_turns" not in notes[0]
 

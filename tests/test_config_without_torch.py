@@ -1,4 +1,5 @@
-"""Checking a config needs no torch: every preset loads, and bad loss settings still fail, with torch blocked."""
+"""Checking a config needs no torch: every preset loads, and bad loss settings still fail, with torch
+blocked."""
 
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ print(json.dumps({
 
 
 def run_probe() -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

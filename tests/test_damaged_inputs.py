@@ -1,6 +1,6 @@
-"""Damaged inputs of `agentgym train` get one line naming the file and what to do, never a traceback: a binary or
-non-UTF-8 config, a run folder whose config.json or checkpoint.pt is damaged (--resume), a failed write (a full
-disk) during a run."""
+"""Damaged inputs of `agentgym train` get one line naming the file and what to do, never a traceback: a
+binary or non-UTF-8 config, a run folder whose config.json or checkpoint.pt is damaged (--resume), a failed
+write (a full disk) during a run."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def test_the_untouched_run_resumes(stopped_run: Path, tmp_path: Path) -> None:
     (lambda data: b"iteration 3, loss 0.25\n", "is damaged: it is not a PyTorch checkpoint"),
     (lambda data: data[: len(data) // 2], "is damaged: the file is cut short"),
 ], ids=["empty", "text", "truncated"])
-def test_resume_from_a_damaged_checkpoint_gets_one_line(stopped_run: Path, tmp_path: Path, damage, said: str) -> None:
+def test_resume_from_a_damaged_checkpoint_gets_one_line(stopped_run: Path, tmp_path: Path, damage,
+                                                        said: str) -> None:
     run = copy_of(stopped_run, tmp_path)
     checkpoint = run / "checkpoint.pt"
     checkpoint.write_bytes(damage(checkpoint.read_bytes()))
@@ -116,8 +117,9 @@ def _file_size_limit(limit: int) -> None:
 def test_a_failed_write_during_train_gets_one_line(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # config.json fits; the weights saved after the warm start (reference.pt, ~0.5 MB) do not.
-    result = subprocess.run([sys.executable, "-m", "agentgym", "train", *[a for s in TINY for a in ("--set", s)],
-                             "--out", str(out)], check=False, capture_output=True, text=True, timeout=500,
+    result = subprocess.run([sys.executable, "-m", "agentgym", "train",
+                             *[a for s in TINY for a in ("--set", s)], "--out", str(out)],
+                            check=False, capture_output=True, text=True, timeout=500,
                             preexec_fn=lambda: _file_size_limit(200_000), env={**os.environ, "COLUMNS": "80"})
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr

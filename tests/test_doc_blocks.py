@@ -41,10 +41,12 @@ BIN = Path(sys.executable).parent
 # (page, a string only that block contains) -> why the block does not run here. Its agentgym lines
 # are still parsed against the CLI.
 SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
-    ("README.md", "make demo   #"): "`make` sets up a venv from scratch and runs the whole suite; the demo's command "
-                                "(agentgym train --out runs/quickstart) runs here as README's prerequisite",
-    ("docs/services.md", "docker compose"): "needs a Docker engine; tests/test_services.py checks the Dockerfile "
-                                            "and compose file and runs each target's entry point",
+    ("README.md", "make demo   #"):
+        "`make` sets up a venv from scratch and runs the whole suite; the demo's command "
+        "(agentgym train --out runs/quickstart) runs here as README's prerequisite",
+    ("docs/services.md", "docker compose"):
+        "needs a Docker engine; tests/test_services.py checks the Dockerfile "
+        "and compose file and runs each target's entry point",
     ("docs/training.md", "--out runs/alf\n"): "needs a GPU, vLLM and Qwen2.5-1.5B weights",
     ("docs/training.md", "--num_processes 8"): "needs 8 GPUs (the 2-process CPU line is what "
                                                "tests/test_distributed.py runs over gloo)",
@@ -55,26 +57,27 @@ SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
 # (page, a string only that block contains) -> why it is slow even shortened. Run with -m slow.
 SLOW: dict[tuple[str, str], str] = {
     ("README.md", "agentgym train quickstart_maze_grpo"): "four training runs and two resumes",
-    ("README.md", "agentgym serve-policy runs/quickstart"): "evaluates a trained model in-process and "
-                                                            "through serve-policy (needs the prerequisite run)",
+    ("README.md", "agentgym serve-policy runs/quickstart"):
+        "evaluates a trained model in-process and through serve-policy (needs the prerequisite run)",
     ("docs/training.md", "--out runs/grpo-g4"): "two training runs and a resume",
     ("docs/training.md", "search_qa_grpo_tiny --out"): "two tool-task training runs",
     ("docs/services.md", "--workers 2 --port 8000"): "alfworld-v0 in two worker processes and a training run",
     ("docs/baselines.md", "--envs all"): "a training run and every registered env, TextWorld and ALFWorld "
                                          "games included",
-    ("docs/baselines.md", "--episodes 64 --out runs/baselines-quickstart"): "needs the trained run of the block "
-                                                                            "before it",
+    ("docs/baselines.md", "--episodes 64 --out runs/baselines-quickstart"):
+        "needs the trained run of the block before it",
 }
 
-# Commands a page's slow blocks rely on that its reader ran elsewhere: README's run folder comes from `make demo`.
+# Commands a page's slow blocks rely on that its reader ran elsewhere: README's run folder comes from
+# `make demo`.
 PREREQUISITES: dict[str, list[str]] = {
     "README.md": ["agentgym train --out runs/quickstart"],
 }
 
 SERVING_COMMANDS = {("serve",), ("serve-policy",), ("view",), ("retrieval", "serve"), ("sandbox", "serve")}
-SHORT_TRAINING = ("--set iterations=1 --set checkpoint_every=1 --set sft.num_episodes=2 --set sft.num_epochs=1 "
-                  "--set eval.num_episodes=2 --set rollout.num_tasks=2 --set rollout.group_size=2 "
-                  "--set rollout.require_tool_calls=false")
+SHORT_TRAINING = ("--set iterations=1 --set checkpoint_every=1 --set sft.num_episodes=2 "
+                  "--set sft.num_epochs=1 --set eval.num_episodes=2 --set rollout.num_tasks=2 "
+                  "--set rollout.group_size=2 --set rollout.require_tool_calls=false")
 SHORT_EPISODES = "2"
 BLOCK_TIMEOUT_S = 900
 
@@ -98,8 +101,8 @@ class Block:
         return f"{self.page}:{self.line}"
 
     def listed_in(self, table: dict[tuple[str, str], str]) -> str | None:
-        return next((why for (page, marker), why in table.items() if page == self.page and marker in self.text),
-                    None)
+        return next((why for (page, marker), why in table.items()
+                     if page == self.page and marker in self.text), None)
 
 
 def extract_blocks(path: Path) -> list[Block]:
@@ -128,7 +131,8 @@ def command_lines(script: str) -> list[str]:
 
 
 def agentgym_argv(line: str) -> list[str] | None:
-    """The arguments after ``agentgym`` (or ``-m agentgym``) in a command line, None when it runs no agentgym."""
+    """The arguments after ``agentgym`` (or ``-m agentgym``) in a command line, None when it runs no
+    agentgym."""
     words = shlex.split(line, comments=True)
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):  # VAR=value prefixes
         words = words[1:]
@@ -215,7 +219,8 @@ def shorten(line: str) -> str:
 
 @dataclass
 class PageSession:
-    """The scratch folder one page's blocks run in and the services they started, by the port the page names."""
+    """The scratch folder one page's blocks run in and the services they started, by the port the page
+    names."""
 
     workdir: Path
     services: dict[int, tuple[int, subprocess.Popen]] = field(default_factory=dict)
@@ -223,7 +228,8 @@ class PageSession:
     ran: int = 0
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+        return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                "PYTHONUNBUFFERED": "1"}
 
     def repoint(self, text: str) -> str:
         """Point every ``127.0.0.1:PORT``/``localhost:PORT`` of a port the page served at the real service."""
@@ -253,8 +259,9 @@ class PageSession:
         self.services[page_port] = (port, process)
 
     def run_shell(self, script: str, label: str) -> None:
-        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=self.workdir, env=self.env(),
-                              input=":q\n", capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=self.workdir,
+                              env=self.env(), input=":q\n", capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT_S)
         if done.returncode != 0:
             raise AssertionError(f"{label}: exit {done.returncode}\n$ {script}\n{done.stdout[-3000:]}\n"
                                  f"{done.stderr[-3000:]}")
@@ -277,7 +284,8 @@ class PageSession:
         done = subprocess.run([sys.executable, "-"], input=self.repoint(block.text), cwd=self.workdir,
                               env=self.env(), capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
         if done.returncode != 0:
-            raise AssertionError(f"{block.label}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            raise AssertionError(f"{block.label}: exit {done.returncode}\n"
+                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
     def open_sessions(self) -> dict[int, float]:
         """Live sessions on each env service the page started (``agentgym_sessions_active``, all workers)."""
@@ -321,7 +329,8 @@ def report_count(request: pytest.FixtureRequest) -> Iterator[None]:
     if reporter is None or capture is None:
         print(message)
         return
-    with capture.global_and_fixture_disabled():  # the count belongs in the run's output, not a captured section
+    # The count belongs in the run's output, not a captured section.
+    with capture.global_and_fixture_disabled():
         reporter.write_line(message)
 
 
@@ -394,6 +403,7 @@ def test_page_blocks_run(page: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", [p for p in PAGE_NAMES if any(b.page == p and b.listed_in(SLOW) for b in BLOCKS)])
+@pytest.mark.parametrize("page", [p for p in PAGE_NAMES
+                                  if any(b.page == p and b.listed_in(SLOW) for b in BLOCKS)])
 def test_page_blocks_run_with_slow_ones(page: str, tmp_path: Path) -> None:
     run_page(page, tmp_path, include_slow=True)

@@ -1,4 +1,5 @@
-"""Doctests of the plug-in packages, run under their installed names (``agentgym.envs.*``, ``agentgym.trainers.*``).
+"""Doctests of the plug-in packages, run under their installed names (``agentgym.envs.*``,
+``agentgym.trainers.*``).
 
 ``pytest --doctest-modules envs trainers`` would import each file a second time as ``envs.x`` /
 ``trainers.x``: every built-in would register twice, and registries rightly refuse a second,
@@ -21,7 +22,8 @@ def _modules(package: object) -> list[str]:
     return sorted(info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."))  # type: ignore[attr-defined]
 
 
-MODULES = [agentgym.envs.__name__, agentgym.trainers.__name__, *_modules(agentgym.envs), *_modules(agentgym.trainers)]
+MODULES = [agentgym.envs.__name__, agentgym.trainers.__name__, *_modules(agentgym.envs),
+           *_modules(agentgym.trainers)]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -88,11 +88,13 @@ def test_eval_command_end_to_end(tmp_path: Path) -> None:
     output = " ".join(result.output.split())
     assert "maze-v0, success: expert vs random" in output and "report.html" in output
     results = json.loads((out / "results.json").read_text())
-    assert results["config"]["envs"] == [{"id": "maze-v0", "kwargs": {"size": 2}, "max_turns": None, "url": None}]
+    assert results["config"]["envs"] == [{"id": "maze-v0", "kwargs": {"size": 2}, "max_turns": None,
+                                          "url": None}]
     assert results["seeds"] == list(range(8)) and results["config"]["temperature"] == 1.0  # samples > 1
     assert {"pass@1", "pass@2"} <= set(results["results"][0])
     again = runner.invoke(app, ["eval", "--policy", "random", "--envs", "maze-v0", "--out", str(out)])
-    assert again.exit_code == 2 and "already holds an evaluation; pass --resume" in " ".join(again.output.split())
+    assert again.exit_code == 2
+    assert "already holds an evaluation; pass --resume" in " ".join(again.output.split())
 
 
 @pytest.mark.parametrize("args, message", [
@@ -100,8 +102,10 @@ def test_eval_command_end_to_end(tmp_path: Path) -> None:
     (["--policy", "random", "--envs", "maze-v9"], "not registered in that version; registered: maze-v0"),
     (["--policy", "random"], "give the envs to evaluate: --envs ID"),
     (["--envs", "maze-v0"], "give at least one --policy"),
-    (["--policy", "random", "--envs", "maze-v0", "--seeds", "0-4", "--episodes", "3"], "--seeds gives 5 tasks"),
-    (["--policy", "random", "--envs", "maze-v0", "--split", "test"], "--split test: none of maze-v0 has splits"),
+    (["--policy", "random", "--envs", "maze-v0", "--seeds", "0-4", "--episodes", "3"],
+     "--seeds gives 5 tasks"),
+    (["--policy", "random", "--envs", "maze-v0", "--split", "test"],
+     "--split test: none of maze-v0 has splits"),
     (["--policy", "random", "--envs", "maze-v0", "--env-arg", "sokoban-v0:size=3"], "write ENV_ID:KEY=VALUE"),
 ])
 def test_eval_command_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -112,7 +116,8 @@ def test_eval_command_errors_are_one_line(tmp_path: Path, args: list[str], messa
 
 
 def _run_folder(tmp: Path, *, config: str | None = None, checkpoint: bytes | None = None) -> Path:
-    """An `agentgym train` run folder (a tiny model on maze-v0), with the given config.json or checkpoint.pt bytes."""
+    """An `agentgym train` run folder (a tiny model on maze-v0), with the given config.json or checkpoint.pt
+    bytes."""
     import io
 
     import torch
@@ -120,8 +125,8 @@ def _run_folder(tmp: Path, *, config: str | None = None, checkpoint: bytes | Non
     run = tmp / "run"
     run.mkdir(parents=True)
     (run / "config.json").write_text(config if config is not None else json.dumps(
-        {"model": {"tiny": {"num_layers": 1, "hidden_size": 32, "intermediate_size": 64}}, "env": {"id": "maze-v0"},
-         "seed": 0}))
+        {"model": {"tiny": {"num_layers": 1, "hidden_size": 32, "intermediate_size": 64}},
+         "env": {"id": "maze-v0"}, "seed": 0}))
     if checkpoint is None:
         buffer = io.BytesIO()
         torch.save({"model": {"weight": torch.zeros(4096)}, "iteration": 1}, buffer)
@@ -145,7 +150,8 @@ def _damaged(case: str, tmp: Path) -> tuple[list[str], Path, str]:
     if case in ("plan.json is not JSON", "plan.json is {}"):
         out.mkdir()
         (out / "plan.json").write_text("{\"policies\": [" if case == "plan.json is not JSON" else "{}")
-        said = "is not JSON" if case == "plan.json is not JSON" else "is not an evaluation plan (no 'policies')"
+        said = ("is not JSON" if case == "plan.json is not JSON"
+                else "is not an evaluation plan (no 'policies')")
         return ["--out", str(out), "--resume"], out / "plan.json", said
     if case == "run config.json is not JSON":
         run = _run_folder(tmp, config='{"model": {')
@@ -163,12 +169,14 @@ def _damaged(case: str, tmp: Path) -> tuple[list[str], Path, str]:
     model = tmp / "model"
     save_tiny(*build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64)), model)
     (model / "config.json").write_text((model / "config.json").read_text()[:40])  # a copy cut short
-    return ["--policy", str(model), "--envs", "maze-v0", "--out", str(out)], model / "config.json", "is not JSON"
+    return (["--policy", str(model), "--envs", "maze-v0", "--out", str(out)], model / "config.json",
+            "is not JSON")
 
 
 @pytest.mark.parametrize("case", ["out is a file", "plan.json is not JSON", "plan.json is {}",
-                                  "run config.json is not JSON", "checkpoint.pt is empty", "checkpoint.pt is text",
-                                  "checkpoint.pt is truncated", "model config.json is not JSON"])
+                                  "run config.json is not JSON", "checkpoint.pt is empty",
+                                  "checkpoint.pt is text", "checkpoint.pt is truncated",
+                                  "model config.json is not JSON"])
 def test_damaged_inputs_get_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
     args, named, said = _damaged(case, tmp_path)
     result = runner.invoke(app, ["eval", *args])
@@ -181,16 +189,19 @@ def test_damaged_inputs_get_one_line_naming_the_file(tmp_path: Path, case: str) 
 def test_a_backwards_seed_range_says_so() -> None:
     result = runner.invoke(app, ["eval", "--policy", "random", "--envs", "maze-v0", "--seeds", "5-1"])
     assert result.exit_code == 2
-    assert "--seeds '5-1': the range 5-1 runs backwards; write it low-high (1-5)" in " ".join(result.output.split())
+    assert ("--seeds '5-1': the range 5-1 runs backwards; write it low-high (1-5)"
+            in " ".join(result.output.split()))
     with pytest.raises(ConfigError, match="lists no seed"):
         parse_seeds(",")
 
 
-def test_tables_are_whole_when_output_is_not_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tables_are_whole_when_output_is_not_a_terminal(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("COLUMNS", raising=False)
     label = "a-policy-label-longer-than-the-column-rich-would-give-it"
-    result = runner.invoke(app, ["eval", "--policy", f"random,name={label}", "--policy", "expert", "--envs", "maze-v0",
-                                 "--env-arg", "maze-v0:size=2", "--seeds", "0-3", "--out", str(tmp_path / "e")])
+    result = runner.invoke(app, ["eval", "--policy", f"random,name={label}", "--policy", "expert",
+                                 "--envs", "maze-v0", "--env-arg", "maze-v0:size=2", "--seeds", "0-3",
+                                 "--out", str(tmp_path / "e")])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     header = next(line for line in lines if "policy" in line and "episodes" in line)
@@ -245,20 +256,23 @@ def test_serve_policy_and_view_run_as_commands(tmp_path: Path) -> None:
 
     from agentgym.backends.tiny import TinyModelConfig, build_tiny_model, save_tiny
 
-    save_tiny(*build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64)), tmp_path / "m")
+    save_tiny(*build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64)),
+              tmp_path / "m")
     port = free_port()
-    serving = subprocess.Popen([sys.executable, "-m", "agentgym", "serve-policy", str(tmp_path / "m"), "--port",
-                                str(port), "--name", "mini", "--device", "cpu"],
+    serving = subprocess.Popen([sys.executable, "-m", "agentgym", "serve-policy", str(tmp_path / "m"),
+                                "--port", str(port), "--name", "mini", "--device", "cpu"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait(f"http://127.0.0.1:{port}/health", serving)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         assert [m.id for m in client.models.list().data] == ["mini"]
-        reply = client.chat.completions.create(model="mini", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        reply = client.chat.completions.create(model="mini", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=3)
         assert reply.usage.completion_tokens <= 3
         out = tmp_path / "eval"
         result = runner.invoke(app, ["eval", "--policy", f"http://127.0.0.1:{port}/v1,max_new_tokens=4",
-                                     "--policy", "random", "--envs", "maze-v0", "--episodes", "2", "--out", str(out)])
+                                     "--policy", "random", "--envs", "maze-v0", "--episodes", "2",
+                                     "--out", str(out)])
         assert result.exit_code == 0, result.output
     finally:
         serving.send_signal(signal.SIGINT)

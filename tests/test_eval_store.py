@@ -1,5 +1,6 @@
 """The evaluation folder never loses an episode: a cut last line, an empty timing.json, a line outside the
-plan and a full disk (a real small tmpfs where this machine lets us mount one) all resume to the whole plan."""
+plan and a full disk (a real small tmpfs where this machine lets us mount one) all resume to the whole
+plan."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ TASKS = 40
 
 
 def _plan() -> EvalPlan:
-    return EvalPlan((parse_policy("expert"),), (EnvEntry(ENV, {"size": 2}),), tuple(range(TASKS)), concurrency=4)
+    return EvalPlan((parse_policy("expert"),), (EnvEntry(ENV, {"size": 2}),), tuple(range(TASKS)),
+                    concurrency=4)
 
 
 def _evaluate(out: Path, *, resume: bool = False, notes: list[str] | None = None) -> dict[str, Any]:
@@ -130,8 +132,8 @@ def test_results_say_exactly_which_episodes_are_missing(finished: Path, tmp_path
     assert "lacks 1 of 40 episodes (task seeds 7)" in markdown_report(results)
     assert say_missing(results, out)
     said = " ".join(capsys.readouterr().err.split())
-    assert f"incomplete: {ENV} × expert: 1 of 40 episodes missing, task seeds 7; `agentgym eval --out {out} --resume`" \
-        in said
+    assert (f"incomplete: {ENV} × expert: 1 of 40 episodes missing, task seeds 7; "
+            f"`agentgym eval --out {out} --resume`") in said
     assert not say_missing(build_results(_plan(), EvalStore(finished), {}), finished)
 
 
@@ -178,8 +180,8 @@ def test_a_full_disk_stops_with_one_line_and_keeps_every_finished_episode(
     disk, free_space = small_disk
     out = disk / "eval"
     runner = CliRunner()
-    args = ["eval", "--policy", "expert", "--envs", ENV, "--env-arg", f"{ENV}:size=2", "--seeds", f"0-{TASKS - 1}",
-            "--concurrency", "4", "--out", str(out)]
+    args = ["eval", "--policy", "expert", "--envs", ENV, "--env-arg", f"{ENV}:size=2",
+            "--seeds", f"0-{TASKS - 1}", "--concurrency", "4", "--out", str(out)]
     stopped = runner.invoke(app, args)
     assert stopped.exit_code == 2, stopped.output
     errors = [line for line in stopped.output.splitlines() if line.startswith("error:")]
@@ -201,7 +203,8 @@ def test_a_folder_file_is_replaced_whole_or_not_at_all(small_disk: tuple[Path, C
     disk, _ = small_disk
     store = EvalStore(disk / "eval")
     store.write_file("report.md", "# first\n")
-    with pytest.raises(EvalFolderError, match=f"no space left on the device of {disk / 'eval'} \\(writing report.md\\)"):
+    with pytest.raises(EvalFolderError,
+                       match=f"no space left on the device of {disk / 'eval'} \\(writing report.md\\)"):
         store.write_file("report.md", "x" * 100_000)  # twice the disk
     assert (disk / "eval" / "report.md").read_text() == "# first\n"
     assert sorted(p.name for p in (disk / "eval").iterdir()) == ["report.md"]  # no temporary file left behind

@@ -266,7 +266,8 @@ def test_malformed_turns_are_invalid_and_run_nothing() -> None:
         write * (MAX_CALLS_PER_TURN + 1): f"at most {MAX_CALLS_PER_TURN} tool calls",
         call("answer", answer="done") + write: "answer once, as the last call",
         call("answer", answer="a") + call("answer", answer="b"): "answer once",
-        "<update>accounts/erin/balance</update>": "takes several arguments (key, value); call it as <tool_call>",
+        "<update>accounts/erin/balance</update>":
+            "takes several arguments (key, value); call it as <tool_call>",
         "<convert>3 mi</convert>": "takes several arguments (value, from_unit, to_unit)",
         f"<tool_call>{write[11:-12]}": "never closed",
         call("answer", answer=None): "must be ['number', 'string']",
@@ -462,9 +463,11 @@ def test_tool_calls_counts_the_calls_each_step_ran() -> None:
     env = agentgym.make("tools-v0")
     _, info = env.reset(options={"task_id": REPORTED})
     assert info["tool_calls"] == 0
-    _, _, _, _, info = env.step(call("lookup", key="accounts/ivan/balance") + call("calculate", expression="1 / 0"))
+    _, _, _, _, info = env.step(call("lookup", key="accounts/ivan/balance")
+                                + call("calculate", expression="1 / 0"))
     assert info["tool_calls"] == 2 and info["tool_errors"] == 1  # a failing call ran too
-    _, _, _, _, info = env.step(call("lookup", key="x") + call("answer", answer="1") + call("lookup", key="x"))
+    _, _, _, _, info = env.step(call("lookup", key="x") + call("answer", answer="1")
+                                + call("lookup", key="x"))
     assert info["invalid_action"] and info["tool_calls"] == 0  # answer not last: nothing ran
     _, _, _, _, info = env.step(call("lookup", key="x") * (MAX_CALLS_PER_TURN + 1))
     assert info["invalid_action"] and info["tool_calls"] == 0

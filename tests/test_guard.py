@@ -32,7 +32,8 @@ class CounterEnv(Env):
             return "x", float("nan"), False, False, {"state_key": "x"}
         self.value += {"up": 1, "down": -1}.get(action, 0)
         noise = int(self.np_random.integers(0, 1000))
-        return f"value {self.value} noise {noise}", 0.0, self.value == 200, False, {"state_key": str(self.value)}
+        return (f"value {self.value} noise {noise}", 0.0, self.value == 200, False,
+                {"state_key": str(self.value)})
 
 
 @pytest.fixture()

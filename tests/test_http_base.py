@@ -77,7 +77,8 @@ EXPECTED: dict[str, tuple[type[AgentGymError], tuple[str, ...]]] = {
     "text-408": (RemoteTimeout, ("GET URL answered 408",)),
     "html-504": (RemoteTimeout, ("GET URL answered 504", "Gateway Timeout")),
     "text-503": (RemoteEnvError, ("GET URL answered 503 Service Unavailable", "no healthy upstream")),
-    "ok-not-json": (RemoteEnvError, ("GET URL answered 200 with a body that is not JSON", "<html>hello</html>")),
+    "ok-not-json": (RemoteEnvError, ("GET URL answered 200 with a body that is not JSON",
+                                     "<html>hello</html>")),
 }
 
 
@@ -101,8 +102,8 @@ def make_app() -> FastAPI:
         """503 with ``Retry-After: {retry_after}`` on the first request of ``key``, then 200."""
         arrivals[key].append(time.monotonic())
         if len(arrivals[key]) == 1:
-            return JSONResponse({"error": {"type": "SessionCapacityError", "message": "full"}}, status_code=503,
-                                headers={"Retry-After": request.query_params["retry_after"]})
+            return JSONResponse({"error": {"type": "SessionCapacityError", "message": "full"}},
+                                status_code=503, headers={"Retry-After": request.query_params["retry_after"]})
         return JSONResponse({"served": len(arrivals[key])})
 
     @app.api_route("/count/{key}", methods=["GET", "POST", "DELETE"])
@@ -138,7 +139,8 @@ def test_error_bodies_map_to_classes_and_garbage_names_url_and_status() -> None:
 def test_the_async_client_maps_every_answer_the_same_way() -> None:
     async def scenario() -> None:
         transport = httpx.ASGITransport(app=make_app())
-        async with AsyncServiceClient("http://svc", transport=transport, retry=RetryPolicy(retries=0)) as client:
+        async with AsyncServiceClient("http://svc", transport=transport,
+                                      retry=RetryPolicy(retries=0)) as client:
             for name in CANNED:
                 with pytest.raises(AgentGymError) as info:
                     await client.request("GET", f"/canned/{name}")
@@ -149,7 +151,8 @@ def test_the_async_client_maps_every_answer_the_same_way() -> None:
 
 def test_every_service_client_maps_errors_through_the_base() -> None:
     with TestClient(make_app()) as http:
-        clients = [EnvClient(client=http, retries=0), RetrievalClient("http://testserver", client=http, retries=0),
+        clients = [EnvClient(client=http, retries=0),
+                   RetrievalClient("http://testserver", client=http, retries=0),
                    SandboxClient(client=http, retries=0)]
         for client in clients:
             assert isinstance(client, ServiceClient)
@@ -171,13 +174,17 @@ def test_bad_answers_of_the_typed_clients_name_the_url() -> None:
                               else {"stdout": "no other field"})
 
     transport = httpx.MockTransport(answer)
-    with pytest.raises(RemoteEnvError, match=r"POST http://svc/retrieve answered something that is not a list"):
+    with pytest.raises(RemoteEnvError,
+                       match=r"POST http://svc/retrieve answered something that is not a list"):
         RetrievalClient("http://svc", transport=transport).retrieve(["q"])
-    with pytest.raises(RemoteEnvError, match=r"POST http://svc/run answered something that is not a run result"):
+    with pytest.raises(RemoteEnvError,
+                       match=r"POST http://svc/run answered something that is not a run result"):
         SandboxClient("http://svc", transport=transport).run("print(1)")
-    batch = httpx.MockTransport(lambda request: httpx.Response(200, json={"results": [{"error": "boom"}, 7]}))
+    batch = httpx.MockTransport(
+        lambda request: httpx.Response(200, json={"results": [{"error": "boom"}, 7]}))
     results = EnvClient("http://svc", transport=batch).batch_step([("a", "up"), ("b", "up")])
-    assert all(isinstance(item, RemoteEnvError) and "neither a result nor an error" in str(item) for item in results)
+    assert all(isinstance(item, RemoteEnvError) and "neither a result nor an error" in str(item)
+               for item in results)
 
 
 # --- retries: Retry-After, and never a state-changing request twice -------------------------------
@@ -221,7 +228,8 @@ class Faulty(httpx.AsyncBaseTransport):
     """Wraps a real transport: refuses the first ``refusals`` connections, or loses every answer
     after the service has handled the request (``lose_answers``)."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, refusals: int = 0, lose_answers: bool = False) -> None:
+    def __init__(self, inner: httpx.AsyncBaseTransport, refusals: int = 0,
+                 lose_answers: bool = False) -> None:
         self.inner, self.refusals, self.lose_answers = inner, refusals, lose_answers
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -304,8 +312,10 @@ def test_timeouts_and_connection_errors_over_a_real_socket() -> None:
 
 def test_bad_arguments_name_what_to_fix() -> None:
     for kwargs, fragment in [({"base_url": "127.0.0.1:8000"}, "base_url must be an http:// or https:// URL"),
-                             ({"base_url": "http://x", "timeout_s": 0}, "timeout_s must be a positive number"),
-                             ({"base_url": "http://x", "client": httpx.Client(), "transport": httpx.HTTPTransport()},
+                             ({"base_url": "http://x", "timeout_s": 0},
+                              "timeout_s must be a positive number"),
+                             ({"base_url": "http://x", "client": httpx.Client(),
+                               "transport": httpx.HTTPTransport()},
                               "either client= or transport=")]:
         with pytest.raises(ConfigError, match=fragment):
             ServiceClient(**kwargs)

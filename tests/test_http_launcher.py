@@ -1,4 +1,5 @@
-"""Starting local services: ``free_port``, ``wait_healthy``, ``start_service``, ``stop_service``, and the demo built on them."""
+"""Starting local services: ``free_port``, ``wait_healthy``, ``start_service``, ``stop_service``, and the
+demo built on them."""
 
 from __future__ import annotations
 

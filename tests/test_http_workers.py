@@ -37,7 +37,8 @@ def test_hung_envs_on_every_worker_do_not_poison_healthy_sessions(live_server: C
         async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
             hung = [await _session(http, "test/http-slow-v0", delay_s=HANG_S) for _ in range(2)]
             healthy = await _session(http, "test/http-counter-v0")
-            stuck = [asyncio.create_task(http.post(f"/sessions/{sid}/step", json={"action": "sleep"})) for sid in hung]
+            stuck = [asyncio.create_task(http.post(f"/sessions/{sid}/step", json={"action": "sleep"}))
+                     for sid in hung]
             # Both workers are inside the hung steps now. The healthy step queues; the hung ones pass
             # their deadline at 1.0 s, spares stand in at once, and it runs well before its own
             # wait for a thread (1.0 s from 0.5 s) is up.
@@ -58,7 +59,8 @@ def test_hung_envs_on_every_worker_do_not_poison_healthy_sessions(live_server: C
     out = asyncio.run(scenario())
     assert out["step"].status_code == 200 and out["step"].json()["turn"] == 1
     assert out["created"].status_code == 201
-    assert [a.status_code for a in out["stuck"]] == [504, 504]  # the hung ones: their own deadline, from their start
+    # The hung ones: their own deadline, from their start.
+    assert [a.status_code for a in out["stuck"]] == [504, 504]
     assert out["again"].status_code == 200 and out["again"].json()["turn"] == 2  # never poisoned
     health = out["health"].json()
     assert out["health"].status_code == 200 and health["status"] == "degraded"

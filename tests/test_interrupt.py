@@ -96,7 +96,8 @@ def test_ctrl_c_before_the_first_checkpoint_says_so_and_how_to_restart(tmp_path:
     assert "no checkpoint" in output and restart in output, output
     assert "Traceback" not in output
     # The folder's config is the run's config: the suggested restart repeats the same run.
-    assert load_config(out / "config.json") == load_config(None, [*TINY, "iterations=2", "sft.num_epochs=400"])
+    assert load_config(out / "config.json") == load_config(None, [*TINY, "iterations=2",
+                                                                  "sft.num_epochs=400"])
 
     result = CliRunner().invoke(app, ["train", "--resume", str(out)])
     assert result.exit_code == 2

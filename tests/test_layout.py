@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Source folders and the import names they install as.
-PACKAGES = {"agentgym": ROOT / "agentgym", "agentgym.envs": ROOT / "envs", "agentgym.trainers": ROOT / "trainers"}
+PACKAGES = {"agentgym": ROOT / "agentgym", "agentgym.envs": ROOT / "envs",
+            "agentgym.trainers": ROOT / "trainers"}
 
 
 def _module_name(path: Path) -> str:
@@ -198,7 +199,8 @@ def test_plugins_import_the_framework_never_each_other_privately() -> None:
 
 
 def test_env_side_runs_without_torch() -> None:
-    """``import agentgym``, ``make``, the rollout package and the HTTP service work with torch unimportable."""
+    """``import agentgym``, ``make``, the rollout package and the HTTP service work with torch
+    unimportable."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import agentgym, agentgym.rollout, agentgym.backends, agentgym.training, agentgym.eval\n"
@@ -208,7 +210,8 @@ def test_env_side_runs_without_torch() -> None:
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=False)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 

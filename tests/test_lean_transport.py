@@ -63,7 +63,8 @@ def test_async_remote_env_over_the_lean_transport_plays_like_the_sync_client(liv
         envs = [RemoteEnv("maze-v0", client=client) for _ in range(16)]
         expected = [env.reset(seed=i) for i, env in enumerate(envs)]
         for turn in range(6):
-            expected += [env.step(("up", "down", "left", "right")[(i + turn) % 4]) for i, env in enumerate(envs)]
+            expected += [env.step(("up", "down", "left", "right")[(i + turn) % 4])
+                         for i, env in enumerate(envs)]
         for env in envs:
             env.close()
     assert got == expected
@@ -122,7 +123,8 @@ def test_keep_alive_chunked_and_read_to_close_bodies() -> None:
         while True:
             body = await read_request(reader, counts)
             if body == b'{"kind":"chunked"}':
-                writer.write(answer(b"", "Transfer-Encoding: chunked") + b"6\r\n{\"a\": \r\n2;x=1\r\n1}\r\n0\r\n\r\n")
+                writer.write(answer(b"", "Transfer-Encoding: chunked")
+                             + b"6\r\n{\"a\": \r\n2;x=1\r\n1}\r\n0\r\n\r\n")
             elif body == b'{"kind":"to-close"}':
                 writer.write(answer(b'{"closed": true}', "Connection: close"))
                 await writer.drain()
@@ -163,7 +165,8 @@ def test_head_and_204_answers_have_no_body_whatever_their_headers_say() -> None:
                 head = await client.head(f"{url}/x")
                 assert head.status_code == 200 and head.content == b""
                 assert (await client.delete(f"{url}/empty")).status_code == 204
-                assert (await client.get(f"{url}/x")).json() == {"ok": True}  # the connection is still in step
+                # The connection is still in step.
+                assert (await client.get(f"{url}/x")).json() == {"ok": True}
             assert counts == {"connections": 1, "requests": 3}
 
     asyncio.run(scenario())
@@ -215,7 +218,8 @@ def test_a_hung_server_times_out_and_a_sent_step_is_not_repeated() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("reply", [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{\"short\"",
+@pytest.mark.parametrize("reply", [b"garbage\r\n\r\n",
+                                   b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{\"short\"",
                                    b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", b""])
 def test_malformed_answers_and_closed_connections_are_remote_errors(reply: bytes) -> None:
     async def handler(reader, writer, counts):
@@ -238,7 +242,8 @@ def test_a_refused_connection_is_retried_then_named() -> None:
     async def scenario() -> None:
         async with AsyncEnvClient(url, retries=2) as client:
             client.retry = RetryPolicy(retries=2, backoff_s=0.01)
-            with pytest.raises(RemoteEnvError, match=r"POST .*/sessions failed: ConnectError.*after 3 attempts"):
+            with pytest.raises(RemoteEnvError,
+                               match=r"POST .*/sessions failed: ConnectError.*after 3 attempts"):
                 await client.request("POST", "/sessions", {"env_id": "maze-v0"})
 
     asyncio.run(scenario())

@@ -32,7 +32,8 @@ class MazeClient(OpenEnvClient[dict, MazeObservation, dict]):
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[MazeObservation]:
         obs = payload["observation"]
-        return StepResult(MazeObservation(obs["text"], obs["info"].get("admissible_actions", []), obs["turn"]),
+        return StepResult(MazeObservation(obs["text"], obs["info"].get("admissible_actions", []),
+                                          obs["turn"]),
                           reward=payload.get("reward"), done=payload["done"])
 
     def _parse_state(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +50,8 @@ def test_openenv_generic_client_plays_an_env_as_locally(live_server) -> None:
         for action in ["up", "left", "down", "jump"]:
             obs, reward, terminated, truncated, info = local.step(action)
             result = env.step({"action": action})
-            assert (result.observation["text"], result.reward, result.done) == (obs, reward, terminated or truncated)
+            assert ((result.observation["text"], result.reward, result.done)
+                    == (obs, reward, terminated or truncated))
             assert result.observation["info"] == info
         state = env.state()
         assert state["step_count"] == 4 and state["episode_seed"] == 3 and state["env_id"] == "maze-v0"
@@ -93,11 +95,13 @@ def test_openenv_http_routes(live_server) -> None:
     assert schema["action"]["properties"]["action"]["type"] == "string"
     assert httpx.get(f"{base}/metadata").json()["name"] == "maze-v0"
     reset = httpx.post(f"{base}/reset", json={"seed": 3}).json()
-    assert reset["observation"]["text"] == agentgym.make("maze-v0").reset(seed=3)[0] and reset["done"] is False
+    assert reset["observation"]["text"] == agentgym.make("maze-v0").reset(seed=3)[0]
+    assert reset["done"] is False
     step = httpx.post(f"{base}/step", json={"action": {"action": "up"}})
     assert step.status_code == 409 and "/openenv/maze-v0/ws" in step.json()["error"]["message"]
     assert httpx.get(f"{server.url}/openenv/nope-v0/health").status_code == 404
-    assert httpx.get(f"{server.url}/openenv").json() == [{"env_id": "maze-v0", "base_path": "/openenv/maze-v0"}]
+    assert httpx.get(f"{server.url}/openenv").json() == [{"env_id": "maze-v0",
+                                                          "base_path": "/openenv/maze-v0"}]
 
     async def over_capacity() -> None:
         async with GenericEnvClient(base_url=base) as first:

@@ -76,13 +76,15 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
         # package by its short name, which finds the installed textworld/alfworld instead of envs/textworld.
         found = {".".join([prefix, *init.parent.relative_to(folder).parts])
                  for init in folder.rglob("__init__.py")}
-        assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
+        assert found <= listed, (
+            f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_wheel_installs_into_fresh_venv(tmp_path: Path) -> None:
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", ROOT)
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist",
+         ROOT)
     wheel = next((tmp_path / "dist").glob("agentgym_rl-*.whl"))
     plugin = tmp_path / "plugin"
     plugin.mkdir()

@@ -70,12 +70,12 @@ KINDS = [
          POLICY_LOSSES.unregister, "ppo_clip", "ppo-clip"),
     Kind("loss term", lambda n, o: register_loss_term(n, _never_built, NoArgs, override=o), get_loss_term,
          LOSS_TERMS.unregister, "entropy", "entropi"),
-    Kind("hook option", lambda n, o: register_hook_option(n, _never_built, NoArgs, override=o), get_hook_option,
-         HOOK_OPTIONS.unregister, "dapo", "dapp"),
+    Kind("hook option", lambda n, o: register_hook_option(n, _never_built, NoArgs, override=o),
+         get_hook_option, HOOK_OPTIONS.unregister, "dapo", "dapp"),
     Kind("backend", lambda n, o: register_backend(n, _never_built, override=o),
          lambda n: make_policy(ModelConfig(backend=n)), _forget_backend, "transformers", "transformer"),
-    Kind("decoding constraint", lambda n, o: register_constraint(n, _never_built, override=o), make_constraint,
-         _forget_constraint, "tag_spans", "tag_span"),
+    Kind("decoding constraint", lambda n, o: register_constraint(n, _never_built, override=o),
+         make_constraint, _forget_constraint, "tag_spans", "tag_span"),
 ]
 
 
@@ -100,7 +100,8 @@ def test_a_duplicate_is_refused_unless_override(kind: Kind) -> None:
 
 
 def test_unknown_backend_and_constraint_are_config_errors_too() -> None:
-    """Callers that report bad settings in one line (the config check, the policy server) catch ConfigError."""
+    """Callers that report bad settings in one line (the config check, the policy server) catch
+    ConfigError."""
     with pytest.raises(ConfigError, match="model.backend 'transformer' is not a registered backend. "
                                           "Did you mean 'transformers'"):
         make_policy(ModelConfig(backend="transformer"))

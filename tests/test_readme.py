@@ -1,4 +1,5 @@
-"""README's Python examples run as written (the register example is executed); README and docs/envs.md stay true."""
+"""README's Python examples run as written (the register example is executed); README and docs/envs.md
+stay true."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_env_table_lists_every_registered_env() -> None:
 
     rows = {line.split("|")[1].strip().strip("`") for line in ENVS_PAGE.read_text().splitlines()
             if line.startswith("| `") and line.count("|") >= 8}
-    registered = {spec.id for spec in agentgym.list_envs() if str(spec.entry_point).startswith("agentgym.envs.")}
+    registered = {spec.id for spec in agentgym.list_envs()
+                  if str(spec.entry_point).startswith("agentgym.envs.")}
     assert registered <= rows, f"docs/envs.md's env table lacks {sorted(registered - rows)}"
 
 
@@ -49,7 +51,8 @@ def test_readme_is_short_and_links_every_manual_page() -> None:
     text = README.read_text()
     assert len(text.splitlines()) <= 250
     pages = sorted(path.name for path in (README.parent / "docs").glob("*.md"))
-    assert {"envs.md", "training.md", "evaluation.md", "services.md", "sandbox.md", "benchmarks.md"} <= set(pages)
+    assert {"envs.md", "training.md", "evaluation.md", "services.md", "sandbox.md",
+            "benchmarks.md"} <= set(pages)
     for page in pages:
         assert f"(docs/{page})" in text, f"README does not link docs/{page}"
 

@@ -47,7 +47,8 @@ def test_a_run_brings_every_prompt_setting_to_eval_its_constraint_included(tmp_p
 def test_training_and_eval_build_their_envs_from_one_source(live_server: Any, tmp_path: Path) -> None:
     server = live_server(["tools-v0", "maze-v0"])
     cfg = load_config(None, ["env.id=tools-v0", f"env.url={server.url}", "env.kwargs={}"])
-    assert env_source(cfg) == EnvSource("tools-v0", {}, cfg.env.max_turns, (server.url,), None, cfg.env.timeout_s)
+    assert env_source(cfg) == EnvSource("tools-v0", {}, cfg.env.max_turns, (server.url,), None,
+                                        cfg.env.timeout_s)
     assert action_format(cfg) == agentgym.spec("tools-v0").action_format == "raw"  # asked of the service
     fleet = env_factory(cfg)
     try:

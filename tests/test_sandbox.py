@@ -1,4 +1,5 @@
-"""The code sandbox: runs, limits, scratch dir, warm pool, and the HTTP service (in-process and on a socket)."""
+"""The code sandbox: runs, limits, scratch dir, warm pool, and the HTTP service (in-process and on a
+socket)."""
 
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ def test_timeout_kills_and_flags(name: str) -> None:
                             limits=Limits(wall_clock_s=1))
     assert result.timed_out and result.killed_reason == "wall_clock" and result.exit_code is None
     assert result.stdout == "start\n"  # output before the kill is kept
-    assert time.monotonic() - started < 10  # killed at ~1 s, long before the 30 s sleep ends (loose: busy CI cores)
+    # Killed at ~1 s, long before the 30 s sleep ends (loose: busy CI cores).
+    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("name", backends())
@@ -113,9 +115,11 @@ def test_cpu_limit_kills_busy_loop(name: str) -> None:
 
 @pytest.mark.parametrize("name", backends())
 def test_memory_limit_makes_a_big_allocation_fail(name: str) -> None:
-    code = "try:\n    b = bytearray(400 * 2**20)\n    print('allocated')\nexcept MemoryError:\n    print('refused')\n"
+    code = ("try:\n    b = bytearray(400 * 2**20)\n    print('allocated')\n"
+            "except MemoryError:\n    print('refused')\n")
     assert make(name).run(code, limits=Limits(memory_mb=200)).stdout == "refused\n"
-    assert make(name).run("b = bytearray(50 * 2**20)\nprint('ok')", limits=Limits(memory_mb=200)).stdout == "ok\n"
+    small = make(name).run("b = bytearray(50 * 2**20)\nprint('ok')", limits=Limits(memory_mb=200))
+    assert small.stdout == "ok\n"
 
 
 @pytest.mark.parametrize("name", backends())
@@ -181,8 +185,8 @@ def test_warm_pool_serves_runs_from_workers_spawned_ahead_and_uses_each_once(nam
             worker = pool.acquire()
             assert any(w is worker and at < requested for at, w in spawned), "the run waited for a spawn"
             # no state leaks between runs: each run sees a fresh interpreter
-            result = worker.execute("import sys\nprint(sys.stdin.read(), 'leak' in globals())\nleak = 1", str(i),
-                                    Limits())
+            result = worker.execute("import sys\nprint(sys.stdin.read(), 'leak' in globals())\nleak = 1",
+                                    str(i), Limits())
             assert result.stdout == f"{i} False\n"
             used.append(worker)
     assert len({id(w) for w in used}) == 5  # each worker serves one run
@@ -238,7 +242,8 @@ def test_service_rejects_bad_input_with_422() -> None:
     transport = _SyncASGI(app)
     with httpx.Client(transport=transport, base_url="http://sandbox") as raw:
         for body in ({"cod": "x"}, {"code": 5}, {"code": "x", "limits": {"bogus": 1}},
-                     {"code": "x", "limits": {"wall_clock_s": True}}, {"code": "x", "limits": {"memory_mb": "64"}},
+                     {"code": "x", "limits": {"wall_clock_s": True}},
+                     {"code": "x", "limits": {"memory_mb": "64"}},
                      {"code": "x", "limits": {"memory_mb": 64.5}}):
             response = raw.post("/run", json=body)
             assert response.status_code == 422
@@ -267,7 +272,8 @@ def test_service_capacity_gives_503() -> None:
     app = create_sandbox_app(SubprocessBackend(), max_concurrency=1)
 
     async def scenario() -> list[int]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sandbox") as http:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://sandbox") as http:
             slow = asyncio.create_task(http.post("/run", json={"code": "import time\ntime.sleep(1)"}))
             await asyncio.sleep(0.3)
             busy = await http.post("/run", json={"code": "print(1)"})
@@ -302,7 +308,8 @@ def test_client_resends_a_busy_request_after_retry_after() -> None:
     assert client.run("print(1)").stdout == "1\n" and seen == ["/run"] * 3
     answers = iter([503, 503, 503])
     with pytest.raises(SandboxBusy):  # out of retries: the service's answer stands
-        SandboxClient("http://sandbox", transport=httpx.MockTransport(handler), busy_retries=2).run("print(1)")
+        SandboxClient("http://sandbox", transport=httpx.MockTransport(handler),
+                      busy_retries=2).run("print(1)")
 
 
 # --- the service on a real socket ------------------------------------------------------------

@@ -68,8 +68,9 @@ def test_network_connect_to_host_listener_fails(bwrap: BwrapBackend) -> None:
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
-        code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), "
-                "timeout=1)\n    print('connected')\nexcept OSError as e:\n    print('refused', e)\n")
+        code = ("import socket\ntry:\n"
+                f"    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=1)\n"
+                "    print('connected')\nexcept OSError as e:\n    print('refused', e)\n")
         result = bwrap.run(code, limits=FAST)
         stop.set()
         thread.join(timeout=2)
@@ -91,8 +92,9 @@ def test_writes_outside_scratch_fail(bwrap: BwrapBackend, tmp_path: Path) -> Non
     project = Path(__file__).resolve().parents[1]
     targets = [Path("/escape-test"), Path("/tmp") / f"escape-{os.getpid()}", project / "escape-test",
                Path.home() / "escape-test", Path("/usr/escape-test"), tmp_path / "escape-test"]
-    code = ("import sys\nfor path in sys.stdin.read().split():\n    try:\n        open(path, 'w').write('x')\n"
-            "        print('wrote', path)\n    except OSError as e:\n        print('blocked', path)\n")
+    code = ("import sys\nfor path in sys.stdin.read().split():\n    try:\n"
+            "        open(path, 'w').write('x')\n        print('wrote', path)\n"
+            "    except OSError as e:\n        print('blocked', path)\n")
     result = bwrap.run(code, "\n".join(map(str, targets)), FAST)
     wrote = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("wrote")]
     assert wrote == [str(targets[1])]  # /tmp inside the sandbox is its own scratch space, not the host's
@@ -114,7 +116,8 @@ def test_proc_of_the_test_process_is_not_readable(bwrap: BwrapBackend, monkeypat
     monkeypatch.setenv("AGENTGYM_ESCAPE_SECRET", "hunter2-proc")
     pid = os.getpid()
     code = (f"import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
-            f"for name in ('cmdline', 'environ'):\n    try:\n        print(open('/proc/{pid}/' + name, 'rb').read())\n"
+            f"for name in ('cmdline', 'environ'):\n    try:\n"
+            f"        print(open('/proc/{pid}/' + name, 'rb').read())\n"
             "    except OSError as e:\n        print('blocked', e)\n")
     result = bwrap.run(code, limits=FAST)
     assert "hunter2-proc" not in result.stdout
@@ -149,9 +152,9 @@ def test_fork_bomb_is_bounded_and_host_stays_responsive(bwrap: BwrapBackend) -> 
     thread = threading.Thread(target=heartbeat, daemon=True)
     thread.start()
     started = time.monotonic()
-    code = ("import os\nn = 0\nwhile True:\n    try:\n        if os.fork() == 0:\n            while True:\n"
-            "                pass\n        n += 1\n    except OSError:\n        print('capped at', n, flush=True)\n"
-            "        break\nwhile True:\n    pass\n")
+    code = ("import os\nn = 0\nwhile True:\n    try:\n        if os.fork() == 0:\n"
+            "            while True:\n                pass\n        n += 1\n    except OSError:\n"
+            "        print('capped at', n, flush=True)\n        break\nwhile True:\n    pass\n")
     result = bwrap.run(code, limits=Limits(wall_clock_s=2, max_processes=16))
     elapsed = time.monotonic() - started
     stop.set()
@@ -196,7 +199,8 @@ def test_memory_bomb_fails(bwrap: BwrapBackend) -> None:
 def test_infinite_loop_is_stopped_within_the_wall_clock(bwrap: BwrapBackend) -> None:
     started = time.monotonic()
     result = bwrap.run("while True:\n    pass\n", limits=Limits(wall_clock_s=1.5))
-    assert result.killed_reason in ("wall_clock", "cpu") and time.monotonic() - started < 10  # loose: busy cores
+    # Loose: busy cores.
+    assert result.killed_reason in ("wall_clock", "cpu") and time.monotonic() - started < 10
 
 
 def test_huge_output_is_capped(bwrap: BwrapBackend) -> None:
@@ -213,8 +217,8 @@ def test_sleeping_past_the_wall_clock_is_killed(bwrap: BwrapBackend) -> None:
 
 
 def test_killing_the_parent_and_everything_hurts_no_one(bwrap: BwrapBackend) -> None:
-    code = ("import os, signal\nprint(os.getppid(), flush=True)\nfor pid in (os.getppid(), -1, 1):\n    try:\n"
-            "        os.kill(pid, signal.SIGKILL)\n        print('sent', pid, flush=True)\n"
+    code = ("import os, signal\nprint(os.getppid(), flush=True)\nfor pid in (os.getppid(), -1, 1):\n"
+            "    try:\n        os.kill(pid, signal.SIGKILL)\n        print('sent', pid, flush=True)\n"
             "    except OSError as e:\n        print('refused', pid, e, flush=True)\n")
     result = bwrap.run(code, limits=FAST)
     assert "sent" not in result.stdout
@@ -293,8 +297,9 @@ def test_the_issue_attack_nested_userns_tmpfs_fill_is_stopped_at_unshare(bwrap: 
 
 def test_disk_fill_stops_at_the_scratch_size_and_host_tmp_is_untouched(bwrap: BwrapBackend) -> None:
     free_before = os.statvfs("/tmp").f_bavail * os.statvfs("/tmp").f_frsize
-    code = ("import os\nwritten = 0\ntry:\n    for n in range(1000):\n        with open(f'/tmp/f{n}', 'wb') as h:\n"
-            "            for _ in range(8):\n                h.write(b'x' * 2**20)\n                h.flush()\n"
+    code = ("import os\nwritten = 0\ntry:\n    for n in range(1000):\n"
+            "        with open(f'/tmp/f{n}', 'wb') as h:\n            for _ in range(8):\n"
+            "                h.write(b'x' * 2**20)\n                h.flush()\n"
             "                written += 2**20\nexcept OSError as e:\n    print('stopped', e.errno == 28)\n"
             "print('written', written)\n")
     limits = Limits(wall_clock_s=10, disk_mb=24)
@@ -332,7 +337,8 @@ def test_tree_memory_is_bounded_as_a_whole(guard: str) -> None:
 
 def test_children_of_a_finished_program_do_not_outlive_it(bwrap: BwrapBackend) -> None:
     tag = f"41.{os.getpid() % 10**6:06d}"
-    code = (f"import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '{tag}'])\n"
+    code = (f"import os\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    os.execv('/bin/sleep', ['sleep', '{tag}'])\n"
             f"if os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '{tag}'])\nprint('bye')\n")
     result = bwrap.run(code, limits=FAST)
     assert result.stdout == "bye\n" and result.exit_code == 0

@@ -1,4 +1,5 @@
-"""``search-qa-v0``: contract, EM/F1 scoring, no answer leaks, the expert, both call forms, the synthetic set."""
+"""``search-qa-v0``: contract, EM/F1 scoring, no answer leaks, the expert, both call forms, the synthetic
+set."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_actions_rewards_and_state_key() -> None:
     item = env.unwrapped.items[env.unwrapped.by_id[info["task_id"]]]
     assert info["state_key"] == f"{item['id']}|docs="
     obs, reward, terminated, _, info = env.step("I will just guess.")
-    assert info["invalid_action"] and reward == -0.25 and not terminated and obs.startswith("Invalid action: no tool")
+    assert info["invalid_action"] and reward == -0.25 and not terminated
+    assert obs.startswith("Invalid action: no tool")
     for bad in ("<search>a</search><answer>b</answer>", "<answer>a</answer><answer>b</answer>",
                 "<search>a</search>" * 4, "<python>1</python>", '<tool_call>{"name": "search"}</tool_call>'):
         obs, reward, _, _, info = env.step(bad)
@@ -126,7 +128,8 @@ def test_synthetic_generator_is_deterministic_and_multi_hop_needs_two_docs() -> 
     hops = {q.hops for q in questions}
     assert hops == {1, 2, 3}
     for q in questions:
-        assert len(set(q.supporting_docs)) == q.hops and q.golden_answers[0] in by_id[q.supporting_docs[-1]]["text"]
+        assert len(set(q.supporting_docs)) == q.hops
+        assert q.golden_answers[0] in by_id[q.supporting_docs[-1]]["text"]
         if q.hops >= 2:
             anchor = q.search_queries[0]
             assert anchor in q.question

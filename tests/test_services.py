@@ -30,7 +30,8 @@ BIN = Path(sys.executable).parent  # the venv's agentgym console script lives ne
 
 
 def dockerfile_stages() -> dict[str, dict[str, object]]:
-    """Per ``FROM ... AS name`` stage: its instructions (continuation lines joined), entrypoint, cmd, expose."""
+    """Per ``FROM ... AS name`` stage: its instructions (continuation lines joined), entrypoint, cmd,
+    expose."""
     text = re.sub(r"\\\n\s*", " ", (SERVICES / "Dockerfile").read_text())
     stages: dict[str, dict[str, object]] = {}
     current: dict[str, object] | None = None
@@ -90,7 +91,8 @@ def test_compose_services_build_existing_stages_and_publish_the_exposed_port() -
         assert volume in spec["volumes"]
 
 
-def run_entrypoint(stage: str, args: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def run_entrypoint(stage: str, args: list[str], port: int,
+                   env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start a stage's ENTRYPOINT + ``args`` as a local process, bound to 127.0.0.1:``port``."""
     argv = list(dockerfile_stages()[stage]["entrypoint"]) + args  # type: ignore[arg-type]
     exposed = str(dockerfile_stages()[stage]["expose"][0])  # type: ignore[index]
@@ -135,7 +137,8 @@ def test_retrieval_image_entrypoint_builds_the_synthetic_index_then_serves_it(tm
     try:
         url = f"http://127.0.0.1:{port}"
         healthy(proc, url)
-        questions = [json.loads(line) for line in (tmp_path / "data" / "synthetic" / "questions.jsonl").read_text().splitlines()]
+        questions_file = tmp_path / "data" / "synthetic" / "questions.jsonl"
+        questions = [json.loads(line) for line in questions_file.read_text().splitlines()]
         query = questions[0]["metadata"]["search_queries"][0]
         hits = httpx.post(f"{url}/retrieve", json={"queries": [query], "k": 2}).json()["results"][0]
         assert hits and hits[0]["title"] == query
@@ -157,7 +160,8 @@ def test_sandbox_image_entrypoint_runs_code_on_bwrap() -> None:
 
 
 def test_synthetic_cli_writes_the_corpus_and_questions(tmp_path: Path) -> None:
-    out = subprocess.run([str(BIN / "agentgym"), "retrieval", "synthetic", str(tmp_path), "--entities", "40", "--seed", "2"],
+    out = subprocess.run([str(BIN / "agentgym"), "retrieval", "synthetic", str(tmp_path), "--entities", "40",
+                          "--seed", "2"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     corpus = (tmp_path / "corpus.jsonl").read_text().splitlines()
@@ -177,7 +181,8 @@ SECURITY_OPTS = {"seccomp=unconfined": ("seccompProfile", {"type": "Unconfined"}
 
 
 def manifests() -> dict[str, list[dict]]:
-    return {path.name: [d for d in yaml.safe_load_all(path.read_text()) if d] for path in sorted(K8S.glob("*.yaml"))}
+    return {path.name: [d for d in yaml.safe_load_all(path.read_text()) if d]
+            for path in sorted(K8S.glob("*.yaml"))}
 
 
 def workloads() -> list[tuple[str, dict, dict]]:
@@ -220,7 +225,8 @@ def test_kubernetes_workloads_match_the_images_and_compose() -> None:
         assert "memory" in container["resources"]["limits"], where
         security = {**pod.get("securityContext", {}), **container["securityContext"]}
         assert security["runAsNonRoot"] is True and security["runAsUser"] == uid, where
-        assert security["allowPrivilegeEscalation"] is False and security["capabilities"] == {"drop": ["ALL"]}, where
+        assert security["allowPrivilegeEscalation"] is False, where
+        assert security["capabilities"] == {"drop": ["ALL"]}, where
         assert security["readOnlyRootFilesystem"] is True, where
         mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
         assert "/tmp" in mounts, f"{where}: a read-only root needs a writable /tmp"
@@ -241,7 +247,8 @@ def test_kubernetes_workloads_match_the_images_and_compose() -> None:
             assert security.get("seccompProfile") == {"type": "RuntimeDefault"}, where
         assert [p["targetPort"] for p in service["spec"]["ports"]] == ports, where
         if doc["kind"] == "StatefulSet":  # one address per pod: a headless Service, named by serviceName
-            assert doc["spec"]["serviceName"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
+            assert doc["spec"]["serviceName"] == service["metadata"]["name"]
+            assert service["spec"]["clusterIP"] == "None"
         else:
             assert compose_name in doc["metadata"]["name"]
 

@@ -35,8 +35,9 @@ class RunningCommand:
     """``agentgym train ...`` in a subprocess, its output collected line by line as it comes."""
 
     def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "agentgym", "train", *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+        self.process = subprocess.Popen([sys.executable, "-m", "agentgym", "train", *args],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, "COLUMNS": "200"})
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -50,8 +51,8 @@ class RunningCommand:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if self.process.poll() is not None:
-                raise AssertionError(f"the run ended (status {self.process.returncode}) before the condition held:\n"
-                                     + "\n".join(self.lines))
+                raise AssertionError(f"the run ended (status {self.process.returncode}) "
+                                     "before the condition held:\n" + "\n".join(self.lines))
             if time.monotonic() > deadline:
                 self.process.kill()
                 raise AssertionError("timed out waiting for the run:\n" + "\n".join(self.lines))
@@ -84,7 +85,8 @@ def test_a_stop_inside_a_long_update_ends_the_run_and_keeps_the_warm_start(tmp_p
     out = tmp_path / "run"
     # An update of 100000 epochs: it would run for hours.
     run = RunningCommand(*sets(*TINY, "iterations=3", "optim.num_epochs=100000"), "--out", str(out))
-    run.wait_for(lambda: (out / "trajectories" / "iter_00001.jsonl").is_file())  # written just before the update
+    # Written just before the update.
+    run.wait_for(lambda: (out / "trajectories" / "iter_00001.jsonl").is_file())
     for number, sig in enumerate(signals):
         run.process.send_signal(sig)
         if number == 0 and len(signals) > 1:  # the handler has seen the first before the second is sent
@@ -169,8 +171,9 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
     ([signal.SIGTERM], 1, 1, None),              # before the first optimiser step: iteration 1 is saved
     ([signal.SIGINT, signal.SIGINT], 2, 0, 2),   # after it: back to the last checkpoint (the warm start)
 ], ids=["before-the-first-step", "after-a-step"])
-def test_a_stopped_update_resumes_into_the_uninterrupted_run(tmp_path: Path, uninterrupted: dict, signals: list[int],
-                                                             step: int, saved: int, abandoned: int | None) -> None:
+def test_a_stopped_update_resumes_into_the_uninterrupted_run(tmp_path: Path, uninterrupted: dict,
+                                                             signals: list[int], step: int, saved: int,
+                                                             abandoned: int | None) -> None:
     out = tmp_path / "run"
     PLAN.update(iteration=2, step=step, signals=signals)
     stopped = train(load_config(None, WITH_TERM), out)

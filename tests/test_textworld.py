@@ -206,7 +206,8 @@ def test_a_failed_generation_names_the_parameters(tmp_path: Path) -> None:
     # Settings that pass no validation of ours: TextWorld's cooking generator refuses to shuffle
     # the recipe (recipe_seed > 0) without the 'take' skill.
     settings = dict(tw.validate_settings("tw-cooking", {"take": 0}), recipe_seed=3)
-    with pytest.raises(ConfigError, match=r"could not generate tw-cooking with settings .*'recipe_seed': 3.* seed 4"):
+    with pytest.raises(ConfigError,
+                       match=r"could not generate tw-cooking with settings .*'recipe_seed': 3.* seed 4"):
         tw.ensure_game("tw-cooking", settings, 4, tmp_path)
     assert not list((tmp_path / "tw-cooking").iterdir())  # no half-written entry is left behind
 

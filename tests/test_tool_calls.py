@@ -17,26 +17,29 @@ TOOLS = [
     tool_spec("answer", "Answer.", {"answer": {"type": "string"}}),
     tool_spec("python", "Run code.", {"code": {"type": "string"}}),
     tool_spec("lookup", "Look up.", {"title": {"type": "string"}, "k": {"type": "integer"},
-                                     "mode": {"type": "string", "enum": ["fast", "full"]}}, required=["title"]),
+                                     "mode": {"type": "string", "enum": ["fast", "full"]}},
+              required=["title"]),
 ]
 
 
 def test_tag_forms_in_text_order() -> None:
-    parsed = parse_tool_calls("<think>maybe <answer>no</answer></think>Let me look.\n<search> Zorvex Labs </search>"
-                              "<python>print(1)</python>", TOOLS)
+    parsed = parse_tool_calls("<think>maybe <answer>no</answer></think>Let me look.\n"
+                              "<search> Zorvex Labs </search><python>print(1)</python>", TOOLS)
     assert parsed.ok
     assert parsed.calls == (ToolCall("search", {"query": "Zorvex Labs"}, "tag"),
                             ToolCall("python", {"code": "print(1)"}, "tag"))
 
 
 def test_json_form_with_several_calls_and_string_arguments() -> None:
+    lookup = json.dumps({"name": "lookup", "arguments": json.dumps({"title": "b", "k": 2})})
     text = ('<tool_call>\n{"name": "search", "arguments": {"query": "a"}}\n</tool_call>\n'
-            f'<tool_call>{json.dumps({"name": "lookup", "arguments": json.dumps({"title": "b", "k": 2})})}</tool_call>'
+            f'<tool_call>{lookup}</tool_call>'
             '<answer>c</answer>')
     parsed = parse_tool_calls(text, TOOLS)
     assert parsed.ok
     assert [(c.name, c.arguments, c.form) for c in parsed.calls] == [
-        ("search", {"query": "a"}, "json"), ("lookup", {"title": "b", "k": 2}, "json"), ("answer", {"answer": "c"}, "tag")]
+        ("search", {"query": "a"}, "json"), ("lookup", {"title": "b", "k": 2}, "json"),
+        ("answer", {"answer": "c"}, "tag")]
 
 
 def messages(text: str, tools: list = TOOLS) -> list[str]:
@@ -46,15 +49,18 @@ def messages(text: str, tools: list = TOOLS) -> list[str]:
 
 
 def test_malformed_calls_are_errors_never_exceptions() -> None:
-    assert "not valid JSON" in messages('<tool_call>{"name": "search", "arguments": {"query": }</tool_call>')[0]
-    assert messages('<tool_call>{"name": "fetch", "arguments": {}}</tool_call>')[0].startswith("unknown tool 'fetch'")
+    assert "not valid JSON" in messages(
+        '<tool_call>{"name": "search", "arguments": {"query": }</tool_call>')[0]
+    assert messages(
+        '<tool_call>{"name": "fetch", "arguments": {}}</tool_call>')[0].startswith("unknown tool 'fetch'")
     assert messages('<tool_call>{"name": "lookup", "arguments": {"k": 1}}</tool_call>') == [
         "tool 'lookup' is missing the required argument 'title'"]
     assert messages('<tool_call>{"name": "lookup", "arguments": {"title": "x", "k": true}}</tool_call>') == [
         "tool 'lookup': argument 'k' must be integer, got boolean"]
-    assert "must be one of" in messages('<tool_call>{"name": "lookup", "arguments": {"title": "x", "mode": "slow"}}'
-                                        "</tool_call>")[0]
-    assert "has no argument 'q'" in messages('<tool_call>{"name": "search", "arguments": {"query": "x", "q": "x"}}</tool_call>')[0]
+    assert "must be one of" in messages(
+        '<tool_call>{"name": "lookup", "arguments": {"title": "x", "mode": "slow"}}</tool_call>')[0]
+    assert "has no argument 'q'" in messages(
+        '<tool_call>{"name": "search", "arguments": {"query": "x", "q": "x"}}</tool_call>')[0]
     assert "arguments string is not valid JSON" in messages(
         '<tool_call>{"name": "search", "arguments": "{oops"}</tool_call>')[0]
     assert 'no "name"' in messages('<tool_call>{"arguments": {}}</tool_call>')[0]

@@ -45,7 +45,8 @@ def registered() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_regression_pin_search_qa_preset_learns_to_use_the_search_tool_seed0(tmp_path: Path) -> None:
-    """SFT leaves the tiny model clearly imperfect; GRPO then raises held-out success, searching every episode.
+    """SFT leaves the tiny model clearly imperfect; GRPO then raises held-out success, searching every
+    episode.
 
     One torch thread, as the preset's numbers were measured: RL's gain on this task differs by seed
     (31% -> 66%, 41% -> 42%, 42% -> 38% for seeds 0-2), so the run must be the one measured."""
@@ -99,7 +100,8 @@ def test_a_policy_that_never_calls_a_tool_stops_the_run(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["train", str(PRESET), "--out", str(tmp_path / f"cli{i}"), *args])
         assert result.exit_code == 2 and "made no tool call" in result.output, result.output
     # Opting out runs to the end and reports the zero.
-    report = train(load_config(PRESET, [*untrained, "rollout.require_tool_calls=false"]), tmp_path / "opt-out")
+    report = train(load_config(PRESET, [*untrained, "rollout.require_tool_calls=false"]),
+                   tmp_path / "opt-out")
     assert report["history"][0]["rollout/tool_calls_per_episode"] == 0.0
 
 
@@ -140,7 +142,8 @@ def test_a_fenced_code_block_from_a_real_policy_reaches_the_env_whole() -> None:
     greedy = SamplingParams(max_new_tokens=160, temperature=0.0)
     results = {}
     for fmt in ("raw", "plain"):
-        as_format = PromptRenderer(policy.tokenizer, mode="full", action_format=fmt, include_instructions=False)
+        as_format = PromptRenderer(policy.tokenizer, mode="full", action_format=fmt,
+                                   include_instructions=False)
         collector = Collector(make_env, policy, as_format, action_format=fmt)
         try:
             (group,) = collector.collect([seed], 1, greedy)

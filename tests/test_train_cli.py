@@ -117,7 +117,8 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path: Path) -> N
     ("algorithm.args.gamma=often", "algorithm.args.gamma"),
     ("env.id=test/no-expert-v0", "sft.enabled"),
 ])
-def test_mistakes_fail_in_one_line_before_the_run_folder_exists(tmp_path: Path, override: str, named: str) -> None:
+def test_mistakes_fail_in_one_line_before_the_run_folder_exists(tmp_path: Path, override: str,
+                                                                named: str) -> None:
     out = tmp_path / "run"
     result = train(*sets(*TINY, override), "--out", str(out))
     assert result.exit_code == 2
@@ -214,7 +215,8 @@ def test_a_terminal_gets_progress_bars_not_lines(tmp_path: Path) -> None:
     import threading
 
     leader, follower = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "agentgym", "train", *sets(*TINY), "--out", str(tmp_path / "run")],
+    process = subprocess.Popen([sys.executable, "-m", "agentgym", "train", *sets(*TINY),
+                                "--out", str(tmp_path / "run")],
                                stdin=follower, stdout=follower, stderr=follower, close_fds=True,
                                env={**os.environ, "COLUMNS": "160", "TERM": "xterm-256color"})
     os.close(follower)

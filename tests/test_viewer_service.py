@@ -84,13 +84,15 @@ def test_a_token_guards_every_route_but_health_for_scripts_and_browsers(folder: 
     try:
         with httpx.Client(base_url=server.url, follow_redirects=False) as client:
             assert client.get("/health").status_code == 200
-            for path in ("/api/meta", "/api/episodes", "/api/tasks", "/api/episode/x", "/openapi.json", "/docs"):
+            for path in ("/api/meta", "/api/episodes", "/api/tasks", "/api/episode/x", "/openapi.json",
+                         "/docs"):
                 refused = client.get(path)
                 assert refused.status_code == 401, path
                 assert refused.json()["error"]["type"] == "AuthenticationError"
                 assert refused.headers["www-authenticate"] == "Bearer"
             assert client.get("/api/meta", headers={"Authorization": "Bearer wrong"}).status_code == 401
-            assert client.get("/api/meta", headers={"Authorization": f"Bearer {TOKEN}"}).json()["episodes"] == 600
+            meta = client.get("/api/meta", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert meta.json()["episodes"] == 600
 
             # A browser without the cookie gets the sign-in form, not the page.
             sign_in = client.get("/")
@@ -98,11 +100,13 @@ def test_a_token_guards_every_route_but_health_for_scripts_and_browsers(folder: 
             assert "agentgym viewer" in sign_in.text and "api/meta" not in sign_in.text
             assert client.get("/", params={"token": "wrong"}).status_code == 401
             assert client.post("/login", data={"token": "wrong"}).status_code == 401
-            assert client.post("/login", content=b"token=" + b"x" * 10_000,
-                               headers={"content-type": "application/x-www-form-urlencoded"}).status_code == 413
+            too_big = client.post("/login", content=b"token=" + b"x" * 10_000,
+                                  headers={"content-type": "application/x-www-form-urlencoded"})
+            assert too_big.status_code == 413
 
             # The token given once (link or form) becomes an HttpOnly cookie that holds no token.
-            for opened in (client.get("/", params={"token": TOKEN}), client.post("/login", data={"token": TOKEN})):
+            for opened in (client.get("/", params={"token": TOKEN}),
+                           client.post("/login", data={"token": TOKEN})):
                 assert opened.status_code == 303 and opened.headers["location"] == "/"
                 cookie = opened.headers["set-cookie"]
                 assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and TOKEN not in cookie
@@ -129,7 +133,8 @@ def test_no_answer_names_a_path_of_this_machine(folder: Path) -> None:
     hidden = {str(folder), str(folder.resolve()), str(folder.parent), str(Path.home())}
     try:
         with httpx.Client(base_url=server.url) as client:
-            eid, other = (s["id"] for s in client.get("/api/episodes", params={"policy": "random"}).json()[:2])
+            listed = client.get("/api/episodes", params={"policy": "random"}).json()
+            eid, other = (s["id"] for s in listed[:2])
             answers = [client.get(path) for path in (
                 "/", "/health", "/api/meta", "/api/episodes", "/api/tasks", f"/api/episode/{eid}",
                 "/api/episode/maze-v0|nobody|0|0", "/openapi.json", "/docs", "/no-such-route")]
@@ -138,7 +143,8 @@ def test_no_answer_names_a_path_of_this_machine(folder: Path) -> None:
             answers.append(changed)
     finally:
         server.stop()
-    assert changed.status_code == 409 and "changed since the viewer started" in changed.json()["error"]["message"]
+    assert changed.status_code == 409
+    assert "changed since the viewer started" in changed.json()["error"]["message"]
     assert [a.status_code for a in answers[6:10]] == [404, 200, 200, 404]
     for answer in answers:
         assert not any(path in answer.text for path in hidden), answer.url
@@ -183,13 +189,16 @@ def test_a_trajectory_line_lacking_fields_is_one_line_naming_it(folder: Path, tm
     (run / "trajectories").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"env": {"id": "maze-v0"}, "algorithm": {"name": "grpo"}}))
     turn = {"prompt_ids": [1, 2], "response_ids": [3], "reward": 1.0, "state_key": "s"}
-    group = {"group_id": "g0", "trajectories": [{"turns": [turn], "seed": 0, "task_id": "t", "success": True}]}
+    group = {"group_id": "g0",
+             "trajectories": [{"turns": [turn], "seed": 0, "task_id": "t", "success": True}]}
     write_lines(run / "trajectories" / "iter_00001.jsonl", [group, {"trajectories": []}])
     assert "trajectories/iter_00001.jsonl line 2: the group has no 'group_id'" in refused(run, busy_port)
-    write_lines(run / "trajectories" / "iter_00001.jsonl", [group, {**group, "trajectories": [{"turns": [{}]}]}])
+    write_lines(run / "trajectories" / "iter_00001.jsonl",
+                [group, {**group, "trajectories": [{"turns": [{}]}]}])
     assert "line 2: turn 0 of trajectory 0 has no 'prompt_ids' list" in refused(run, busy_port)
     # A line cut short by a crash is skipped and counted, as the evaluation store skips it.
-    (run / "trajectories" / "iter_00001.jsonl").write_text(json.dumps(group) + "\n" + '{"group_id": "g1", "traj')
+    (run / "trajectories" / "iter_00001.jsonl").write_text(json.dumps(group) + "\n"
+                                                           + '{"group_id": "g1", "traj')
     viewed = RunFolder(run)
     assert viewed.episodes()[0] == 1 and viewed.meta()["skipped_lines"] == 1
 
@@ -215,7 +224,8 @@ def test_episode_lists_come_in_pages_with_the_total(folder: Path) -> None:
             assert first.headers["x-total-count"] == "300" and len(first.json()) == 100
             seen = []
             for offset in range(0, 400, 100):
-                page = client.get("/api/episodes", params={"policy": "random", "offset": offset, "limit": 100})
+                page = client.get("/api/episodes",
+                                  params={"policy": "random", "offset": offset, "limit": 100})
                 assert page.headers["x-total-count"] == "300"
                 seen += [s["task_index"] for s in page.json()]
             assert seen == list(range(300))

@@ -92,8 +92,8 @@ def test_a_killed_worker_fails_only_its_sessions_and_is_replaced(service) -> Non
         assert replacement["pid"] != victim["pid"]
         for env in envs:
             if env.session_id.startswith("w1g0-"):
-                with pytest.raises(SessionLost, match=rf"env-worker process 1 \(pid {victim['pid']}\), which was killed "
-                                                      "by SIGKILL; its episode is lost"):
+                with pytest.raises(SessionLost, match=rf"env-worker process 1 \(pid {victim['pid']}\), "
+                                                      "which was killed by SIGKILL; its episode is lost"):
                     env.step("up")
             else:
                 env.step("up")  # the other process's sessions go on
@@ -122,7 +122,8 @@ def test_a_frozen_worker_times_out_its_own_sessions_only() -> None:
     from agentgym.http.router import WorkerRouter
     from agentgym.http.workers import WorkerSet
 
-    server = LiveServer(WorkerRouter(WorkerSet(2, {"env_ids": ["maze-v0"], "max_sessions": 8}), timeout_s=2.0),
+    server = LiveServer(WorkerRouter(WorkerSet(2, {"env_ids": ["maze-v0"], "max_sessions": 8}),
+                                     timeout_s=2.0),
                         startup_timeout_s=120)
     frozen = None
     try:
@@ -169,8 +170,10 @@ def test_a_frozen_worker_stalls_neither_health_nor_creates() -> None:
             assert [w["responding"] for w in health.json()["workers"]] == [True, False]
             # Worker 1 has fewer sessions, so the create goes there first, then to worker 0 once 1 is silent.
             created = http.post("/sessions", json={"env_id": "maze-v0"})
-            assert created.status_code == 201 and created.json()["session_id"].startswith("w0g0-"), created.text
-            assert http.get("/envs/maze-v0").status_code == 200  # unknown routes skip the silent worker too
+            assert created.status_code == 201, created.text
+            assert created.json()["session_id"].startswith("w0g0-"), created.text
+            # Unknown routes skip the silent worker too.
+            assert http.get("/envs/maze-v0").status_code == 200
             assert http.post(f"/sessions/{first}/reset", json={"seed": 0}).status_code == 200
             silent = http.get("/health").json()["workers"][1]
             assert not silent["responding"] and silent["silent_s"] >= 2.0
@@ -178,7 +181,8 @@ def test_a_frozen_worker_stalls_neither_health_nor_creates() -> None:
             frozen = None
             # The create worker 1 received while frozen runs now; the router deletes the session it makes.
             deadline = time.monotonic() + 30
-            while (router._withdrawn or http.get("/health").json()["status"] != "ok") and time.monotonic() < deadline:
+            while ((router._withdrawn or http.get("/health").json()["status"] != "ok")
+                   and time.monotonic() < deadline):
                 time.sleep(0.05)
             health = http.get("/health").json()
         assert health["status"] == "ok" and [w["sessions"] for w in health["workers"]] == [2, 0], health

@@ -72,7 +72,8 @@ def test_idling_past_every_keep_alive_costs_nothing() -> None:
             for sid in sids:
                 step = http.post(f"/sessions/{sid}/step", json={"action": "down"})
                 assert step.status_code == 200, step.text
-            batch = http.post("/batch/step", json={"steps": [{"session_id": s, "action": "up"} for s in sids]})
+            batch = http.post("/batch/step",
+                              json={"steps": [{"session_id": s, "action": "up"} for s in sids]})
             assert all("error" not in r for r in batch.json()["results"]), batch.text
             assert all(http.delete(f"/sessions/{sid}").status_code == 204 for sid in sids)
             assert http.get("/health").json()["worker_restarts"] == 0

@@ -1,4 +1,5 @@
-"""Hand-built ``TurnTable``s for update-plan tests: the plan columns in any row order, neutral estimator columns."""
+"""Hand-built ``TurnTable``s for update-plan tests: the plan columns in any row order, neutral estimator
+columns."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def plan_table(trajectory_id: Sequence[str], step: Sequence[int], group: Sequenc
     trajectory_group = np.zeros(names.shape[0], dtype=np.int64)
     trajectory_group[trajectory] = group_of
     return TurnTable(group=group_of, trajectory=trajectory, step=np.asarray(step, dtype=np.int64),
-                     reward=np.zeros(num), invalid=np.zeros(num, dtype=bool), state=np.arange(num, dtype=np.int64),
-                     trajectory_group=trajectory_group, trajectory_return=np.zeros(names.shape[0]),
-                     trajectory_id=ids,
+                     reward=np.zeros(num), invalid=np.zeros(num, dtype=bool),
+                     state=np.arange(num, dtype=np.int64), trajectory_group=trajectory_group,
+                     trajectory_return=np.zeros(names.shape[0]), trajectory_id=ids,
                      copied=np.zeros(num, dtype=bool) if copied is None else np.asarray(copied, dtype=bool))
