@@ -175,8 +175,9 @@ def update_cost(variants: list[str], repeats: int) -> str:
     import numpy as np
     import torch
 
+    from agentgym.training.api import TurnTable
     from agentgym.training.config.loading import load_config
-    from agentgym.training.run.loop import Trainer, flatten, turn_index
+    from agentgym.training.run.loop import Trainer, flatten
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out:
@@ -185,8 +186,8 @@ def update_cost(variants: list[str], repeats: int) -> str:
         groups = source.collector.collect(list(range(8)), 8, source.sampling(0.6, 0))
         weights = copy.deepcopy(source.model.state_dict())
         source.close()
-    turns, index = flatten(groups), turn_index(groups)
-    lines = [f"{len(turns)} turns, longest trajectory {int(index.step.max()) + 1} turns, {repeats} repeats",
+    turns, table = flatten(groups), TurnTable.of(groups)
+    lines = [f"{len(turns)} turns, longest trajectory {int(table.step.max()) + 1} turns, {repeats} repeats",
              "", ("| variant | phases | forward passes: log-probs + training + reference | rows forwarded "
                   "| update s (best) | × first |"), "|---|---:|---:|---:|---:|---:|"]
     baseline = None
@@ -215,7 +216,7 @@ def update_cost(variants: list[str], repeats: int) -> str:
                 run.model.load_state_dict(weights)
                 counts.update(grad=0, no_grad=0, reference=0, rows=0)
                 started = time.perf_counter()
-                metrics = run.update(turns, np.asarray(advantages), index, 1)
+                metrics = run.update(turns, np.asarray(advantages), table, 1)
                 times.append(time.perf_counter() - started)
             for handle in handles:
                 handle.remove()
