@@ -9,8 +9,9 @@ the folders of earlier runs stay readable::
     config_history.jsonl  .history       each config change made on resume; only a resumed run that
                                          changed its config has it (``record_changes``)
     checkpoint.pt         .checkpoint    the latest resume point (``checkpoint.save_checkpoint``)
-    reference.pt          .reference     the KL reference's weights after the warm start; a LoRA run has
-                                         it only when SFT changed the base (``weights.save_reference``)
+    reference.pt          .reference     the KL reference's weights after the warm start, when a loss term
+                                         needs one; a LoRA run has it when SFT changed the base
+                                         (``weights.save_reference``)
     metrics.jsonl         .metrics       one JSON line of metrics per iteration (``metrics.MetricsLog``)
     tensorboard/          .tensorboard   the same metrics as TensorBoard events, when TensorBoard is
                                          installed (``metrics.MetricsLog``)

@@ -78,6 +78,17 @@ def test_a_real_run_writes_exactly_the_files_its_run_folder_names(tmp_path: Path
     assert [entry["changes"] for entry in folder.config_history()] == [{"iterations": {"from": 2, "to": 3}}]
 
 
+def test_a_run_without_a_kl_term_writes_no_reference_and_still_resumes(tmp_path: Path) -> None:
+    """The reference is a full copy of the model (538 MB for a 135 M model): only a run whose loss compares
+    with it keeps one."""
+    folder = RunFolder(tmp_path / "run")
+    overrides = ["model.device=cpu", "loss.kl_coef=0"]
+    train(load_config(None, small("iterations=1", *overrides)), folder.path)
+    assert folder.checkpoint.is_file() and not folder.reference.exists()
+    report = train(load_config(None, small("iterations=2", *overrides)), folder.path, resume=True)
+    assert len(report["history"]) == 2 and not folder.reference.exists()
+
+
 @pytest.mark.parametrize("name", sorted(RUN_FILES))
 def test_a_folder_holding_one_run_file_is_refused_as_a_new_run(tmp_path: Path, name: str) -> None:
     folder = RunFolder(tmp_path)

@@ -59,16 +59,19 @@ def load_model_state(model: torch.nn.Module, state: dict[str, Any]) -> None:
         model.load_state_dict(state["model"])
 
 
-def save_reference(model: torch.nn.Module, path: Path, *, sft_ran: bool, write: bool = True) -> None:
+def save_reference(model: torch.nn.Module, path: Path, *, sft_ran: bool, needed: bool = True,
+                   write: bool = True) -> None:
     """Save what the KL reference is rebuilt from when a run resumes.
 
-    Full fine-tuning: the weights now (post-SFT). LoRA: the SFT adapter is folded into the base first
-    (so "adapter off" is the post-SFT policy), and the base weights are saved only if SFT changed them.
+    Full fine-tuning: the weights now (post-SFT), only when ``needed`` (a loss term compares with the
+    reference): a run without one writes no copy of the model (538 MB for a 135 M-parameter model).
+    LoRA: the SFT adapter is folded into the base first (so "adapter off" is the post-SFT policy), and the
+    base weights are saved if SFT changed them, needed or not (a resumed run rebuilds its base from them).
     ``write=False`` (the other processes of a multi-process run) changes the model the same way but
     writes nothing.
     """
     if not is_lora(model):
-        if write:
+        if write and needed:
             write_torch(model.state_dict(), path)
         return
     if sft_ran:

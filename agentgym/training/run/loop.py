@@ -278,7 +278,8 @@ class Trainer:
             progress.finish()
         if cfg.sft.enabled:  # every process continues from the main one's weights
             self.dist.broadcast_parameters(self.model)
-        save_reference(self.model, self.reference_file, sft_ran=cfg.sft.enabled, write=self.dist.is_main)
+        save_reference(self.model, self.reference_file, sft_ran=cfg.sft.enabled,
+                       needed=self.plugins.needs_reference, write=self.dist.is_main)
         self.dist.barrier()
         extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
         return extra
