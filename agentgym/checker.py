@@ -94,7 +94,8 @@ class CheckRun:
     """The recorded episodes."""
 
     @classmethod
-    def start(cls, source: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps: int = 200) -> CheckRun:
+    def start(cls, source: EnvSource, *, seed: int = 0, num_episodes: int = 3,
+              max_steps: int = 200) -> CheckRun:
         """Build two instances of ``source`` and record ``num_episodes`` episodes (see ``check_env``).
 
         Example:
@@ -109,7 +110,8 @@ class CheckRun:
         env, other = factory(), factory()
         limit = env.max_turns or max_steps
         episodes = [
-            _record_episode(env, seed + n, limit, rng=np.random.default_rng([seed, n])) for n in range(num_episodes)
+            _record_episode(env, seed + n, limit, rng=np.random.default_rng([seed, n]))
+            for n in range(num_episodes)
         ]
         return cls(factory, env, other, seed, limit, episodes)
 
@@ -117,7 +119,8 @@ class CheckRun:
     def calls(self) -> list[tuple[str, Call]]:
         """Every recorded call with a label naming where it happened (``episode 0, step 3``)."""
         return [
-            (f"episode {n} (seed {ep.seed}), " + ("reset()" if i == 0 else f"step {i} ({c.action[:40]!r})"), c)
+            (f"episode {n} (seed {ep.seed}), "
+             + ("reset()" if i == 0 else f"step {i} ({c.action[:40]!r})"), c)
             for n, ep in enumerate(self.episodes)
             for i, c in enumerate(ep.calls)
         ]
@@ -195,7 +198,8 @@ def _call(action: str | None, fn: Callable[[], Any]) -> Call:
         return Call(action, error=exc)
 
 
-def _pick_action(raw: Env, has_expert: bool, info: Any, rng: np.random.Generator, turn: int, last: Call) -> str:
+def _pick_action(raw: Env, has_expert: bool, info: Any, rng: np.random.Generator, turn: int,
+                 last: Call) -> str:
     """Mix expert moves, admissible moves and garbage so both valid and invalid paths run."""
     roll = rng.random()
     if roll < 0.1:
@@ -230,16 +234,20 @@ def _canonical(call: Call) -> str:
 
 
 def _same_calls(a: list[Call], b: list[Call], what: str, first_step: int = 0) -> None:
-    """Raise naming the first call where ``a`` and ``b`` differ (``first_step``: the number of ``a[0]``'s step)."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    """Raise naming the first call where ``a`` and ``b`` differ (``first_step``: the number of
+    ``a[0]``'s step)."""
+    # Not strict: the first differing call is the better report; a length mismatch is raised below.
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if _canonical(x) == _canonical(y):
             continue
         differ = "outcome"
         if x.error is None and y.error is None:
             names = ("observation", "info") if x.action is None else _STEP_FIELDS
-            differ = next((n for n, u, v in zip(names, x.result, y.result) if u != v), differ)
+            # Not strict: a broken env may answer tuples of another length; then "outcome" stands.
+            differ = next((n for n, u, v in zip(names, x.result, y.result, strict=False) if u != v), differ)
         where = "reset()" if x.action is None else f"step {first_step + i}"
-        raise _Broken(f"{what} differ at {where} in {differ}: {_canonical(x)[:200]!r} vs {_canonical(y)[:200]!r}")
+        raise _Broken(f"{what} differ at {where} in {differ}: {_canonical(x)[:200]!r} vs "
+                      f"{_canonical(y)[:200]!r}")
     if len(a) != len(b):
         raise _Broken(f"{what} have different lengths ({len(a)} vs {len(b)} calls)")
 
@@ -304,7 +312,8 @@ def check_step_returns(run: CheckRun) -> None:
         obs, reward, terminated, truncated, info = result
         if not isinstance(obs, str):
             raise _Broken(f"{where} observation must be a str, got {type(obs).__name__}")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float, np.number)) or not math.isfinite(reward):
+        if (isinstance(reward, bool) or not isinstance(reward, (int, float, np.number))
+                or not math.isfinite(reward)):
             raise _Broken(f"{where} reward must be a finite number, got {reward!r}")
         for name, flag in (("terminated", terminated), ("truncated", truncated)):
             if not isinstance(flag, (bool, np.bool_)):
@@ -345,7 +354,8 @@ def check_info_types(run: CheckRun) -> None:
             for tool in tools:
                 fn = tool.get("function", tool)
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or "parameters" not in fn:
-                    raise _Broken(f"{where} info['tools']: each tool needs a name and parameters: {tool!r:.120}")
+                    raise _Broken(f"{where} info['tools']: each tool needs a name and parameters: "
+                                  f"{tool!r:.120}")
 
 
 @_rule
@@ -370,7 +380,8 @@ def check_step_answers(run: CheckRun) -> None:
         raw.reset(seed=run.seed)
         step = _call(garbage, lambda g=garbage: raw.step(g))
         if step.error is not None:
-            raise _Broken(f"step({garbage[:20]!r}) raised {type(step.error).__name__}: {step.error}; {fix}") from step.error
+            raise _Broken(f"step({garbage[:20]!r}) raised {type(step.error).__name__}: {step.error}; "
+                          f"{fix}") from step.error
 
 
 @_rule
@@ -378,7 +389,8 @@ def check_episode_ends(run: CheckRun) -> None:
     """Rule: every episode ends (terminated or truncated) within the turn budget."""
     for n, episode in enumerate(run.episodes):
         if not episode.ended and len(episode.calls) - 1 == run.limit:
-            raise _Broken(f"episode {n} (seed {episode.seed}) still running after {run.limit} steps; set max_turns")
+            raise _Broken(f"episode {n} (seed {episode.seed}) still running after {run.limit} steps; "
+                          "set max_turns")
 
 
 @_rule
@@ -404,7 +416,8 @@ def check_step_after_end(run: CheckRun) -> None:
 def check_determinism(run: CheckRun) -> None:
     """Rule: the same seed, options and actions give identical observations, rewards and infos."""
     for n, episode in enumerate(run.episodes):
-        again = _record_episode(run.other, episode.seed, run.limit, options=episode.options, actions=episode.actions)
+        again = _record_episode(run.other, episode.seed, run.limit, options=episode.options,
+                                actions=episode.actions)
         _same_calls(episode.calls, again.calls, f"episode {n} (seed {episode.seed}) and its replay")
 
 
@@ -425,8 +438,8 @@ def check_task_id_replay(run: CheckRun) -> None:
         if again_obs != obs or not isinstance(again_info, dict) or again_info.get("task_id") != task_id:
             raise _Broken(f"reset(seed={seed}, options={{'task_id': {task_id!r}}}) did not replay the task "
                           f"(first observation or task_id differ). Fix: in reset, start the task named by "
-                          f"options['task_id'] when it is given (whatever the seed), or leave task_id out of info "
-                          f"if tasks cannot be named")
+                          f"options['task_id'] when it is given (whatever the seed), or leave task_id out of "
+                          f"info if tasks cannot be named")
 
 
 def _check_fork(run: CheckRun, mode: str) -> None:
@@ -446,10 +459,11 @@ def _check_fork(run: CheckRun, mode: str) -> None:
             raise _Broken(f"episode {n}: fork({mode!r}) after {cut} steps failed: {exc}") from exc
         try:
             if child.turn != env.turn:
-                raise _Broken(f"a {mode} fork must carry its parent's turn count ({child.turn} vs {env.turn})")
+                raise _Broken(f"a {mode} fork must carry its parent's turn count "
+                              f"({child.turn} vs {env.turn})")
             traces: list[list[Call]] = [[], []]
             for action in actions[cut:]:
-                for trace, member in zip(traces, (env, child)):
+                for trace, member in zip(traces, (env, child), strict=True):
                     trace.append(_call(action, lambda m=member, a=action: m.step(a)))
             _same_calls(traces[0], traces[1], f"episode {n}: the original and its {mode} fork", cut + 1)
         finally:
@@ -464,7 +478,7 @@ def check_fork_by_replay(run: CheckRun) -> None:
 
 @_rule
 def check_fork_by_snapshot(run: CheckRun) -> None:
-    """Rule: where the env has ``snapshot``/``restore``, a fork by snapshot continues exactly like the original."""
+    """Rule: with ``snapshot``/``restore``, a fork by snapshot continues exactly like the original."""
     if run.env.supports_snapshot:
         _check_fork(run, "snapshot")
 

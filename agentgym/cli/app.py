@@ -1,4 +1,5 @@
-"""The ``agentgym`` Typer app, its consoles, ``--version`` and the one-line error exit shared by every command."""
+"""The ``agentgym`` Typer app, its consoles, ``--version`` and the one-line error exit shared by every
+command."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ err_console = StreamConsole(stderr=True)
 
 
 def fail(exc: Exception) -> NoReturn:
-    """Print ``error: Kind: message`` on stderr, on one line however narrow the terminal, and exit with status 2."""
+    """Print ``error: Kind: message`` on stderr, on one line however narrow the terminal, and exit with
+    status 2."""
     err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}", soft_wrap=True,
                       highlight=False)
     raise typer.Exit(code=2)

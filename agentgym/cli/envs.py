@@ -49,12 +49,14 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
     port: int = typer.Option(8000, help="TCP port, 1-65535."),
     max_sessions: int = typer.Option(1024, help="Capacity (>= 1); more sessions get 503."),
-    ttl_s: float = typer.Option(600.0, "--ttl-s", help="Close sessions idle longer than this (seconds, > 0)."),
+    ttl_s: float = typer.Option(600.0, "--ttl-s",
+                                help="Close sessions idle longer than this (seconds, > 0)."),
     step_timeout_s: float = typer.Option(60.0, "--step-timeout-s",
                                          help="Deadline of one env call from its start (seconds, > 0)."),
     threads: int = typer.Option(8, help="Threads that run env code, per worker process (>= 1)."),
     workers: int = typer.Option(1, help="Env-worker processes behind this one address (sessions stay in the "
-                                "process that made them; a dead one is replaced). Use up to the number of cores."),
+                                "process that made them; a dead one is replaced). Use up to the number of "
+                                "cores."),
     token: str | None = typer.Option(None, envvar="AGENTGYM_TOKEN", help="Require this bearer token."),
     allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
                                         help="Serve on a non-loopback --host without a token (anyone who can "

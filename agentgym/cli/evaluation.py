@@ -36,7 +36,8 @@ def parse_seeds(text: str) -> list[int]:
         except ValueError:
             raise ConfigError(f"--seeds {text!r}: {part!r} is not a seed or a range like 0-19") from None
         if last < first:
-            raise ConfigError(f"--seeds {text!r}: the range {part} runs backwards; write it low-high ({last}-{first})")
+            raise ConfigError(f"--seeds {text!r}: the range {part} runs backwards; "
+                              f"write it low-high ({last}-{first})")
         seeds += range(first, last + 1)
     if not seeds:
         raise ConfigError(f"--seeds {text!r} lists no seed; give seeds like 0-19 or 1,5,9")
@@ -73,15 +74,17 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
     defaults: dict[str, tuple[dict[str, Any], int | None]] = {}
     if envs is None:
         if not runs:
-            raise ConfigError("give the envs to evaluate: --envs ID[,ID...] (or --envs all); `agentgym envs` lists them")
+            raise ConfigError("give the envs to evaluate: --envs ID[,ID...] (or --envs all); "
+                              "`agentgym envs` lists them")
         for spec in (p for p in policies if p.kind == "run"):
             env = spec.run_config.get("env")
             if not isinstance(env, dict) or not isinstance(env.get("id"), str):
-                raise ConfigError(f"policy {spec.text!r}: the run's config.json names no env (env.id); restore it, "
-                                  "or give the envs with --envs ID[,ID...]")
+                raise ConfigError(f"policy {spec.text!r}: the run's config.json names no env (env.id); "
+                                  "restore it, or give the envs with --envs ID[,ID...]")
         ids = list(dict.fromkeys(r["env"]["id"] for r in runs))
         for run in runs:  # the run's own env settings: what its held-out evaluation played
-            defaults.setdefault(run["env"]["id"], (dict(run["env"].get("kwargs") or {}), run["env"].get("max_turns")))
+            defaults.setdefault(run["env"]["id"],
+                                (dict(run["env"].get("kwargs") or {}), run["env"].get("max_turns")))
     elif envs.strip() == "all":
         ids = [spec.id for spec in agentgym.list_envs() if str(spec.entry_point).startswith("agentgym.envs.")]
     else:
@@ -91,13 +94,15 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
         env_id, sep, assignment = item.partition(":")
         key, eq, value = assignment.partition("=")
         if not sep or not eq or env_id not in kwargs:
-            raise ConfigError(f"--env-arg {item!r}: write ENV_ID:KEY=VALUE with ENV_ID one of {', '.join(ids)}")
+            raise ConfigError(f"--env-arg {item!r}: write ENV_ID:KEY=VALUE with ENV_ID one of "
+                              f"{', '.join(ids)}")
         kwargs[env_id][key] = _yaml_value(value)
     urls: dict[str, str] = {}
     for item in env_urls:
         env_id, eq, url = ("", "", item) if item.startswith(("http://", "https://")) else item.partition("=")
         if eq and env_id not in kwargs:
-            raise ConfigError(f"--env-url {item!r}: {env_id!r} is not one of the envs evaluated ({', '.join(ids)})")
+            raise ConfigError(f"--env-url {item!r}: {env_id!r} is not one of the envs evaluated "
+                              f"({', '.join(ids)})")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"--env-url {item!r}: give URL or ENV_ID=URL with an http(s):// URL")
         for target in ([env_id] if eq else ids):
@@ -166,8 +171,10 @@ def say_missing(results: dict[str, Any], out: Path) -> bool:
     samples = int(results["config"]["samples"])
     short = [row for row in results["results"] if row.get("missing")]
     for row in short:
-        seeds = ", ".join(str(m["seed"]) + (f" (sample {m['sample']})" if samples > 1 else "") for m in row["missing"])
-        err_console.print(f"[bold red]incomplete:[/] {row['env']} × {row['policy']}: {len(row['missing'])} of "
+        seeds = ", ".join(str(m["seed"]) + (f" (sample {m['sample']})" if samples > 1 else "")
+                          for m in row["missing"])
+        err_console.print(f"[bold red]incomplete:[/] {row['env']} × {row['policy']}: "
+                          f"{len(row['missing'])} of "
                           f"{len(results['seeds']) * samples} episodes missing, task seeds {seeds}; "
                           f"`agentgym eval --out {out} --resume` plays them", soft_wrap=True, highlight=False)
     return bool(short)
@@ -183,8 +190,8 @@ def _print_early_ends(results: dict[str, Any], out: Path) -> None:
         records = store.records(row["env"], row["policy"])
         reasons = Counter(str(r["note"]) for r in records if r.get("note") and not r.get("turns"))
         for reason, count in reasons.most_common():
-            hint = (" (lower max_new_tokens or the prompt's length with the policy's options, or serve the run "
-                    "folder itself so its prompt settings come along)" if "context" in reason else "")
+            hint = (" (lower max_new_tokens or the prompt's length with the policy's options, or serve the "
+                    "run folder itself so its prompt settings come along)" if "context" in reason else "")
             err_console.print(f"[bold yellow]warning:[/] {escape(row['env'])} × {escape(row['policy'])}: "
                               f"{count} of {len(records)} episodes ended before their first action: "
                               f"{escape(reason)}{hint}", soft_wrap=True, highlight=False)
@@ -192,28 +199,31 @@ def _print_early_ends(results: dict[str, Any], out: Path) -> None:
 
 @app.command("eval")
 def evaluate(
-    policy: list[str] = typer.Option([], "--policy", help="random | expert | MODEL_DIR | RUN[/checkpoint.pt] | "
+    policy: list[str] = typer.Option([], "--policy", help="random | expert | MODEL_DIR | "
+                                     "RUN[/checkpoint.pt] | "
                                      "http://HOST:PORT/v1[,model=NAME][,api=chat|completions] (repeatable; "
                                      "options ,name=LABEL,max_new_tokens=N,...)."),
-    envs: str | None = typer.Option(None, "--envs", help="Env ids, comma-separated, or 'all' (default: the env of "
-                                    "the run folders given as policies)."),
+    envs: str | None = typer.Option(None, "--envs", help="Env ids, comma-separated, or 'all' (default: "
+                                    "the env of the run folders given as policies)."),
     episodes: int | None = typer.Option(None, "--episodes", help="Tasks per env, each played --samples times "
                                         "per policy (default 20, or as many as --seeds lists)."),
     seeds: str | None = typer.Option(None, "--seeds", help="Task seeds, e.g. 0-19 or 1,5,9 (default: 1000000 "
-                                     "onwards, the held-out range training's evaluations use, or a run folder's "
-                                     "eval.seed_offset)."),
+                                     "onwards, the held-out range training's evaluations use, or a run "
+                                     "folder's eval.seed_offset)."),
     split: str | None = typer.Option(None, "--split", help="Pass split=SPLIT to the envs that have splits "
                                      "(alfworld-v0, tools-v0...)."),
     samples: int = typer.Option(1, "--samples", help="Episodes per task and policy; K > 1 reports pass@k."),
     concurrency: int = typer.Option(32, "--concurrency", help="Episodes in flight at once."),
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature of model "
                                              "policies (default: 0, greedy, with one sample; 1 with more)."),
-    sampling_seed: int = typer.Option(0, "--sampling-seed", help="Seeds model sampling and the random policy."),
+    sampling_seed: int = typer.Option(0, "--sampling-seed",
+                                      help="Seeds model sampling and the random policy."),
     max_turns: int | None = typer.Option(None, "--max-turns", help="Override every env's turn budget."),
     env_arg: list[str] = typer.Option([], "--env-arg", help="Env argument ENV_ID:KEY=VALUE (repeatable)."),
     env_url: list[str] = typer.Option([], "--env-url", help="Play envs on an env service: URL (every env) or "
                                       "ENV_ID=URL (repeatable)."),
-    env_token: str | None = typer.Option(None, "--env-token", envvar="AGENTGYM_TOKEN", help="Env service token."),
+    env_token: str | None = typer.Option(None, "--env-token", envvar="AGENTGYM_TOKEN",
+                                         help="Env service token."),
     out: str | None = typer.Option(None, "--out", help="Output folder (default: runs/eval-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Complete the evaluation saved in --out."),
 ) -> None:
@@ -237,15 +247,17 @@ def evaluate(
         else:
             specs = [parse_policy(p) for p in policy]
             if not specs:
-                raise ConfigError("give at least one --policy (random, expert, a model directory, a run folder or "
-                                  "an http://HOST:PORT/v1 endpoint)")
+                raise ConfigError("give at least one --policy (random, expert, a model directory, a run "
+                                  "folder or an http://HOST:PORT/v1 endpoint)")
             # Run folders were evaluated from their own eval.seed_offset: start there, so numbers compare.
             offsets = {int((s.run_config or {}).get("eval", {}).get("seed_offset", DEFAULT_SEED_START))
                        for s in specs if s.kind == "run"}
             start = offsets.pop() if len(offsets) == 1 else DEFAULT_SEED_START
-            task_seeds = parse_seeds(seeds) if seeds else list(range(start, start + (20 if episodes is None else episodes)))
+            task_seeds = (parse_seeds(seeds) if seeds
+                          else list(range(start, start + (20 if episodes is None else episodes))))
             if seeds and episodes is not None and episodes != len(task_seeds):
-                raise ConfigError(f"--seeds gives {len(task_seeds)} tasks but --episodes says {episodes}; drop one")
+                raise ConfigError(f"--seeds gives {len(task_seeds)} tasks but --episodes says {episodes}; "
+                                  "drop one")
             plan = EvalPlan(tuple(specs), tuple(env_entries(envs, env_arg, env_url, split, max_turns, specs)),
                             tuple(task_seeds), samples, temperature if temperature is not None else
                             (0.0 if samples == 1 else 1.0), sampling_seed, concurrency)
@@ -253,11 +265,18 @@ def evaluate(
     except AgentGymError as exc:
         fail(exc)
     total = len(plan.seeds) * plan.samples
-    count = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"
-    err_console.print(f"[bold]agentgym eval[/] {count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
+
+    def count(n: int, word: str) -> str:
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    err_console.print(f"[bold]agentgym eval[/] "
+                      f"{count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
                       f"{count(len(plan.envs), 'env')} × {count(total, 'episode')} → {out_dir}")
     command = shlex.join(["agentgym", *sys.argv[1:]])
-    note = lambda text: err_console.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True, highlight=False)
+
+    def note(text: str) -> None:
+        err_console.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True, highlight=False)
+
     if resume:
         try:
             EvalStore(out_dir, on_notice=note).mend()  # cut last lines set aside before anything is appended

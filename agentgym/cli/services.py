@@ -16,10 +16,12 @@ app.add_typer(sandbox_app, name="sandbox")
 def sandbox_serve(
     host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
     port: int = typer.Option(8100, help="TCP port, 1-65535."),
-    backend: str = typer.Option("auto", help="auto | bwrap | docker | subprocess (subprocess is NOT a security boundary)."),
+    backend: str = typer.Option("auto", help="auto | bwrap | docker | subprocess "
+                                             "(subprocess is NOT a security boundary)."),
     pool_size: int = typer.Option(2, help="Pre-spawned sandboxed workers, each used once (>= 0)."),
     max_concurrency: int = typer.Option(4, help="Runs at once (>= 1); more get 503."),
-    token: str | None = typer.Option(None, envvar="AGENTGYM_SANDBOX_TOKEN", help="Require this bearer token."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_SANDBOX_TOKEN",
+                                     help="Require this bearer token."),
     allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
                                         help="Serve on a non-loopback --host without a token: anyone who can "
                                              "reach it can run code on this machine."),
@@ -42,7 +44,8 @@ def sandbox_serve(
     run_uvicorn(service, sock, log_level="info")
 
 
-retrieval_app = typer.Typer(help="BM25 retrieval: build an index, serve it, write a synthetic corpus.", no_args_is_help=True)
+retrieval_app = typer.Typer(help="BM25 retrieval: build an index, serve it, write a synthetic corpus.",
+                            no_args_is_help=True)
 app.add_typer(retrieval_app, name="retrieval")
 
 
@@ -89,7 +92,8 @@ def retrieval_serve(
     index: str = typer.Argument(..., help="Index folder from `agentgym retrieval index`."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
     port: int = typer.Option(8001, help="TCP port, 1-65535."),
-    token: str | None = typer.Option(None, envvar="AGENTGYM_RETRIEVAL_TOKEN", help="Require this bearer token."),
+    token: str | None = typer.Option(None, envvar="AGENTGYM_RETRIEVAL_TOKEN",
+                                     help="Require this bearer token."),
     allow_no_token: bool = typer.Option(False, "--allow-no-token", envvar="AGENTGYM_ALLOW_NO_TOKEN",
                                         help="Serve on a non-loopback --host without a token."),
     max_k: int = typer.Option(50, help="Largest k a request may ask for (>= 1)."),

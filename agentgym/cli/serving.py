@@ -91,7 +91,8 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_uvicorn(app: Any, sock: socket.socket, *, log_level: str = "warning", access_log: bool = False) -> None:
+def run_uvicorn(app: Any, sock: socket.socket, *, log_level: str = "warning",
+                access_log: bool = False) -> None:
     """Serve ``app`` with uvicorn on the socket ``bind`` made, until interrupted."""
     import uvicorn
 

@@ -44,7 +44,8 @@ class ChatActor:
         self.codec = MessageCodec()
         self.action_format = action_format
         self.send_tools = send_tools
-        self._threads = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="agentgym-chat")
+        self._threads = ThreadPoolExecutor(max_workers=max(1, concurrency),
+                                           thread_name_prefix="agentgym-chat")
 
     def act(self, requests: Sequence[TurnRequest], sampling: SamplingParams) -> list[ActorTurn]:
         futures = [self._threads.submit(self._turn, request, sampling) for request in requests]
@@ -81,7 +82,8 @@ class ChatActor:
         except ContextLengthExceeded:
             return ActorTurn(cut="the prompt outgrew the model's context")
         parsed = parse_action(reply.text, self.action_format)
-        tokens = reply.completion_tokens if reply.completion_tokens is not None else len(reply.token_ids or ())
+        tokens = (reply.completion_tokens if reply.completion_tokens is not None
+                  else len(reply.token_ids or ()))
         extras = {"prompt_text": render_messages(messages), "response_text": reply.text,
                   "completion_tokens": int(tokens)}
         return ActorTurn(parsed.action, list(reply.token_ids or ()), [], parsed.valid, extras,

@@ -60,16 +60,17 @@ class Evaluation:
     Example:
         >>> import tempfile
         >>> from agentgym.eval.policies import parse_policy
-        >>> plan = EvalPlan((parse_policy("expert"), parse_policy("random")), (EnvEntry("maze-v0", {"size": 2}),),
-        ...                 tuple(range(4)))
+        >>> plan = EvalPlan((parse_policy("expert"), parse_policy("random")),
+        ...                 (EnvEntry("maze-v0", {"size": 2}),), tuple(range(4)))
         >>> with tempfile.TemporaryDirectory() as out:
         ...     results = Evaluation(plan, out).run()
         >>> [(r["policy"], r["success_rate"]) for r in results["results"]][0]
         ('expert', 1.0)
     """
 
-    def __init__(self, plan: EvalPlan, out_dir: str | Path, *, resume: bool = False, env_token: str | None = None,
-                 on_progress: ProgressFn | None = None, command: str | None = None) -> None:
+    def __init__(self, plan: EvalPlan, out_dir: str | Path, *, resume: bool = False,
+                 env_token: str | None = None, on_progress: ProgressFn | None = None,
+                 command: str | None = None) -> None:
         self.plan = plan
         self.store = EvalStore(out_dir)
         self.resume = resume
@@ -84,12 +85,13 @@ class Evaluation:
         root = self.store.root
         if self.resume:
             if not self.store.has_plan():
-                raise ConfigError(f"--resume {root}: no plan.json there; start the evaluation without --resume")
+                raise ConfigError(f"--resume {root}: no plan.json there; "
+                                  "start the evaluation without --resume")
             saved = EvalPlan.from_json(self.store.read_plan())
             if not saved.same_episodes(self.plan):
-                raise ConfigError(f"--resume {root}: that evaluation was started with different policies, envs, "
-                                  "seeds or sampling; resume it with `agentgym eval --out DIR --resume` alone, or "
-                                  "choose a new --out")
+                raise ConfigError(f"--resume {root}: that evaluation was started with different policies, "
+                                  "envs, seeds or sampling; resume it with "
+                                  "`agentgym eval --out DIR --resume` alone, or choose a new --out")
         elif self.store.has_plan():
             raise ConfigError(f"{root} already holds an evaluation; pass --resume to complete it, or choose "
                               "another --out")
@@ -100,7 +102,8 @@ class Evaluation:
                          self.env_token)
 
     def env_factory(self, entry: EnvEntry) -> Callable[[], Env]:
-        """Makes the env of ``entry``: in-process, or a session on its env service (one client per service)."""
+        """Makes the env of ``entry``: in-process, or a session on its env service (one client per
+        service)."""
         client = None
         if entry.url:
             from agentgym.http.client import EnvClient
@@ -116,7 +119,8 @@ class Evaluation:
         try:
             env = self.env_factory(entry)()
         except AgentGymError as exc:
-            unreachable = isinstance(exc, RemoteEnvError) and not isinstance(exc, (AuthenticationError, RequestRejected))
+            unreachable = (isinstance(exc, RemoteEnvError)
+                           and not isinstance(exc, (AuthenticationError, RequestRejected)))
             if entry.url and unreachable:
                 raise EvalError(f"env {entry.id}{where} cannot be reached ({exc}); start it with "
                                 f"`agentgym serve {entry.id}` or fix --env-url") from None
@@ -153,7 +157,8 @@ class Evaluation:
                                           "--envs or evaluate it with other policies")
             for spec in self.plan.policies:
                 loaded[spec.name] = load_policy(spec, self.plan)
-            # Written only once everything is known to work: a plan that failed to start leaves no folder behind.
+            # Written only once everything is known to work: a plan that failed to start leaves no folder
+            # behind.
             self.store.write_plan(self.plan.to_json())
             for entry in self.plan.envs:
                 for spec in self.plan.policies:
@@ -219,7 +224,8 @@ class Evaluation:
         actor, renderer, budget = self._actor(info, spec, policy)
         fmt = spec.prompt.action_format or info.action_format
         collector = Collector(self.env_factory(entry), actor, renderer, action_format=fmt,  # type: ignore[arg-type]
-                              env_workers=16 if entry.url else 0, max_prompt_tokens=budget, max_turns=MAX_TURNS)
+                              env_workers=16 if entry.url else 0, max_prompt_tokens=budget,
+                              max_turns=MAX_TURNS)
         todo = [i for i in range(len(plan.seeds)) if any((i, k) not in done for k in range(plan.samples))]
         total = len(plan.seeds) * plan.samples
         finished = [len(done)]
@@ -268,8 +274,9 @@ class Evaluation:
                               tokenizer.decode(turn.response_ids, skip_special_tokens=True)))
             else:  # random and expert: the move is the response
                 texts.append(("", turn.action))
-        record = episode_record(entry.id, spec.name, task, sample, trajectory, observation=trajectory.first_observation,
-                                info=trajectory.first_info, turn_texts=texts, infos=[t.info for t in trajectory.turns])
+        record = episode_record(entry.id, spec.name, task, sample, trajectory,
+                                observation=trajectory.first_observation, info=trajectory.first_info,
+                                turn_texts=texts, infos=[t.info for t in trajectory.turns])
         if trajectory.note:
             record["note"] = trajectory.note
         return record

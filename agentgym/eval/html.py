@@ -11,7 +11,8 @@ from agentgym.eval.report import results_table
 
 _COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7")
 _STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; \
+padding: 0 1em; }
 table { border-collapse: collapse; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 th { background: #f3f3f3; } td:first-child, td:nth-child(2) { text-align: left; }
@@ -39,21 +40,21 @@ def _bar_plot(title: str, rows: list[dict[str, Any]], value: str, colors: dict[s
              f'aria-label="{escape(title)}">')]
     zero = scale(0.0)
     parts.append(f'<line x1="{zero:.1f}" y1="4" x2="{zero:.1f}" y2="{height - 20}" stroke="#999"/>')
-    for i, (row, v) in enumerate(zip(rows, values)):
+    for i, (row, v) in enumerate(zip(rows, values, strict=True)):
         y = 6 + i * (bar + gap)
         x0, x1 = sorted((scale(0.0), scale(v)))
         label_x = x1 + 4
         color = colors[row["policy"]]
         parts.append(f'<text x="{left - 6}" y="{y + bar - 5}" text-anchor="end" font-size="12">'
                      f'{escape(row["policy"])}</text>')
-        parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="{bar}" fill="{color}">'
-                     f'<title>{escape(row["policy"])}: {v:.3g}</title></rect>')
+        parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1):.1f}" height="{bar}" '
+                     f'fill="{color}"><title>{escape(row["policy"])}: {v:.3g}</title></rect>')
         if ci:
             lo, hi = (scale(float(c)) for c in row["success_ci95"])
             label_x = max(label_x, hi + 4)
             mid = y + bar / 2
-            parts.append(f'<path d="M{lo:.1f},{mid} H{hi:.1f} M{lo:.1f},{mid - 5} V{mid + 5} M{hi:.1f},{mid - 5} '
-                         f'V{mid + 5}" stroke="#222" fill="none"/>')
+            parts.append(f'<path d="M{lo:.1f},{mid} H{hi:.1f} M{lo:.1f},{mid - 5} V{mid + 5} '
+                         f'M{hi:.1f},{mid - 5} V{mid + 5}" stroke="#222" fill="none"/>')
         label = f"{100 * v:.0f}%" if unit_max == 1.0 else f"{v:.2f}"
         parts.append(f'<text x="{label_x:.1f}" y="{y + bar - 5}" font-size="11">{label}</text>')
     for tick in (low_end, (low_end + top) / 2, top):
@@ -70,9 +71,9 @@ def html_report(results: dict[str, Any]) -> str:
     Example:
         >>> results = {"agentgym_version": "0", "created": "now", "command": None, "seeds": [0],
         ...     "config": {"samples": 1, "temperature": 0.0, "policies": [{"name": "a", "text": "random"}]},
-        ...     "results": [{"env": "maze-v0", "policy": "a", "episodes": 1, "complete": True, "success_rate": 1.0,
-        ...                  "success_ci95": [0.2, 1.0], "mean_return": 1.0, "mean_turns": 2.0,
-        ...                  "tokens_generated": 0, "invalid_rate": 0.0, "wall_s": 0.1}],
+        ...     "results": [{"env": "maze-v0", "policy": "a", "episodes": 1, "complete": True,
+        ...                  "success_rate": 1.0, "success_ci95": [0.2, 1.0], "mean_return": 1.0,
+        ...                  "mean_turns": 2.0, "tokens_generated": 0, "invalid_rate": 0.0, "wall_s": 0.1}],
         ...     "comparisons": []}
         >>> page = html_report(results)
         >>> page.startswith("<!doctype html>") and "<svg" in page and "http" not in page.split("<svg")[0]
@@ -91,8 +92,10 @@ def html_report(results: dict[str, Any]) -> str:
         plots.append(f'<div class="plot"><h3>{escape(env)}: success (95% CI)</h3>'
                      f'{_bar_plot(env + " success", mine, "success_rate", colors, ci=True, unit_max=1.0)}'
                      f'<h3>{escape(env)}: mean return</h3>'
-                     f'{_bar_plot(env + " return", mine, "mean_return", colors, ci=False, unit_max=None)}</div>')
-    verdicts = "".join(f'<li class="verdict {"sig" if c["significant"] else "ns"}">{escape(c["verdict"])}</li>'
+                     f'{_bar_plot(env + " return", mine, "mean_return", colors, ci=False, unit_max=None)}'
+                     '</div>')
+    verdicts = "".join(f'<li class="verdict {"sig" if c["significant"] else "ns"}">'
+                       f'{escape(c["verdict"])}</li>'
                        for c in results["comparisons"])
     config = results["config"]
     policies = "; ".join(f"<code>{escape(p['name'])}</code> = <code>{escape(p['text'])}</code>"
@@ -102,8 +105,9 @@ def html_report(results: dict[str, Any]) -> str:
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>agentgym evaluation</title>"
         f"<style>{_STYLE}</style></head><body><h1>Evaluation report</h1>"
         f"<p>agentgym {escape(results['agentgym_version'])}, {escape(results['created'])}. "
-        f"{len(results['seeds'])} tasks per env, {config['samples']} episode(s) per task and policy, temperature "
-        f"{config['temperature']:g}. Every policy plays the same tasks.</p>{command}<p>Policies: {policies}</p>"
+        f"{len(results['seeds'])} tasks per env, {config['samples']} episode(s) per task and policy, "
+        f"temperature {config['temperature']:g}. Every policy plays the same tasks.</p>{command}"
+        f"<p>Policies: {policies}</p>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         f"<h2>Plots</h2><div class=\"plots\">{''.join(plots)}</div>"
         + (f"<h2>Paired comparisons</h2><p>Per-task difference in success (points) or mean return, second "

@@ -48,7 +48,8 @@ def collect_episodes(collector: Collector, seeds: Sequence[int], samples: int, s
         >>> policy = TransformersPolicy.from_pretrained(TinyModelConfig(num_layers=1))
         >>> collector = Collector(lambda: agentgym.make("maze-v0", size=2, max_turns=2), policy,
         ...                       PromptRenderer(policy.tokenizer))
-        >>> groups = collect_episodes(collector, [5, 6, 7], 2, SamplingParams(max_new_tokens=4), chunk_tasks=2)
+        >>> groups = collect_episodes(collector, [5, 6, 7], 2, SamplingParams(max_new_tokens=4),
+        ...                           chunk_tasks=2)
         >>> [g.group_id for g in groups], [len(g.trajectories) for g in groups]
         (['eval-0', 'eval-1', 'eval-2'], [2, 2, 2])
     """

@@ -46,7 +46,8 @@ class MessageCodec:
         if tools:
             ids += [TOOLS, *_chars(json.dumps(tools)), TOOLS]
         for message in conversation:
-            ids += [START, *_chars(str(message["role"])), ROLE_END, *_chars(str(message.get("content") or "")), END]
+            ids += [START, *_chars(str(message["role"])), ROLE_END,
+                    *_chars(str(message.get("content") or "")), END]
         if add_generation_prompt:
             ids += [START, *_chars("assistant"), ROLE_END]
         return ids

@@ -57,7 +57,8 @@ class EvalPlan:
 
     def __post_init__(self) -> None:
         if not self.policies:
-            raise ConfigError("give at least one --policy (random, expert, a model directory, a run folder or a URL)")
+            raise ConfigError("give at least one --policy "
+                              "(random, expert, a model directory, a run folder or a URL)")
         if not self.envs:
             raise ConfigError("give at least one env with --envs ID[,ID...]")
         if not self.seeds:
@@ -94,14 +95,15 @@ class EvalPlan:
             ConfigError: ``data`` is not a whole plan (a damaged or foreign plan.json), naming ``source``.
 
         Example:
-            >>> EvalPlan.from_json({})
+            >>> EvalPlan.from_json({})  # doctest: +NORMALIZE_WHITESPACE
             Traceback (most recent call last):
             ...
-            agentgym.errors.ConfigError: plan.json is not an evaluation plan (no 'policies'), so the evaluation cannot be resumed; start it again with another --out
+            agentgym.errors.ConfigError: plan.json is not an evaluation plan (no 'policies'), so the
+            evaluation cannot be resumed; start it again with another --out
         """
         def broken(why: str) -> ConfigError:
-            return ConfigError(f"{source} is not an evaluation plan ({why}), so the evaluation cannot be resumed; "
-                               "start it again with another --out")
+            return ConfigError(f"{source} is not an evaluation plan ({why}), so the evaluation cannot be "
+                               "resumed; start it again with another --out")
 
         if not isinstance(data, dict):
             raise broken(f"it holds {type(data).__name__}")

@@ -115,8 +115,8 @@ def results_table(results: dict[str, Any]) -> list[list[str]]:
                 _pct(r["success_rate"]), f"{_pct(low)}–{_pct(high)}", f"{r['mean_return']:.2f}",
                 f"{r['mean_turns']:.1f}", str(r["tokens_generated"]), _pct(r["invalid_rate"])]
         if tools:
-            line.append(f"{r['tool_calls_per_episode']:.2f}" if r.get("has_tools") and r.get("tool_calls_reported")
-                        else "—")
+            line.append(f"{r['tool_calls_per_episode']:.2f}"
+                        if r.get("has_tools") and r.get("tool_calls_reported") else "—")
         line += [_pct(r[k]) if k in r else "—" for k in ks]
         line.append(_cell(r, "wall_s", ".2f"))
         table.append(line)
@@ -127,12 +127,13 @@ def markdown_report(results: dict[str, Any]) -> str:
     """report.md: what was run, the table, and the paired comparisons in words."""
     config = results["config"]
     seeds = results["seeds"]
-    span = f"{seeds[0]}..{seeds[-1]}" if seeds == list(range(seeds[0], seeds[0] + len(seeds))) else ", ".join(map(str, seeds))
+    span = (f"{seeds[0]}..{seeds[-1]}" if seeds == list(range(seeds[0], seeds[0] + len(seeds)))
+            else ", ".join(map(str, seeds)))
     lines = ["# Evaluation report", "",
              (f"agentgym {results['agentgym_version']}, {results['created']}. "
-             f"{len(seeds)} tasks per env (seeds {span}), {config['samples']} episode(s) per task and policy, "
-             f"temperature {config['temperature']:g}, sampling seed {config['sampling_seed']}. Every policy plays "
-             "the same tasks."), ""]
+              f"{len(seeds)} tasks per env (seeds {span}), {config['samples']} episode(s) per task and "
+              f"policy, temperature {config['temperature']:g}, sampling seed {config['sampling_seed']}. "
+              "Every policy plays the same tasks."), ""]
     if results.get("command"):
         lines += [f"Command: `{results['command']}`", ""]
     lines += ["Policies: " + "; ".join(f"`{p['name']}` = `{p['text']}`" for p in config["policies"]), ""]
@@ -146,16 +147,18 @@ def markdown_report(results: dict[str, Any]) -> str:
             lines += ["", (f"**Incomplete:** {r['env']} × {r['policy']} lacks {len(r['missing'])} of "
                            f"{len(seeds) * config['samples']} episodes (task seeds {listed}); "
                            "`agentgym eval --out DIR --resume` plays them.")]
-    lines += ["", ("Success: share of episodes the env marked solved, with a Wilson 95% interval. Return: mean "
-              "episode return. Turns: mean turns per episode. Tokens: generated tokens, all episodes. Invalid: "
-              "share of turns whose action could not be parsed or applied. Tool calls/ep: tools the env ran per "
-              "episode, as it reports them in info['tool_calls'] (— where it does not). pass@k: unbiased estimate over the "
-              "samples of each task. Wall: seconds spent on that env and policy.")]
+    lines += ["", ("Success: share of episodes the env marked solved, with a Wilson 95% interval. Return: "
+                   "mean episode return. Turns: mean turns per episode. Tokens: generated tokens, all "
+                   "episodes. Invalid: share of turns whose action could not be parsed or applied. Tool "
+                   "calls/ep: tools the env ran per episode, as it reports them in info['tool_calls'] "
+                   "(— where it does not). pass@k: unbiased estimate over the samples of each task. Wall: "
+                   "seconds spent on that env and policy.")]
     if results["comparisons"]:
         lines += ["", "## Paired comparisons", "",
                   ("Per task, the difference in success (in percentage points), and in mean return where the "
                    "return says more than success, second policy minus first; 95% interval from a paired "
                    "bootstrap over tasks; p from an exact paired test (McNemar for 0/1 outcomes, sign-flip "
-                   "permutation otherwise). Significant means both the interval excludes 0 and p < 0.05."), ""]
+                   "permutation otherwise). Significant means both the interval excludes 0 and "
+                   "p < 0.05."), ""]
         lines += [f"- {c['verdict']}" for c in results["comparisons"]]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""``EnvSource``: where the envs of a training run or an evaluation come from, and which task seeds are held out.
+"""``EnvSource``: where the envs of a training run or an evaluation come from, and which task seeds are
+held out.
 
 Training (``agentgym.training.run.setup``) and ``agentgym eval`` (``agentgym.eval.harness``) describe their
 envs with the same fields (id, arguments, turn budget, env services) and build them here, so both
@@ -34,7 +35,8 @@ class EnvSource:
     Example:
         >>> source = EnvSource("maze-v0", {"size": 2}, max_turns=3)
         >>> env = source.factory()()
-        >>> env.reset(seed=1)[1]["state_key"] == agentgym.make("maze-v0", size=2).reset(seed=1)[1]["state_key"]
+        >>> (env.reset(seed=1)[1]["state_key"]
+        ...  == agentgym.make("maze-v0", size=2).reset(seed=1)[1]["state_key"])
         True
         >>> source.action_format()
         'plain'
@@ -92,17 +94,18 @@ class EnvSource:
         if self.urls:
             from agentgym.http.fleet import EnvFleet
 
-            return EnvFleet(list(self.urls), self.id, kwargs=self.kwargs, max_turns=self.max_turns, token=self.token,
-                            timeout_s=self.timeout_s)
+            return EnvFleet(list(self.urls), self.id, kwargs=self.kwargs, max_turns=self.max_turns,
+                            token=self.token, timeout_s=self.timeout_s)
         if self.backend == "ray":
             from agentgym.rollout.ray_pool import RayEnvPool
 
-            return RayEnvPool(self.id, kwargs=self.kwargs, max_turns=self.max_turns, num_workers=self.ray_workers,
-                              address=self.ray_address)
+            return RayEnvPool(self.id, kwargs=self.kwargs, max_turns=self.max_turns,
+                              num_workers=self.ray_workers, address=self.ray_address)
         return self.factory()
 
     def action_format(self, client: EnvClient | None = None) -> str:
-        """The action format the env's spec asks for (its service's spec when it runs on one), else ``plain``."""
+        """The action format the env's spec asks for (its service's spec when it runs on one), else
+        ``plain``."""
         if self.urls:
             if client is not None:
                 wanted = client.env_detail(self.id).get("action_format")

@@ -212,10 +212,14 @@ def compare_paired(env: str, a: str, b: str, a_scores: Sequence[float], b_scores
         >>> c = compare_paired("maze-v0", "random", "expert", [0, 0, 1, 0] * 5, [1, 1, 1, 1] * 5)
         >>> c.difference, c.significant, c.test
         (0.75, True, 'mcnemar-exact')
-        >>> compare_paired("maze-v0", "a", "b", [1, 0, 1], [0, 1, 1]).verdict
-        'maze-v0, success: b vs a: +0 points (95% CI -100 to +100, exact p = 1): not significant; these tasks cannot tell them apart.'
-        >>> compare_paired("tictactoe-v0", "random", "expert", [-1.0] * 9, [0.0] * 9, metric="return").verdict
-        'tictactoe-v0, return: expert vs random: +1 (95% CI +1 to +1, exact p = 0.0039): expert is better than random, and the difference is significant.'
+        >>> compare_paired("maze-v0", "a", "b", [1, 0, 1],
+        ...                [0, 1, 1]).verdict  # doctest: +NORMALIZE_WHITESPACE
+        'maze-v0, success: b vs a: +0 points (95% CI -100 to +100, exact p = 1): not significant;
+        these tasks cannot tell them apart.'
+        >>> compare_paired("tictactoe-v0", "random", "expert", [-1.0] * 9, [0.0] * 9,
+        ...                metric="return").verdict  # doctest: +NORMALIZE_WHITESPACE
+        'tictactoe-v0, return: expert vs random: +1 (95% CI +1 to +1, exact p = 0.0039): expert is better
+        than random, and the difference is significant.'
     """
     if len(a_scores) != len(b_scores):
         raise ConfigError(f"paired comparison on {env}: {a} has {len(a_scores)} task scores, {b} has "

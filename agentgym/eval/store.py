@@ -51,7 +51,8 @@ NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
 class EvalFolderError(AgentGymError):
-    """The evaluation folder cannot be written (a full disk, a quota, no permission); what finished stays saved."""
+    """The evaluation folder cannot be written (a full disk, a quota, no permission); what finished stays
+    saved."""
 
 
 def slug(name: str) -> str:
@@ -78,7 +79,8 @@ def episode_record(env: str, policy: str, task_index: int, sample: int, trajecto
         turns.append({
             "prompt": prompt, "response": response, "action": turn.action, "observation": turn.observation,
             "reward": turn.reward, "state_key": turn.state_key, "invalid": turn.invalid,
-            "tool_calls": turn.tool_calls, "tokens": int(turn.extras.get("completion_tokens", len(turn.response_ids))),
+            "tool_calls": turn.tool_calls,
+            "tokens": int(turn.extras.get("completion_tokens", len(turn.response_ids))),
             "response_ids": list(turn.response_ids),
             "info": infos[n] if infos is not None and n < len(infos) else None,
         })
@@ -110,7 +112,8 @@ def groups_of(records: list[dict[str, Any]]) -> list[EpisodeGroup]:
     by_task: dict[int, list[dict[str, Any]]] = {}
     for record in sorted(records, key=episode_key):
         by_task.setdefault(int(record["task_index"]), []).append(record)
-    return [EpisodeGroup(f"task-{index}", str(rs[0]["task_id"]), int(rs[0]["seed"]), [trajectory_of(r) for r in rs])
+    return [EpisodeGroup(f"task-{index}", str(rs[0]["task_id"]), int(rs[0]["seed"]),
+                         [trajectory_of(r) for r in rs])
             for index, rs in sorted(by_task.items())]
 
 
@@ -146,11 +149,11 @@ class EvalStore:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path} is not JSON ({_first_line(exc)}), so the evaluation cannot be resumed; "
-                              f"start it again with another --out") from None
+            raise ConfigError(f"{path} is not JSON ({_first_line(exc)}), so the evaluation cannot be "
+                              f"resumed; start it again with another --out") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{path} holds {type(data).__name__}, not an evaluation plan, so the evaluation "
-                              "cannot be resumed; start it again with another --out")
+            raise ConfigError(f"{path} holds {type(data).__name__}, not an evaluation plan, so the "
+                              "evaluation cannot be resumed; start it again with another --out")
         return data
 
     def write_plan(self, plan: dict[str, Any]) -> None:
@@ -224,7 +227,8 @@ class EvalStore:
             if notice:
                 self.on_notice(notice)
             try:
-                with open(path, "ab", buffering=0) as fh:  # unbuffered: a failed write is seen here, not at close
+                # Unbuffered: a failed write is seen here, not at close.
+                with open(path, "ab", buffering=0) as fh:
                     start = fh.tell()
                     try:
                         _write_all(fh, data)
@@ -245,7 +249,8 @@ class EvalStore:
             One line per file mended, saying what was done (each also goes to ``on_notice``).
         """
         with self._lock:
-            notices = [n for n in map(self._mend, sorted((self.root / "trajectories").glob("*/*.jsonl"))) if n]
+            notices = [n for n in map(self._mend, sorted((self.root / "trajectories").glob("*/*.jsonl")))
+                       if n]
         for notice in notices:
             self.on_notice(notice)
         return notices
@@ -309,7 +314,8 @@ class EvalStore:
                     fh.write(b"\n")
                     fh.flush()
                     os.fsync(fh.fileno())
-                    return f"{shown}: its last episode lacked its line end (the write was cut short); completed"
+                    return (f"{shown}: its last episode lacked its line end (the write was cut short); "
+                            "completed")
                 aside = path.with_name(path.name + CUT_SUFFIX)
                 with open(aside, "ab") as out:  # kept before the log is cut back, so no byte is lost
                     out.write(tail + b"\n")
@@ -318,8 +324,8 @@ class EvalStore:
                 fh.truncate(start)
             except OSError as exc:
                 raise self.write_error(path, exc) from None
-        return (f"{shown}: its last line was cut short ({len(tail)} bytes, the episode being written when the "
-                f"evaluation stopped); set aside in {aside.name}, and that episode is played again")
+        return (f"{shown}: its last line was cut short ({len(tail)} bytes, the episode being written when "
+                f"the evaluation stopped); set aside in {aside.name}, and that episode is played again")
 
     def _replace(self, path: Path, text: str) -> None:
         """Write ``path`` atomically: a temporary file beside it, synced, then renamed over it."""
@@ -339,9 +345,9 @@ class EvalStore:
         """The one-line error for ``exc``, raised while writing ``path`` (None: unknown) in this folder."""
         if exc.errno in NO_SPACE:
             writing = f" (writing {path.name})" if path is not None else ""
-            return EvalFolderError(f"no space left on the device of {self.root}{writing}; every finished episode "
-                                   f"is kept there: free some space, then `agentgym eval --out {self.root} "
-                                   "--resume` plays the rest")
+            return EvalFolderError(f"no space left on the device of {self.root}{writing}; every finished "
+                                   f"episode is kept there: free some space, then "
+                                   f"`agentgym eval --out {self.root} --resume` plays the rest")
         path = path or self.root
         if exc.errno == errno.ENOTDIR or (exc.errno == errno.EEXIST and not path.is_dir()):
             return EvalFolderError(f"cannot write {path}: a file stands where a folder is needed; "

@@ -1,4 +1,5 @@
-"""Evaluation summaries: success rate with a Wilson 95% interval, returns, turns, tokens, invalid actions, pass@k."""
+"""Evaluation summaries: success rate with a Wilson 95% interval, returns, turns, tokens, invalid actions,
+pass@k."""
 
 from __future__ import annotations
 

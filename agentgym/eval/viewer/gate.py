@@ -27,7 +27,8 @@ _SIGN_IN = """<!doctype html>
 input {{ font: inherit; padding: 4px 6px; width: 100%; margin: 6px 0; }} .bad {{ color: #c0392b; }}</style>
 </head><body><h1>agentgym viewer</h1>
 <p>This viewer was started with <code>--token</code>. Enter the token to open it.</p>
-<form method="post" action="/login"><input id="token" name="token" type="password" autocomplete="off" autofocus
+<form method="post" action="/login"><input id="token" name="token" type="password" \
+autocomplete="off" autofocus
  aria-label="token"><button type="submit">Open</button></form>
 <p class="bad" id="problem">{problem}</p></body></html>
 """
@@ -114,4 +115,5 @@ class TokenGate(AppGate):
         page = _SIGN_IN.format(problem=html.escape(problem)).encode()
         await send_answer(send, status, page, [(b"content-type", b"text/html; charset=utf-8"),
                                                (b"cache-control", b"no-store"),
-                                               (b"referrer-policy", b"no-referrer"), (b"x-frame-options", b"DENY")])
+                                               (b"referrer-policy", b"no-referrer"),
+                                               (b"x-frame-options", b"DENY")])
