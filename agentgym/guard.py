@@ -127,7 +127,8 @@ class EpisodeGuard(Env):
         try:
             options = copy.deepcopy(options)
         except Exception as exc:  # e.g. recursion limit on absurdly nested options
-            raise ConfigError(f"options could not be copied ({type(exc).__name__}); send plain JSON data") from exc
+            raise ConfigError(f"options could not be copied ({type(exc).__name__}); "
+                              "send plain JSON data") from exc
         self._started = False
         self._over = False
         self._actions = []
@@ -184,7 +185,8 @@ class EpisodeGuard(Env):
             "options": self._options,
             "actions": list(self._actions),
             "over": self._over,
-            "env": self._call("snapshot", self.env.snapshot, end_episode=False) if self.supports_snapshot else None,
+            "env": (self._call("snapshot", self.env.snapshot, end_episode=False) if self.supports_snapshot
+                    else None),
         }
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -284,7 +286,8 @@ class EpisodeGuard(Env):
 
     def _check_step_output(self, result: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not isinstance(result, tuple) or len(result) != 5:
-            raise self._contract_error("step() must return (observation, reward, terminated, truncated, info)")
+            raise self._contract_error("step() must return "
+                                       "(observation, reward, terminated, truncated, info)")
         obs, reward, terminated, truncated, info = result
         if not isinstance(obs, str):
             raise self._contract_error(f"step() observation must be a str, got {type(obs).__name__}")

@@ -35,8 +35,8 @@ def load_plugins(builtin_module: str, group: str) -> None:
             if callable(loaded):
                 loaded()
         except Exception as exc:
-            warnings.warn(f"agentgym plug-in {entry.name!r} ({entry.value}) of {group!r} failed to load: {exc}",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(f"agentgym plug-in {entry.name!r} ({entry.value}) of {group!r} failed to load: "
+                          f"{exc}", RuntimeWarning, stacklevel=3)
 
 
 class PluginRegistry(Generic[T]):

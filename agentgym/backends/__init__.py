@@ -1,9 +1,11 @@
-"""Generation backends behind ``agentgym.rollout.policy.Policy``, and ``make_policy`` to build one from config.
+"""Generation backends behind ``agentgym.rollout.policy.Policy``, and ``make_policy`` to build one from
+config.
 
 ``TransformersPolicy`` runs any ``transformers`` causal LM on CPU or CUDA; ``tiny`` builds small
 models from a config alone; ``openai_backend`` talks to OpenAI-compatible servers and
 ``openai_server`` is one (``agentgym serve-policy``); ``vllm_backend`` and ``vllm_server`` generate
-with vLLM for training (in-process, or a ``vllm serve`` over HTTP). Importing this package does not import torch: backends load on first use.
+with vLLM for training (in-process, or a ``vllm serve`` over HTTP). Importing this package does not
+import torch: backends load on first use.
 """
 
 from __future__ import annotations

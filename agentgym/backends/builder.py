@@ -16,8 +16,8 @@ BackendBuilder = Callable[[ModelConfig, int], Policy]
 config it cannot serve (missing files, unavailable device) before allocating anything large."""
 
 #: Built-ins register when ``agentgym.backends`` is imported (its modules call ``register_backend``).
-_BACKENDS: PluginRegistry[BackendBuilder] = PluginRegistry("backend", "agentgym.backends", field="model.backend",
-                                                           unknown_error=UnknownPlugin)
+_BACKENDS: PluginRegistry[BackendBuilder] = PluginRegistry("backend", "agentgym.backends",
+                                                           field="model.backend", unknown_error=UnknownPlugin)
 
 
 def register_backend(name: str, builder: BackendBuilder, *, override: bool = False) -> None:
@@ -68,16 +68,18 @@ def resolve_device(name: str) -> Any:
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"model.device {name!r} is not a device name ({exc}); use auto, cpu, cuda or cuda:N") from None
+        raise ConfigError(f"model.device {name!r} is not a device name ({exc}); "
+                          "use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"model.device is {name!r} but this machine has no usable CUDA device; "
                               "set model.device=cpu (or auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"model.device is {name!r} but only {torch.cuda.device_count()} CUDA device(s) exist; "
-                              f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+            raise ConfigError(f"model.device is {name!r} but only {torch.cuda.device_count()} CUDA device(s) "
+                              f"exist; use cuda:0..cuda:{torch.cuda.device_count() - 1}")
     elif device.type not in ("cpu", "mps"):
-        raise ConfigError(f"model.device {name!r}: device type {device.type!r} is not supported; use auto, cpu or cuda")
+        raise ConfigError(f"model.device {name!r}: device type {device.type!r} is not supported; "
+                          "use auto, cpu or cuda")
     return device
 
 

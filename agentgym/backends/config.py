@@ -1,4 +1,5 @@
-"""Model configuration (torch-free): ``TinyModelConfig`` (a model built from a config alone) and ``ModelConfig``.
+"""Model configuration (torch-free): ``TinyModelConfig`` (a model built from a config alone) and
+``ModelConfig``.
 
 ``ModelConfig`` says which policy to build — a local Hugging Face directory or a tiny model, on
 which backend, dtype and device — and ``agentgym.backends.make_policy`` builds it.
@@ -30,7 +31,8 @@ class TinyModelConfig:
     """
 
     arch: Literal["llama", "qwen2"] = "llama"
-    """Architecture: ``"llama"`` (``LlamaForCausalLM``) or ``"qwen2"`` (``Qwen2ForCausalLM``, q/k/v biases)."""
+    """Architecture: ``"llama"`` (``LlamaForCausalLM``) or ``"qwen2"`` (``Qwen2ForCausalLM``, q/k/v
+    biases)."""
     hidden_size: int = 128
     """Width of the residual stream."""
     num_layers: int = 2
@@ -100,8 +102,10 @@ class LoraConfig:
     """LoRA scaling numerator (the update is scaled by alpha / r); None uses 2 * r."""
     dropout: float = 0.0
     """Dropout on the adapter's input during training."""
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Names (last path component) of the linear layers that get an adapter; Llama/Qwen2 names by default."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                       "down_proj")
+    """Names (last path component) of the linear layers that get an adapter; Llama/Qwen2 names by
+    default."""
     quantize: Literal["4bit", "8bit"] | None = None
     """QLoRA: load the frozen base weights quantized with bitsandbytes (CUDA and a model ``path`` only)."""
 
@@ -118,7 +122,8 @@ class LoraConfig:
             raise ConfigError(f"model.lora.target_modules must list layer names such as q_proj, got "
                               f"{list(self.target_modules)!r}")
         if self.quantize is not None and self.quantize not in LORA_QUANTIZE:
-            raise ConfigError(f"model.lora.quantize must be one of {list(LORA_QUANTIZE)} or null, got {self.quantize!r}")
+            raise ConfigError(f"model.lora.quantize must be one of {list(LORA_QUANTIZE)} or null, "
+                              f"got {self.quantize!r}")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ folded in (computed beside the model, which is left untouched), which is what ``
 folder holds so that any tool loads it as an ordinary Hugging Face model.
 
 An SFT warm start trains the adapter too; ``merge_into_base`` then folds it into the base weights
-(in place) and restarts the adapter at zero, so the reference (adapter off) is the post-SFT policy, as in a full run.
+(in place) and restarts the adapter at zero, so the reference (adapter off) is the post-SFT policy, as
+in a full run.
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [m for m in cfg.target_modules if m not in names]
     if len(missing) == len(cfg.target_modules):
-        raise ConfigError(f"model.lora.target_modules {list(cfg.target_modules)} match no layer of this model; "
-                          f"its linear layers are named e.g. {sorted(n for n in names if 'proj' in n)[:8]}")
+        raise ConfigError(f"model.lora.target_modules {list(cfg.target_modules)} match no layer of this "
+                          "model; its linear layers are named e.g. "
+                          f"{sorted(n for n in names if 'proj' in n)[:8]}")
     config = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                             target_modules=[m for m in cfg.target_modules if m in names], task_type="CAUSAL_LM")
+                             target_modules=[m for m in cfg.target_modules if m in names],
+                             task_type="CAUSAL_LM")
     return peft.get_peft_model(model, config)
 
 
@@ -160,7 +163,8 @@ def load_base_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> N
         renamed[inner if f"{prefix}." in wrapped and inner in own else key] = value
     missing = [k for k in renamed if k not in own]
     if missing:
-        raise ConfigError(f"base weights do not fit this model (e.g. {missing[:2]}); same model.path/tiny needed")
+        raise ConfigError(f"base weights do not fit this model (e.g. {missing[:2]}); "
+                          "same model.path/tiny needed")
     with torch.no_grad():
         for key, value in renamed.items():
             own[key].copy_(value)
@@ -189,11 +193,11 @@ def load_quantized(cfg: Any, device: Any) -> tuple[torch.nn.Module, Any]:
         ConfigError: no model path, no CUDA device, or bitsandbytes missing.
     """
     if cfg.path is None:
-        raise ConfigError("model.lora.quantize needs model.path (a Hugging Face model directory); tiny models "
-                          "are built in float32")
+        raise ConfigError("model.lora.quantize needs model.path (a Hugging Face model directory); "
+                          "tiny models are built in float32")
     if getattr(device, "type", str(device)) != "cuda":
-        raise ConfigError("model.lora.quantize (QLoRA) needs a CUDA device: bitsandbytes quantizes on the GPU; "
-                          "set model.lora.quantize=null on this machine")
+        raise ConfigError("model.lora.quantize (QLoRA) needs a CUDA device: bitsandbytes quantizes on the "
+                          "GPU; set model.lora.quantize=null on this machine")
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -242,7 +246,8 @@ def merged_from_adapter(model: torch.nn.Module, adapter_dir: str) -> dict[str, t
     try:
         adapted = peft.PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
     except (ValueError, RuntimeError, KeyError) as exc:
-        raise ConfigError(f"the adapter in '{adapter_dir}' does not fit this model: {str(exc)[:200]}") from None
+        raise ConfigError(f"the adapter in '{adapter_dir}' does not fit this model: "
+                          f"{str(exc)[:200]}") from None
     except Exception as exc:  # noqa: BLE001 - a malformed config or weights file is the adapter's fault
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"the adapter in '{adapter_dir}' could not be loaded ({type(exc).__name__}: "

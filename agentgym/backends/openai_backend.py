@@ -102,7 +102,8 @@ class OpenAIEndpoint:
             raise ConfigError(f"endpoint {base_url!r} must be an http(s):// URL such as http://127.0.0.1:8001/v1")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self.client = OpenAI(base_url=self.base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
+        self.client = OpenAI(base_url=self.base_url,
+                             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",
                              timeout=timeout_s, max_retries=max_retries)
         self._model = model
 
@@ -128,7 +129,8 @@ class OpenAIEndpoint:
             return [str(m.id) for m in page.data]
         except (AttributeError, TypeError):
             raise PolicyEndpointError(f"endpoint {self.base_url}/models did not answer with a model list; "
-                                      "is this an OpenAI-compatible API root (it usually ends in /v1)?") from None
+                                      "is this an OpenAI-compatible API root (it usually ends in "
+                                      "/v1)?") from None
 
     def check(self) -> str:
         """Reach the server and confirm it serves the model; returns the model name.
@@ -163,7 +165,8 @@ class OpenAIEndpoint:
             model=self.model, messages=messages, **kwargs))
         return self._reply(body, chat=True)
 
-    def complete(self, prompt: str | Sequence[int], params: SamplingParams, *, token_ids: bool = True) -> EndpointReply:
+    def complete(self, prompt: str | Sequence[int], params: SamplingParams, *,
+                 token_ids: bool = True) -> EndpointReply:
         """One completion (``n=1``) of a text or token-id prompt, with log-probs."""
         kwargs = self._sampling(params, token_ids)
         kwargs["logprobs"] = max(1, params.num_top_logprobs)
@@ -196,8 +199,9 @@ class OpenAIEndpoint:
         try:
             return request()
         except openai.APITimeoutError:
-            raise PolicyEndpointError(f"{where} timed out after {self.timeout_s:g} s; the server is overloaded "
-                                      "or stuck: lower --concurrency or raise timeout_s=") from None
+            raise PolicyEndpointError(f"{where} timed out after {self.timeout_s:g} s; the server is "
+                                      "overloaded or stuck: lower --concurrency or raise "
+                                      "timeout_s=") from None
         except openai.APIConnectionError as exc:
             raise PolicyEndpointError(f"{where} is unreachable ({_cause(exc)}); start the server or fix the "
                                       "URL") from None
@@ -231,14 +235,16 @@ class OpenAIEndpoint:
                 lp = choice.get("logprobs") or {}
                 logprobs = [float(x) for x in lp["token_logprobs"]] if lp.get("token_logprobs") else None
                 tokens = lp.get("tokens")
-                alternatives = [list((t or {}).items()) for t in lp["top_logprobs"]] if lp.get("top_logprobs") else None
+                alternatives = ([list((t or {}).items()) for t in lp["top_logprobs"]]
+                                if lp.get("top_logprobs") else None)
             if not isinstance(text, str):
                 raise TypeError("text is not a string")
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
             shown = _shown(body)
             route = "POST /chat/completions" if chat else "POST /completions"
-            raise PolicyEndpointError(f"policy endpoint {self.base_url} ({route}) returned something that is not an "
-                                      f"OpenAI {what}: {shown}; is the URL an OpenAI-compatible API root?") from None
+            raise PolicyEndpointError(f"policy endpoint {self.base_url} ({route}) returned something that is "
+                                      f"not an OpenAI {what}: {shown}; is the URL an OpenAI-compatible API "
+                                      "root?") from None
         ids = choice.get("token_ids")
         if ids is None and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
             ids = [int(t.split(":", 1)[1]) for t in tokens]
@@ -289,7 +295,8 @@ def _tool_calls_as_text(calls: list[dict[str, Any]]) -> str:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
             pass
-        lines.append(f"<tool_call>{json.dumps({'name': function.get('name'), 'arguments': arguments})}</tool_call>")
+        lines.append(f"<tool_call>{json.dumps({'name': function.get('name'), 'arguments': arguments})}"
+                     "</tool_call>")
     return "\n".join(lines)
 
 
@@ -396,10 +403,11 @@ class OpenAIPolicy(PolicyBase):
 
 def _openai_builder(cfg: ModelConfig, seed: int) -> Policy:
     raise ConfigError(
-        "model.backend 'openai' cannot train: training needs the policy's weights in this process and a way "
-        "to send each update to the server, which the OpenAI API does not offer; use model.backend=transformers "
-        "to train, model.backend=vllm-server to train with generation on a vLLM server (adapters hot-loaded), "
-        "and `agentgym eval --policy http://HOST:PORT/v1` to evaluate a served model")
+        "model.backend 'openai' cannot train: training needs the policy's weights in this process and a "
+        "way to send each update to the server, which the OpenAI API does not offer; use "
+        "model.backend=transformers to train, model.backend=vllm-server to train with generation on a vLLM "
+        "server (adapters hot-loaded), and `agentgym eval --policy http://HOST:PORT/v1` to evaluate a "
+        "served model")
 
 
 register_backend("openai", _openai_builder)

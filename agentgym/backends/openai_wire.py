@@ -104,7 +104,8 @@ class CompletionRequest(_Request):
                                  description="Return log-probs, with this many alternatives per position.")
     echo: Literal[False] = Field(False, description="Not supported: only false is accepted.")
     suffix: str | None = Field(None, max_length=0, description="Not supported: only empty is accepted.")
-    best_of: int | None = Field(None, ge=1, le=1, description="Not supported: only 1 (or n, as vLLM takes it).")
+    best_of: int | None = Field(None, ge=1, le=1,
+                                description="Not supported: only 1 (or n, as vLLM takes it).")
 
     @field_validator("echo", "suffix", "best_of", mode="before")
     @classmethod

@@ -241,10 +241,12 @@ def load_model_and_tokenizer(
         >>> model, tok = load_model_and_tokenizer(TinyModelConfig(num_layers=1))
         >>> tok.chat_template is not None
         True
-        >>> load_model_and_tokenizer("/nonexistent/model")
+        >>> load_model_and_tokenizer("/nonexistent/model")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: model directory '/nonexistent/model' does not exist; pass a local Hugging Face model directory (config.json, weights, tokenizer files with a chat template) or a TinyModelConfig
+        agentgym.errors.ConfigError: model directory '/nonexistent/model' does not exist; pass a local
+        Hugging Face model directory (config.json, weights, tokenizer files with a chat template) or a
+        TinyModelConfig
     """
     if isinstance(source, TinyModelConfig):
         model, tokenizer = build_tiny_model(source)

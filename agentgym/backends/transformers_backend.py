@@ -454,7 +454,8 @@ class TransformersPolicy(PolicyBase):
         if width == 0:
             return [[] for _ in prompts]
         input_ids, attention_mask = pack_left(
-            [list(p) + list(c) for p, c in zip(prompts, continuations)], self.pad_token_id, self.device
+            [list(p) + list(c) for p, c in zip(prompts, continuations, strict=True)], self.pad_token_id,
+            self.device,
         )
         # Left padding puts every continuation in the last `width` columns; the logits one column
         # earlier predict them.
@@ -468,7 +469,8 @@ class TransformersPolicy(PolicyBase):
         logprobs = torch.log_softmax(logits[:, :-1, :] / temperature, dim=-1)
         targets = input_ids[:, -width:]
         token_logprobs = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist()
-        return [row[width - len(c) :] if len(c) else [] for row, c in zip(token_logprobs, continuations)]
+        return [row[width - len(c) :] if len(c) else []
+                for row, c in zip(token_logprobs, continuations, strict=True)]
 
     def _decode(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, generator: torch.Generator
@@ -504,7 +506,7 @@ class TransformersPolicy(PolicyBase):
             cache = getattr(out, self._cache_name)
             logits = logits[:, -1, :]
             if mask is not None:
-                allowed = mask.step([i if a else None for i, a in zip(rows, active)])
+                allowed = mask.step([i if a else None for i, a in zip(rows, active, strict=True)])
                 single = (torch.isfinite(allowed).sum(-1) == 1).tolist()  # the rule left one token: no choice
                 logits = logits + allowed.to(self.device)
             if greedy:
@@ -536,7 +538,7 @@ class TransformersPolicy(PolicyBase):
                 logprobs[i].append(chosen_lps[j])
                 if num_top:
                     top_logprobs[i].append(
-                        [(t, v) for t, v in zip(top_ids[j], top_lps[j]) if v != float("-inf")]
+                        [(t, v) for t, v in zip(top_ids[j], top_lps[j], strict=True) if v != float("-inf")]
                     )
                 if params.return_entropy:
                     entropies[i].append(step_entropies[j])
@@ -612,7 +614,8 @@ class TransformersPolicy(PolicyBase):
 
 def _check_params(params: SamplingParams) -> None:
     if not isinstance(params, SamplingParams):
-        raise ConfigError(f"params must be agentgym.rollout.policy.SamplingParams, got {type(params).__name__}")
+        raise ConfigError("params must be agentgym.rollout.policy.SamplingParams, "
+                          f"got {type(params).__name__}")
     if params.max_new_tokens < 0:
         raise ConfigError(f"SamplingParams.max_new_tokens must be >= 0, got {params.max_new_tokens}")
     if params.temperature < 0:

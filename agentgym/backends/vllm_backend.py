@@ -54,10 +54,11 @@ class VLLMSettings:
     Example:
         >>> VLLMSettings.from_dict({"gpu_memory_utilization": 0.3}).gpu_memory_utilization
         0.3
-        >>> VLLMSettings.from_dict({"gpu_memory": 0.3})
+        >>> VLLMSettings.from_dict({"gpu_memory": 0.3})  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        agentgym.errors.ConfigError: model.vllm has no setting 'gpu_memory' (did you mean 'gpu_memory_utilization'?)
+        agentgym.errors.ConfigError: model.vllm has no setting 'gpu_memory'
+        (did you mean 'gpu_memory_utilization'?)
     """
 
     gpu_memory_utilization: float = 0.4
@@ -102,11 +103,13 @@ class VLLMSettings:
                 raise ConfigError(f"model.vllm has no setting {key!r}{hint}")
         settings = cls(**data)
         if not 0 < settings.gpu_memory_utilization <= 1:
-            raise ConfigError(f"model.vllm.gpu_memory_utilization must be in (0, 1], got {settings.gpu_memory_utilization}")
+            raise ConfigError("model.vllm.gpu_memory_utilization must be in (0, 1], "
+                              f"got {settings.gpu_memory_utilization}")
         if settings.sleep_level not in (1, 2):
             raise ConfigError(f"model.vllm.sleep_level must be 1 or 2, got {settings.sleep_level!r}")
         if settings.weight_sync not in ("lora", "full", "none"):
-            raise ConfigError(f"model.vllm.weight_sync must be lora, full or none, got {settings.weight_sync!r}")
+            raise ConfigError("model.vllm.weight_sync must be lora, full or none, "
+                              f"got {settings.weight_sync!r}")
         return settings
 
 
@@ -146,7 +149,7 @@ def generation_from_output(output: Any, params: SamplingParams) -> Generation:
     if len(positions) != len(ids):
         raise ConfigError(f"vLLM returned {len(positions)} log-prob entries for {len(ids)} tokens; "
                           "sampling_params must ask for logprobs")
-    logprobs = [float(entry[token].logprob) for token, entry in zip(ids, positions)]
+    logprobs = [float(entry[token].logprob) for token, entry in zip(ids, positions, strict=True)]
     top = None
     if params.num_top_logprobs:
         top = [sorted(((int(t), float(lp.logprob)) for t, lp in entry.items() if lp.rank is not None
@@ -191,7 +194,8 @@ class VLLMEngine:
 
 
 def weights_to_sync(model: Any) -> Iterable[tuple[str, Any]]:
-    """(Hugging Face name, tensor) of the trained policy: its weights, or the base with a LoRA adapter merged."""
+    """(Hugging Face name, tensor) of the trained policy: its weights, or the base with a LoRA adapter
+    merged."""
     from agentgym.backends.lora import is_lora, merged_state_dict
 
     if is_lora(model):
@@ -223,7 +227,8 @@ class VLLMPolicy(PolicyBase):
         """The engine sleeps during updates when ``settings.sleep`` (``offload``)."""
         return bool(self.settings.sleep)
 
-    def __init__(self, trainer: Any, engine: Any, vllm: Any, settings: VLLMSettings, *, seed: int = 0) -> None:
+    def __init__(self, trainer: Any, engine: Any, vllm: Any, settings: VLLMSettings, *,
+                 seed: int = 0) -> None:
         self.trainer = trainer
         self.model = trainer.model
         self.tokenizer = trainer.tokenizer

@@ -57,7 +57,8 @@ class VLLMServerPolicy(PolicyBase):
         self._owned_dir: str | None = None
         self.generator = OpenAIPolicy(endpoint, trainer.tokenizer, concurrency=settings.concurrency)
         self.http = httpx.Client(base_url=_server_root(endpoint.base_url), timeout=settings.timeout_s,
-                                 headers={"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {})
+                                 headers=({"Authorization": f"Bearer {settings.api_key}"} if settings.api_key
+                                          else {}))
 
     def generate(self, prompts: Any, params: SamplingParams) -> list[Generation]:
         return self.generator.generate(prompts, params)
@@ -71,7 +72,8 @@ class VLLMServerPolicy(PolicyBase):
         if state_dict is None or self.settings.weight_sync == "none":
             return
         if not hasattr(state_dict, "state_dict"):
-            raise ConfigError("vllm-server syncs from the trained model itself; pass the model, not a state dict")
+            raise ConfigError("vllm-server syncs from the trained model itself; "
+                              "pass the model, not a state dict")
         self.syncs += 1
         if self.settings.weight_sync == "lora":
             self._sync_adapter(state_dict)
@@ -98,8 +100,8 @@ class VLLMServerPolicy(PolicyBase):
             return
 
         if not self.settings.model_dir:
-            raise ConfigError("model.vllm.weight_sync=full needs model.vllm.model_dir: the folder `vllm serve` "
-                              "was started from, writable here")
+            raise ConfigError("model.vllm.weight_sync=full needs model.vllm.model_dir: the folder "
+                              "`vllm serve` was started from, writable here")
         target = Path(self.settings.model_dir)
         if is_lora(model):
             model.get_base_model().save_pretrained(target, state_dict=merged_state_dict(model))
@@ -145,8 +147,8 @@ def _vllm_server(cfg: ModelConfig, seed: int) -> Any:
         raise ConfigError("model.backend vllm-server needs model.vllm.url, the server's API root "
                           "(e.g. http://10.0.0.5:8000/v1)")
     if settings.weight_sync == "lora" and cfg.lora is None:
-        raise ConfigError("model.vllm.weight_sync=lora syncs a LoRA adapter: set model.lora (e.g. model.lora.r=16), "
-                          "or use model.vllm.weight_sync=full")
+        raise ConfigError("model.vllm.weight_sync=lora syncs a LoRA adapter: set model.lora "
+                          "(e.g. model.lora.r=16), or use model.vllm.weight_sync=full")
     endpoint = OpenAIEndpoint(settings.url, settings.served_model, api_key=settings.api_key,
                               timeout_s=settings.timeout_s)
     endpoint.check()

@@ -1,4 +1,5 @@
-"""Document retrieval for search tools: a BM25 ``Index``, a retrieval HTTP service, its client and a synthetic corpus.
+"""Document retrieval for search tools: a BM25 ``Index``, a retrieval HTTP service, its client and a
+synthetic corpus.
 
 ``agentgym.retrieval.service`` (``create_retrieval_app``) needs the ``server`` extra (FastAPI);
 ``agentgym.retrieval.client`` (``RetrievalClient``) needs only httpx and the index only numpy.

@@ -57,8 +57,8 @@ class RetrievalClient(ServiceClient):
         try:
             return [[Hit(**hit) for hit in hits] for hits in payload["results"]]
         except (TypeError, KeyError):
-            raise RemoteEnvError(f"POST {self.base_url}/retrieve answered something that is not a list of hits "
-                                 f"per query: {quoted(str(payload))}") from None
+            raise RemoteEnvError(f"POST {self.base_url}/retrieve answered something that is not a list of "
+                                 f"hits per query: {quoted(str(payload))}") from None
 
     search = retrieve
 

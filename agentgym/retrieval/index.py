@@ -1,4 +1,5 @@
-"""Document retrieval: ``Index`` (BM25 over a ``{id, title, text}`` corpus), ``build_index``, ``Hit``, ``DenseRetriever``.
+"""Document retrieval: ``Index`` (BM25 over a ``{id, title, text}`` corpus), ``build_index``, ``Hit``,
+``DenseRetriever``.
 
 The BM25 index is ``bm25s`` (Lucene scoring, k1 = 1.5, b = 0.75 by default): it stores each
 (term, document) pair's precomputed BM25 contribution in a sparse matrix, so a query is a sum of a
@@ -79,7 +80,8 @@ def read_corpus(path: str | Path) -> list[dict[str, str]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"corpus file {str(path)!r} does not exist; give a JSONL file of {{id, title, text}} lines")
+        raise ConfigError(f"corpus file {str(path)!r} does not exist; "
+                          "give a JSONL file of {id, title, text} lines")
     docs: list[dict[str, str]] = []
     seen: set[str] = set()
     with path.open(encoding="utf-8") as handle:
@@ -120,7 +122,8 @@ def _bm25s() -> Any:
     try:
         import bm25s
     except ImportError:
-        raise ConfigError("the BM25 index needs bm25s: pip install 'agentgym-rl[search]' (or pip install bm25s)") from None
+        raise ConfigError("the BM25 index needs bm25s: pip install 'agentgym-rl[search]' "
+                          "(or pip install bm25s)") from None
     return bm25s
 
 
@@ -203,10 +206,12 @@ class Index:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         with (out / "docs.jsonl").open("w", encoding="utf-8") as handle:
-            for doc_id, title, text in zip(self.ids, self.titles, self.texts):
-                handle.write(json.dumps({"id": doc_id, "title": title, "text": text}, ensure_ascii=False) + "\n")
+            for doc_id, title, text in zip(self.ids, self.titles, self.texts, strict=True):
+                handle.write(json.dumps({"id": doc_id, "title": title, "text": text}, ensure_ascii=False)
+                             + "\n")
         self.bm25.save(out / "bm25s", show_progress=False)
-        meta = {"format": FORMAT_VERSION, "kind": "bm25s", "k1": self.k1, "b": self.b, "num_docs": len(self.ids)}
+        meta = {"format": FORMAT_VERSION, "kind": "bm25s", "k1": self.k1, "b": self.b,
+                "num_docs": len(self.ids)}
         (out / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         return out
 
@@ -220,12 +225,14 @@ class Index:
         where = Path(index_dir)
         try:
             meta = json.loads((where / "meta.json").read_text(encoding="utf-8"))
-            docs = [json.loads(line) for line in (where / "docs.jsonl").read_text(encoding="utf-8").splitlines()]
+            docs = [json.loads(line)
+                    for line in (where / "docs.jsonl").read_text(encoding="utf-8").splitlines()]
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{str(where)!r} is not a readable index directory ({exc}); build one with "
                               "agentgym.retrieval.build_index(corpus_jsonl, out_dir)") from None
         if meta.get("format") != FORMAT_VERSION or meta.get("kind") != "bm25s":
-            raise ConfigError(f"{str(where)!r} has index format {meta.get('format')!r}; rebuild it with build_index")
+            raise ConfigError(f"{str(where)!r} has index format {meta.get('format')!r}; "
+                              "rebuild it with build_index")
         try:
             bm25 = _bm25s().BM25.load(where / "bm25s", show_progress=False)
         except (OSError, ValueError, KeyError) as exc:
@@ -238,7 +245,8 @@ class Index:
         index.texts = [d["text"] for d in docs]
         index.bm25 = bm25
         if len(index.ids) != meta["num_docs"] or bm25.scores["num_docs"] != len(index.ids):
-            raise ConfigError(f"{str(where)!r} is inconsistent (docs.jsonl does not match the bm25s index); rebuild it")
+            raise ConfigError(f"{str(where)!r} is inconsistent (docs.jsonl does not match the bm25s index); "
+                              "rebuild it")
         return index
 
 
@@ -287,10 +295,12 @@ class DenseRetriever:
             raise ConfigError("DenseRetriever needs sentence-transformers: pip install sentence-transformers "
                               "(or use the BM25 Index)") from None
         if not Path(model_dir).is_dir():
-            raise ConfigError(f"model_dir {str(model_dir)!r} is not a directory holding a sentence-transformers model")
+            raise ConfigError(f"model_dir {str(model_dir)!r} is not a directory holding a "
+                              "sentence-transformers model")
         self.model = SentenceTransformer(str(model_dir), device=device)
         self.batch_size = batch_size
-        self.docs = [{"id": str(d["id"]), "title": str(d.get("title", "")), "text": str(d["text"])} for d in docs]
+        self.docs = [{"id": str(d["id"]), "title": str(d.get("title", "")), "text": str(d["text"])}
+                     for d in docs]
         texts = [f"{d['title']}. {d['text']}" if d["title"] else d["text"] for d in self.docs]
         self.embeddings = self._encode(texts)
 

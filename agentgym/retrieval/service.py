@@ -7,8 +7,8 @@ Routes (every error is ``{"error": {"type", "message"}}``, as in the env service
     GET  /metrics      Prometheus text
 
 Status codes: 401 bad token, 413 body too large, 422 malformed request (bad JSON, ``k`` out of
-``[1, max_k]``, too many or too long queries; the bounds are in the OpenAPI schema). FastAPI is imported only by ``create_retrieval_app``.
-The client is ``agentgym.retrieval.client.RetrievalClient``.
+``[1, max_k]``, too many or too long queries; the bounds are in the OpenAPI schema). FastAPI is
+imported only by ``create_retrieval_app``. The client is ``agentgym.retrieval.client.RetrievalClient``.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def retrieve_request_model(max_k: int = 50, max_queries: int = MAX_QUERIES) -> t
                               json_schema_extra={"examples": [{"queries": ["Zorvex Labs"], "k": 3}]}),
         __doc__="Body of ``POST /retrieve``.",
         queries=(list[query], Field(min_length=1, max_length=max_queries,
-                                    description=f"Queries, answered in order: 1 to {max_queries}, each at most "
-                                                f"{MAX_QUERY_CHARS} characters.")),
+                                    description=f"Queries, answered in order: 1 to {max_queries}, each "
+                                                f"at most {MAX_QUERY_CHARS} characters.")),
         k=(whole_number(ge=1, le=max_k), Field(3, description=f"Documents per query, in [1, {max_k}].")),
     )
 
@@ -121,7 +121,8 @@ def create_retrieval_app(
         seconds = Histogram("agentgym_retrieval_request_seconds", "Wall time of a retrieve request",
                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
                             registry=registry)
-        errors = Counter("agentgym_retrieval_errors", "Error responses by error type", ["type"], registry=registry)
+        errors = Counter("agentgym_retrieval_errors", "Error responses by error type", ["type"],
+                         registry=registry)
 
     answers = ErrorResponses(Metrics.errors)
     pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="retrieval")
@@ -132,7 +133,8 @@ def create_retrieval_app(
         pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="agentgym retrieval service", lifespan=lifespan, **TELEMETRY_OFF,
-                  description="BM25 document retrieval. Every error body is {\"error\": {\"type\", \"message\"}}.")
+                  description="BM25 document retrieval. "
+                              "Every error body is {\"error\": {\"type\", \"message\"}}.")
     app.state.index = searcher
     keep_integer_bounds(app)
 
@@ -145,7 +147,8 @@ def create_retrieval_app(
     # so its annotation is set as an object, not a string FastAPI would look up in module globals.
     async def retrieve(body):
         started = time.perf_counter()
-        results = await asyncio.get_running_loop().run_in_executor(pool, searcher.search, body.queries, body.k)
+        results = await asyncio.get_running_loop().run_in_executor(pool, searcher.search, body.queries,
+                                                                   body.k)
         Metrics.requests.inc()
         Metrics.queries.inc(len(body.queries))
         Metrics.seconds.observe(time.perf_counter() - started)

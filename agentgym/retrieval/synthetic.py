@@ -1,4 +1,5 @@
-"""The synthetic multi-hop QA set: ``generate_corpus`` (fictional encyclopedia + 1-3 hop questions) and ``write_jsonl``.
+"""The synthetic multi-hop QA set: ``generate_corpus`` (fictional encyclopedia + 1-3 hop questions) and
+``write_jsonl``.
 
 Every entity has an invented name built from syllables, so no model can know an answer without
 searching. Facts are stated only in the document of their subject (a person's document says where
@@ -85,7 +86,8 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
         >>> len(docs), all(q.hops == len(q.supporting_docs) for q in questions)
         (40, True)
     """
-    if isinstance(num_entities, bool) or not isinstance(num_entities, int) or not 20 <= num_entities <= 2_000_000:
+    if (isinstance(num_entities, bool) or not isinstance(num_entities, int)
+            or not 20 <= num_entities <= 2_000_000):
         raise ConfigError(f"num_entities must be an integer in [20, 2000000], got {num_entities!r}")
     rng = np.random.default_rng([seed, num_entities, 0x5EA7C4])
     used: set[str] = set()
@@ -104,7 +106,8 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
     people = [{"name": f"{_word(rng, used, (2, 2))} {_word(rng, used, (2, 3))}",
                "city": int(rng.integers(num_cities)), "born": int(rng.integers(1900, 2001)),
                "job": _JOBS[int(rng.integers(len(_JOBS)))]} for _ in range(num_people)]
-    companies = [{"name": f"{_word(rng, used, (2, 3))} {_COMPANY_SUFFIXES[int(rng.integers(len(_COMPANY_SUFFIXES)))]}",
+    companies = [{"name": f"{_word(rng, used, (2, 3))} "
+                          f"{_COMPANY_SUFFIXES[int(rng.integers(len(_COMPANY_SUFFIXES)))]}",
                   "founder": int(rng.integers(num_people)), "city": int(rng.integers(num_cities)),
                   "year": int(rng.integers(1850, 2021)), "field": _FIELDS[int(rng.integers(len(_FIELDS)))]}
                  for _ in range(num_companies)]
@@ -154,10 +157,12 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
             (f"In which year was {p['name']} born?", str(p["born"]), [pd]),
             (f"In which country was {p['name']} born?", country["name"], [pd, cd]),
             (f"Who founded the company that {p['name']} works for?", people[co["founder"]]["name"], [pd, kd]),
-            (f"In which city is the employer of {p['name']} headquartered?", cities[co["city"]]["name"], [pd, kd]),
+            (f"In which city is the employer of {p['name']} headquartered?", cities[co["city"]]["name"],
+             [pd, kd]),
             (f"What is the official language of the country where {p['name']} was born?", country["language"],
              [pd, cd, (doc_id("country", cities[p["city"]]["country"]), country["name"])]),
-            (f"In which country is the employer of {p['name']} headquartered?", country_of(co["city"])["name"],
+            (f"In which country is the employer of {p['name']} headquartered?",
+             country_of(co["city"])["name"],
              [pd, kd, (doc_id("city", co["city"]), cities[co["city"]]["name"])]),
         ]
 
@@ -171,7 +176,8 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
             (f"Who founded {co['name']}?", founder["name"], [kd]),
             (f"In which year was {co['name']} founded?", str(co["year"]), [kd]),
             (f"In which country is {co['name']} headquartered?", country_of(co["city"])["name"], [kd, hq]),
-            (f"In which city was the founder of {co['name']} born?", cities[founder["city"]]["name"], [kd, fd]),
+            (f"In which city was the founder of {co['name']} born?", cities[founder["city"]]["name"],
+             [kd, fd]),
             (f"In which country was the founder of {co['name']} born?", country_of(founder["city"])["name"],
              [kd, fd, birth]),
         ]
@@ -197,8 +203,10 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
     return docs, questions
 
 
-def write_jsonl(docs: list[dict[str, str]], questions: list[QAItem], out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``corpus.jsonl`` (``{id, title, text}``) and ``questions.jsonl`` (Search-R1 style) to ``out_dir``.
+def write_jsonl(docs: list[dict[str, str]], questions: list[QAItem],
+                out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``corpus.jsonl`` (``{id, title, text}``) and ``questions.jsonl`` (Search-R1 style) to
+    ``out_dir``.
 
     Question lines are ``{"id", "question", "golden_answers", "metadata": {hops, supporting_docs,
     search_queries}}``: the Search-R1 fields plus the evidence chain.

@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +205,8 @@ def _audit_containment(backend: Backend, limits: Limits) -> dict[str, bool]:
     stopped: dict[str, bool] = {}
     stopped["nested_namespace"] = "unshared" not in backend.run(_CODE["nested_namespace"], "", limits).stdout
     stopped["tmpfs_mount"] = "mounted" not in backend.run(_CODE["tmpfs_mount"], "", limits).stdout
-    disk = Limits(**{**dataclasses.asdict(limits), "disk_mb": 16, "wall_clock_s": max(limits.wall_clock_s, 3.0)})
+    disk = Limits(**{**dataclasses.asdict(limits), "disk_mb": 16,
+                     "wall_clock_s": max(limits.wall_clock_s, 3.0)})
     result = backend.run(_CODE["disk_fill"], json.dumps({"bytes": 2 * disk.disk_mb * 2**20}), disk)
     written = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("written")]
     stopped["disk_fill"] = bool(written) and written[0] <= disk.disk_mb * 2**20
@@ -308,8 +308,10 @@ def audit_backend(backend: Backend, *, wall_clock_s: float = 2.0,
     os.environ["AGENTGYM_AUDIT_SECRET"] = secret
     try:
         home_file.write_text(secret)
-        run: Callable[[str, dict[str, Any]], Result] = lambda name, params: backend.run(
-            _CODE[name], json.dumps(params), limits)
+
+        def run(name: str, params: dict[str, Any]) -> Result:
+            return backend.run(_CODE[name], json.dumps(params), limits)
+
         stopped: dict[str, bool] = {}
         result = run("network", {"port": listener.port})
         stopped["network"] = "connected" not in result.stdout and listener.accepted == 0
@@ -324,13 +326,15 @@ def audit_backend(backend: Backend, *, wall_clock_s: float = 2.0,
         result = run("proc_snoop", {"pid": os.getpid()})
         stopped["proc_snoop"] = secret not in result.stdout and repr(host_cmdline) not in result.stdout
         result = run("fork_bomb", {})
-        children = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("children")]
+        children = [int(line.split()[1]) for line in result.stdout.splitlines()
+                    if line.startswith("children")]
         stopped["fork_bomb"] = bool(children) and children[0] < limits.max_processes
         result = run("memory_bomb", {"bytes": 2 * limits.memory_mb * 1024 * 1024})
         stopped["memory_bomb"] = "allocated" not in result.stdout
         for name in ("cpu_loop", "sleep"):
             result = run(name, {})
-            stopped[name] = result.killed_reason in ("wall_clock", "cpu") and result.wall_s < wall_clock_s + 1.5
+            stopped[name] = (result.killed_reason in ("wall_clock", "cpu")
+                             and result.wall_s < wall_clock_s + 1.5)
         result = run("huge_output", {})
         stopped["huge_output"] = result.truncated and len(result.stdout.encode()) <= limits.output_bytes
         result = run("signal_parent", {"pid": os.getpid()})

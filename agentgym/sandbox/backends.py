@@ -167,8 +167,9 @@ class _BackendBase:
         if cgroup is not None:
             argv = cgroup.wrap(argv)
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=env, cwd=cwd, start_new_session=True, close_fds=True, pass_fds=pass_fds)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                                    close_fds=True, pass_fds=pass_fds)
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()
@@ -257,9 +258,11 @@ class BwrapBackend(_BackendBase):
         # there), the scratch tmpfs is mounted at /tmp itself, the install is bound read-only inside
         # it, and /scratch points there; otherwise the tmpfs is /scratch and /tmp points to it.
         under_tmp = any(prefix.startswith("/tmp/") for prefix in prefixes)
-        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(int(disk_mb) * 1024 * 1024),
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777",
+                 "--size", str(int(disk_mb) * 1024 * 1024),
                  "--tmpfs", "/tmp" if under_tmp else SANDBOX_SCRATCH]
-        args += ["--symlink", "/tmp", SANDBOX_SCRATCH] if under_tmp else ["--symlink", SANDBOX_SCRATCH, "/tmp"]
+        args += (["--symlink", "/tmp", SANDBOX_SCRATCH] if under_tmp
+                 else ["--symlink", SANDBOX_SCRATCH, "/tmp"])
         made: set[str] = {"/tmp"} if under_tmp else set()
         for prefix in prefixes:
             # Parents bwrap would create with the host's umask (e.g. /root as 0700, which the
@@ -299,8 +302,8 @@ class BwrapBackend(_BackendBase):
             cgroup = self._new_cgroup()
             # bwrap's own processes get a minimal environment too: its PID-1 reaper keeps the
             # environ it was started with, and that must not be the caller's.
-            proc = self._popen([self.bwrap, "--args", str(args_fd), *self.command()], env={"PATH": "/usr/bin:/bin"},
-                               cgroup=cgroup, pass_fds=tuple(fds))
+            proc = self._popen([self.bwrap, "--args", str(args_fd), *self.command()],
+                               env={"PATH": "/usr/bin:/bin"}, cgroup=cgroup, pass_fds=tuple(fds))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -363,14 +366,16 @@ class DockerBackend(_BackendBase):
         if shutil.which(docker) is None:
             return False
         try:
-            return subprocess.run([docker, "info"], capture_output=True, timeout=5, check=False).returncode == 0
+            return subprocess.run([docker, "info"], capture_output=True, timeout=5,
+                                  check=False).returncode == 0
         except (OSError, subprocess.SubprocessError):
             return False
 
     def spawn(self, limits: Limits | None = None) -> Worker:
         cap = self.cgroup_limits
         disk_mb = int((limits or cap).disk_mb)
-        argv = [self.docker, "run", "--rm", "-i", "--network", "none", "--read-only", "--hostname", SANDBOX_HOSTNAME,
+        argv = [self.docker, "run", "--rm", "-i", "--network", "none", "--read-only",
+                "--hostname", SANDBOX_HOSTNAME,
                 "--memory", f"{cap.memory_mb + disk_mb}m", "--pids-limit", str(cap.max_processes),
                 "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
                 "--security-opt", "no-new-privileges", "--tmpfs", f"/tmp:size={disk_mb}m,mode=1777",
@@ -424,12 +429,13 @@ def default_backend(name: BackendName = "auto", **kwargs: object) -> Backend:
     if name in ("auto", "docker") and DockerBackend.available():
         return DockerBackend(**kwargs)  # type: ignore[arg-type]
     if name == "docker":
-        raise ConfigError("the docker sandbox backend needs a Docker engine, and `docker info` did not answer")
+        raise ConfigError("the docker sandbox backend needs a Docker engine, "
+                          "and `docker info` did not answer")
     if name == "subprocess":
         return SubprocessBackend(**kwargs)  # type: ignore[arg-type]
     if name == "auto":
-        raise ConfigError("no secure sandbox backend here: install bubblewrap (apt-get install bubblewrap) or "
-                          f"Docker ({BwrapBackend.unavailable_reason()}); backend='subprocess' is the "
+        raise ConfigError("no secure sandbox backend here: install bubblewrap (apt-get install bubblewrap) "
+                          f"or Docker ({BwrapBackend.unavailable_reason()}); backend='subprocess' is the "
                           "opt-in, NOT secure fallback")
     raise ConfigError(f"unknown sandbox backend {name!r}; choose one of auto, bwrap, docker, subprocess")
 
@@ -455,6 +461,6 @@ def run_code(code: str, *, stdin: str | bytes = "", limits: Limits | None = None
 
 
 __all__ = [
-    "Backend", "BwrapBackend", "DockerBackend", "KilledReason", "Limits", "Result", "SubprocessBackend", "Worker",
-    "default_backend", "encode_request", "resolve_memory_guard", "run_code",
+    "Backend", "BwrapBackend", "DockerBackend", "KilledReason", "Limits", "Result", "SubprocessBackend",
+    "Worker", "default_backend", "encode_request", "resolve_memory_guard", "run_code",
 ]

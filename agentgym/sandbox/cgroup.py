@@ -88,7 +88,8 @@ def memory_cgroup_parent() -> tuple[CgroupParent | None, str]:
             except OSError:
                 control = []
             if "memory" not in control:
-                reasons.append(f"cgroup v2 {parent.path}: the memory controller is not enabled for its children")
+                reasons.append(f"cgroup v2 {parent.path}: the memory controller is not enabled for its "
+                               "children")
                 continue
         probe = parent.path / f"{_PREFIX}probe-{owner_tag()}"
         try:

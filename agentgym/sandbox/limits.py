@@ -105,7 +105,8 @@ class Result:
     backend: str = ""
     """Name of the backend that ran it."""
     memory_guard: str = ""
-    """What bounded the run's total memory: ``cgroup``, ``supervisor`` or ``docker`` (see ``MemoryGuardName``)."""
+    """What bounded the run's total memory: ``cgroup``, ``supervisor`` or ``docker`` (see
+    ``MemoryGuardName``)."""
     disk_mb: int | None = None
     """Size of the run's scratch space in MiB; ``None`` where nothing bounds it (the subprocess backend)."""
 

@@ -1,4 +1,5 @@
-"""The sandbox service: ``create_sandbox_app`` (FastAPI) and ``serve``; its client is ``agentgym.sandbox.client``.
+"""The sandbox service: ``create_sandbox_app`` (FastAPI) and ``serve``; its client is
+``agentgym.sandbox.client``.
 
 Routes (errors are ``{"error": {"type", "message"}}`` as on the env service):
 
@@ -77,10 +78,12 @@ def request_models(maxima: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
         ceiling = maxima.cpu_limit_s if item.name == "cpu_s" else getattr(maxima, item.name)
         if item.name == "wall_clock_s":
             ceiling = float(ceiling)
-            bounded: Any = Annotated[float, Field(gt=0, le=ceiling)]  # in the type: the schema shows the range
+            # In the type: the schema shows the range.
+            bounded: Any = Annotated[float, Field(gt=0, le=ceiling)]
         else:
             bounded = whole_number(gt=0, le=int(ceiling))
-        fields[item.name] = (bounded | None, Field(None, description=f"{_LIMIT_MEANINGS[item.name]} At most {ceiling}."))
+        fields[item.name] = (bounded | None,
+                             Field(None, description=f"{_LIMIT_MEANINGS[item.name]} At most {ceiling}."))
     strict = ConfigDict(extra="forbid", strict=True)
     limits_model = create_model("LimitsOverride", __config__=strict,
                                 __doc__="Per-request limits; each at most the server's maximum.", **fields)
@@ -165,7 +168,8 @@ def create_sandbox_app(
     kills = Counter("agentgym_sandbox_kills", "Runs cut short, by reason", ["reason"], registry=registry)
     errors = Counter("agentgym_sandbox_errors", "Error responses by type", ["type"], registry=registry)
     latency = Histogram("agentgym_sandbox_run_seconds", "Wall time of a run, start-up included",
-                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=registry)
+                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+                        registry=registry)
     Gauge("agentgym_sandbox_in_flight", "Runs in flight", registry=registry).set_function(lambda: in_flight)
     Gauge("agentgym_sandbox_pool_idle", "Warm workers ready", registry=registry).set_function(
         lambda: pool.idle if pool else 0)
@@ -194,7 +198,8 @@ def create_sandbox_app(
                               "seccomp": bool(getattr(chosen, "seccomp", False)),
                               "pool_size": pool_size, "pool_idle": pool.idle if pool else 0,
                               "max_concurrency": max_concurrency, "in_flight": in_flight,
-                              "default_limits": dataclasses.asdict(defaults), "max_limits": dataclasses.asdict(maxima)})
+                              "default_limits": dataclasses.asdict(defaults),
+                              "max_limits": dataclasses.asdict(maxima)})
 
     @app.get("/metrics", response_class=Response,
              responses={**text_responses("Prometheus text"), **error_responses(401)})
@@ -205,7 +210,8 @@ def create_sandbox_app(
         nonlocal in_flight
         limits = bounded_limits(body.limits, defaults, maxima)
         if in_flight >= max_concurrency:  # checked and taken with no await between: no race
-            raise SandboxBusy(f"{in_flight} runs in flight (max_concurrency={max_concurrency}); retry shortly")
+            raise SandboxBusy(f"{in_flight} runs in flight (max_concurrency={max_concurrency}); "
+                              "retry shortly")
         in_flight += 1
         started = time.monotonic()
         try:

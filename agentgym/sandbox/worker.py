@@ -247,8 +247,8 @@ def _result(out: dict[int, bytearray], returncode: int, killed: KilledReason | N
         exit_code = None
     else:
         # bwrap reports a signal death of the program as 128 + N; a plain child as -N.
-        signum = -returncode if returncode < 0 else (returncode - 128 if backend == "bwrap" and returncode > 128
-                                                      else 0)
+        signum = (-returncode if returncode < 0
+                  else returncode - 128 if backend == "bwrap" and returncode > 128 else 0)
         if signum > 0:
             exit_code = -signum
             killed = "cpu" if signum == signal.SIGXCPU or (
