@@ -29,7 +29,6 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agentgym.backends.builder import register_backend
@@ -306,7 +305,9 @@ def load_chat_tokenizer(path: str | os.PathLike[str]) -> Any:
     Raises:
         ConfigError: not a directory, no tokenizer files, or no chat template (naming the fix).
     """
-    where = Path(path)
+    from agentgym.backends.gguf import model_dir
+
+    where = model_dir(path)  # a packaged model's name or a .gguf file: its converted folder
     if not where.is_dir():
         raise ConfigError(f"tokenizer directory '{where}' does not exist; pass tokenizer=DIR, a local "
                           "Hugging Face directory holding the served model's tokenizer")

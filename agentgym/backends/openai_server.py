@@ -629,8 +629,9 @@ def _chat_chunks(rid: str, created: int, model: str, choices: list[dict[str, Any
 
 def load_policy_app(model_dir: str, *, name: str, device: str = "auto", dtype: str = "float32", seed: int = 0,
                     **app_options: Any) -> PolicyGuard:
-    """Load the model in ``model_dir`` (a Hugging Face directory, or an ``agentgym train`` run folder's
-    ``model/``) and build its app (``create_policy_app`` with ``app_options``), served as model ``name``.
+    """Load the model in ``model_dir`` (a Hugging Face directory, an ``agentgym train`` run folder's
+    ``model/``, a packaged model's name or a ``.gguf`` file, converted once: ``agentgym.backends.gguf``) and
+    build its app (``create_policy_app`` with ``app_options``), served as model ``name``.
 
     Raises:
         ConfigError: the directory is not a usable model (missing or malformed files, no tokenizer or
@@ -638,7 +639,9 @@ def load_policy_app(model_dir: str, *, name: str, device: str = "auto", dtype: s
     """
     from agentgym.backends.builder import make_policy
     from agentgym.backends.config import ModelConfig
+    from agentgym.backends.gguf import model_dir as resolve_model_dir
 
+    model_dir = str(resolve_model_dir(model_dir))
     config = Path(model_dir) / "config.json"
     if not config.is_file():
         raise ConfigError(f"{model_dir} is not a model directory (no config.json); give a Hugging Face model "

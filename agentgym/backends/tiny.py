@@ -32,6 +32,7 @@ from transformers import (
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from agentgym.backends.config import TinyModelConfig
+from agentgym.backends.gguf import model_dir
 from agentgym.errors import ConfigError
 
 #: ChatML: ``<|im_start|>{role}\n{content}<|im_end|>\n`` per message, then ``<|im_start|>assistant\n``
@@ -257,7 +258,7 @@ def load_model_and_tokenizer(
             raise ConfigError(
                 f"source must be a model directory path or a TinyModelConfig, got {type(source).__name__}"
             )
-        path = Path(source)
+        path = model_dir(source)  # a packaged model's name or a .gguf file: its converted, cached folder
         expected = (
             "pass a local Hugging Face model directory (config.json, weights, tokenizer files "
             "with a chat template) or a TinyModelConfig"

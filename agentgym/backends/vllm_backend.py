@@ -287,9 +287,12 @@ def _trainer_policy(cfg: ModelConfig, seed: int) -> Any:
 
 
 def _model_dir(cfg: ModelConfig, trainer: Any) -> str:
-    """The HF directory vLLM loads: ``model.path``, or the tiny model saved to a temporary folder."""
+    """The HF directory vLLM loads: ``model.path`` (a packaged model or a .gguf file converted once), or the
+    tiny model saved to a temporary folder."""
     if cfg.path:
-        return cfg.path
+        from agentgym.backends.gguf import model_dir
+
+        return str(model_dir(cfg.path))
     folder = tempfile.mkdtemp(prefix="agentgym-vllm-model-")
     from agentgym.backends.lora import is_lora, merged_state_dict
 

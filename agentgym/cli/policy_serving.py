@@ -44,8 +44,8 @@ def _run_folder(folder: Path) -> tuple[Path, dict[str, Any] | None]:
 
 @app.command("serve-policy")
 def serve_policy(
-    model_dir: str = typer.Argument(..., help="A Hugging Face model directory, or an `agentgym train` run "
-                                               "folder."),
+    model_dir: str = typer.Argument(..., help="A Hugging Face model directory, an `agentgym train` run "
+                                               "folder, a .gguf file or a packaged model (smollm2)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
     port: int = typer.Option(8001, help="TCP port, 1-65535."),
     name: str | None = typer.Option(None, help="Model name clients pass (default: the directory's name)."),

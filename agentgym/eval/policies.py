@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from agentgym.backends.gguf import PACKAGED_MODELS, is_model_name
 from agentgym.errors import ConfigError
 from agentgym.rollout.prompt import PromptSettings
 from agentgym.run_folder import RunFolder
@@ -244,6 +245,10 @@ def parse_policy(text: str) -> PolicySpec:
 
 
 def _parse_path(text: str, head: str) -> PolicySpec:
+    if is_model_name(head):  # a packaged model or a .gguf file: converted once when it is loaded
+        if head.endswith(".gguf") and not Path(head).is_file():
+            raise ConfigError(f"policy {text!r}: no such .gguf file")
+        return PolicySpec(text, "model", Path(head).stem if head.endswith(".gguf") else head, location=head)
     path = Path(head)
     if path.is_file() and path.suffix == ".pt":
         config = _read_run_config(path.parent, text)
@@ -253,10 +258,11 @@ def _parse_path(text: str, head: str) -> PolicySpec:
         lead = head.split(",")[0]
         if head.split(":")[0] in ("ftp", "ws", "http", "https") or "://" in head:
             raise ConfigError(f"policy {text!r}: endpoints must be http:// or https:// URLs")
-        close = difflib.get_close_matches(lead, ["random", "expert"], n=1)
+        close = difflib.get_close_matches(lead, ["random", "expert", *PACKAGED_MODELS], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else " (no such path)"
-        raise ConfigError(f"policy {text!r} is not random, expert, an http(s):// endpoint, a model directory "
-                          f"or a run folder{hint}")
+        raise ConfigError(f"policy {text!r} is not random, expert, an http(s):// endpoint, a packaged model "
+                          f"({', '.join(PACKAGED_MODELS)}), a .gguf file, a model directory or a run "
+                          f"folder{hint}")
     run = RunFolder(path)
     if run.checkpoint.is_file() or run.report.is_file():
         config = _read_run_config(path, text)
