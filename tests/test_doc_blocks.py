@@ -61,6 +61,7 @@ SLOW: dict[tuple[str, str], str] = {
         "evaluates a trained model in-process and through serve-policy (needs the prerequisite run)",
     ("docs/training.md", "--out runs/grpo-g4"): "two training runs and a resume",
     ("docs/training.md", "search_qa_grpo_tiny --out"): "two tool-task training runs",
+    ("docs/training.md", "--policy smollm2"): "converts the packaged 135 M model, evaluates and trains it",
     ("docs/services.md", "--workers 2 --port 8000"): "alfworld-v0 in two worker processes and a training run",
     ("docs/baselines.md", "--envs all"): "a training run and every registered env, TextWorld and ALFWorld "
                                          "games included",
