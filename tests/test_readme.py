@@ -33,8 +33,11 @@ def test_readme_names_the_commands_ci_runs() -> None:
     ci = (README.parent / ".ci" / "run").read_text()
     assert "make test" in text and "make demo" in text
     assert "make test" in ci
-    test_line = re.search(r"^test: setup\n\t(.+)$", makefile, flags=re.MULTILINE).group(1)
-    assert "pytest" in test_line and test_line.split("pytest", 1)[1].strip() in text
+    recipe = re.search(r"^test: setup\n((?:\t.+\n)+)", makefile, flags=re.MULTILINE).group(1).splitlines()
+    commands = [line.strip().removeprefix("$(BIN)/").removeprefix("python -m ") for line in recipe]
+    assert [c.split()[0] for c in commands] == ["ruff", "pytest"]  # lint, then the tests
+    for command in commands:
+        assert command in text, f"README does not show what make test runs: {command}"
 
 
 def test_env_table_lists_every_registered_env() -> None:
