@@ -122,8 +122,9 @@ def allowed_adapter_dir(path: str, allowed: Sequence[str | Path] | None) -> str:
             it is not absolute.
     """
     if allowed is not None and not allowed:
-        raise RequestError("loading LoRA adapters is off on this server; start serve-policy with --adapter-dir "
-                           "DIR (the directory adapters are saved under)", 403, "adapter_loading_off", "lora_path")
+        raise RequestError("loading LoRA adapters is off on this server; start serve-policy with "
+                           "--adapter-dir DIR (the directory adapters are saved under)",
+                           403, "adapter_loading_off", "lora_path")
     if not Path(path).is_absolute():
         raise RequestError(f"lora_path {path!r} is not an absolute path; send the adapter directory's "
                            "absolute path on the server", param="lora_path")
@@ -161,7 +162,8 @@ class GenerationBatcher:
     called from one thread at a time.
     """
 
-    def __init__(self, policy: TransformersPolicy, max_batch_rows: int = 64, batch_wait_s: float = 0.005) -> None:
+    def __init__(self, policy: TransformersPolicy, max_batch_rows: int = 64,
+                 batch_wait_s: float = 0.005) -> None:
         self.policy = policy
         self.max_batch_rows = max_batch_rows
         self.batch_wait_s = batch_wait_s
@@ -222,7 +224,7 @@ class GenerationBatcher:
                     job.future.set_exception(exc)
             return
         self.batches += 1
-        for job, generation in zip(jobs, generations):
+        for job, generation in zip(jobs, generations, strict=True):
             if not job.future.done():
                 job.future.set_result(generation)
 
@@ -267,8 +269,9 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
     Example:
         >>> from agentgym.backends.tiny import TinyModelConfig
         >>> app = create_policy_app(TransformersPolicy.from_pretrained(TinyModelConfig(num_layers=1)), "tiny")
-        >>> sorted(r.path for r in app.routes if r.path.startswith("/v1"))
-        ['/v1/chat/completions', '/v1/completions', '/v1/load_lora_adapter', '/v1/models', '/v1/unload_lora_adapter']
+        >>> sorted(r.path for r in app.routes if r.path.startswith("/v1"))  # doctest: +NORMALIZE_WHITESPACE
+        ['/v1/chat/completions', '/v1/completions', '/v1/load_lora_adapter', '/v1/models',
+         '/v1/unload_lora_adapter']
     """
     for label, value in (("max_body_bytes", max_body_bytes), ("max_request_rows", max_request_rows),
                          ("max_adapters", max_adapters), ("max_new_tokens", max_new_tokens)):
@@ -370,7 +373,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
     async def unload_lora_adapter(body: LoraAdapterRequest) -> Any:
         worker = adapters.pop(body.lora_name, None)
         if worker is None:
-            raise RequestError(f"The lora adapter '{body.lora_name}' cannot be found.", 404, "not_found", "lora_name")
+            raise RequestError(f"The lora adapter '{body.lora_name}' cannot be found.", 404, "not_found",
+                               "lora_name")
         await worker.stop()
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
@@ -384,9 +388,10 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
 
     def check_rows(prompts: int, n: int) -> None:
         if prompts * n > max_request_rows:
-            raise RequestError(f"this request asks for {prompts} prompt(s) x n={n} = {prompts * n} sequences; "
-                               f"this server generates at most {max_request_rows} per request (serve-policy "
-                               "--max-request-rows): send fewer prompts or a smaller n", param="n")
+            raise RequestError(f"this request asks for {prompts} prompt(s) x n={n} = {prompts * n} "
+                               f"sequences; this server generates at most {max_request_rows} per request "
+                               "(serve-policy --max-request-rows): send fewer prompts or a smaller n",
+                               param="n")
 
     def sampling(body: CompletionRequest | ChatRequest, cap: int | None, prompt_len: int,
                  top_logprobs: int) -> SamplingParams:
@@ -396,8 +401,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                                "(serve-policy --max-new-tokens)", param="max_tokens")
         if context and prompt_len + wanted > context:
             raise RequestError(f"the prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the "
-                               f"model's context length of {context} tokens; shorten the prompt or lower max_tokens",
-                               param="max_tokens")
+                               f"model's context length of {context} tokens; shorten the prompt or lower "
+                               "max_tokens", param="max_tokens")
         return SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
                               top_k=min(max(body.top_k, 0), policy.vocab_size),
                               stop_strings=body.stop_strings, num_top_logprobs=top_logprobs, seed=body.seed)
@@ -408,8 +413,9 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         try:
             # n samples of one prompt must differ: each gets its own seed when the request is seeded.
             if params.seed is not None and n > 1 and params.temperature > 0:
-                per_row = await asyncio.gather(*(batcher.generate([row], replace(params, seed=params.seed + i))
-                                                 for i, row in enumerate(rows)))
+                per_row = await asyncio.gather(*(
+                    batcher.generate([row], replace(params, seed=params.seed + i))
+                    for i, row in enumerate(rows)))
                 return [g[0] for g in per_row]
             return await batcher.generate(rows, params)
         except ConfigError as exc:
@@ -472,8 +478,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         # Templates render system, user and tool texts whole (assistant turns they may trim).
         verbatim = sum(len(m["content"]) for m in messages if m["role"] != "assistant")
         if text_limit is not None and verbatim > text_limit:
-            raise RequestError(f"these messages hold {verbatim} characters, which cannot fit the model's context "
-                               f"of {context} tokens; shorten them", param="messages")
+            raise RequestError(f"these messages hold {verbatim} characters, which cannot fit the model's "
+                               f"context of {context} tokens; shorten them", param="messages")
         extra = {"tools": body.tools} if body.tools else {}
 
         def render() -> list[int]:
@@ -518,7 +524,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
     def piece(token_id: int, as_id: bool = False) -> str:
         return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def completion_choice(index: int, prompt: list[int], g: Generation, body: CompletionRequest) -> dict[str, Any]:
+    def completion_choice(index: int, prompt: list[int], g: Generation,
+                          body: CompletionRequest) -> dict[str, Any]:
         text, reason = text_of(g, body)
         choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
         as_ids = body.return_tokens_as_token_ids
@@ -544,12 +551,14 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                                   "logprobs": None, "finish_reason": reason}
         if body.logprobs:
             content = []
-            for position, (token_id, lp) in enumerate(zip(g.token_ids, g.logprobs)):
+            for position, (token_id, lp) in enumerate(zip(g.token_ids, g.logprobs, strict=True)):
                 text_piece = piece(token_id, as_ids)
                 alternatives = g.top_logprobs[position] if g.top_logprobs is not None else []
-                content.append({"token": text_piece, "logprob": lp, "bytes": list(piece(token_id).encode()),
+                content.append({"token": text_piece, "logprob": lp,
+                                "bytes": list(piece(token_id).encode()),
                                 "top_logprobs": [{"token": piece(t, as_ids), "logprob": v,
-                                                  "bytes": list(piece(t).encode())} for t, v in alternatives]})
+                                                  "bytes": list(piece(t).encode())}
+                                                 for t, v in alternatives]})
             choice["logprobs"] = {"content": content}
         if body.return_token_ids:
             choice["token_ids"], choice["prompt_token_ids"] = list(g.token_ids), prompt
@@ -614,14 +623,16 @@ def _chat_chunks(rid: str, created: int, model: str, choices: list[dict[str, Any
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
     events = []
     for c in choices:
-        delta_start = {"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        delta_start = {"index": c["index"], "delta": {"role": "assistant", "content": ""},
+                       "finish_reason": None}
         events.append({**head, "choices": [delta_start]})
         text = c["message"]["content"]
         tokens = c.get("logprobs") or {}
         for chunk in _split_text(text, len(tokens.get("content") or []) or len(text)):
             events.append({**head, "choices": [{"index": c["index"], "delta": {"content": chunk},
                                                 "finish_reason": None}]})
-        events.append({**head, "choices": [{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}]})
+        events.append({**head, "choices": [{"index": c["index"], "delta": {},
+                                            "finish_reason": c["finish_reason"]}]})
     if include_usage:
         events.append({**head, "choices": [], "usage": usage})
     return events

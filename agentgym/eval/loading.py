@@ -59,8 +59,8 @@ def check_model_config(spec: PolicySpec, model_dir: str | Path) -> None:
         raise ConfigError(f"policy {spec.text!r}: {path} is not JSON ({_first_line(exc)}); restore the model "
                           "directory (copy or save the model again)") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"policy {spec.text!r}: {path} holds {type(data).__name__}, not a model config; restore "
-                          "the model directory (copy or save the model again)")
+        raise ConfigError(f"policy {spec.text!r}: {path} holds {type(data).__name__}, not a model config; "
+                          "restore the model directory (copy or save the model again)")
 
 
 def read_checkpoint(spec: PolicySpec, location: str | Path) -> dict[str, Any]:
@@ -75,12 +75,14 @@ def read_checkpoint(spec: PolicySpec, location: str | Path) -> dict[str, Any]:
     path = Path(location)
     redo = "evaluate the run's model/ folder or another checkpoint file instead, or train the run again"
     if path.stat().st_size == 0:
-        raise ConfigError(f"policy {spec.text!r}: {path} is empty (0 bytes: cut short while it was written); {redo}")
+        raise ConfigError(f"policy {spec.text!r}: {path} is empty (0 bytes: cut short while it was "
+                          f"written); {redo}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)  # our own checkpoint (RNG states too)
-    except Exception as exc:  # noqa: BLE001 - a damaged file fails deep in zipfile or pickle, with many types
-        raise ConfigError(f"policy {spec.text!r}: {path} is not a readable checkpoint (cut short or not a torch "
-                          f"file: {type(exc).__name__}: {_first_line(exc)}); {redo}") from None
+        # Our own checkpoint, which holds RNG states too: not loadable with weights_only.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - a damaged file fails deep in zipfile or pickle with many types
+        raise ConfigError(f"policy {spec.text!r}: {path} is not a readable checkpoint (cut short or not a "
+                          f"torch file: {type(exc).__name__}: {_first_line(exc)}); {redo}") from None
     if not isinstance(state, dict) or "model" not in state:
         raise ConfigError(f"policy {spec.text!r}: {path} is not an `agentgym train` checkpoint (no 'model' "
                           f"entry); {redo}")
@@ -106,8 +108,8 @@ def _load_checkpoint(spec: PolicySpec, location: str) -> Policy:
     try:
         policy.model.load_state_dict(state["model"])  # type: ignore[attr-defined]
     except RuntimeError as exc:
-        raise ConfigError(f"policy {spec.text!r}: the checkpoint does not fit the model its config.json describes "
-                          f"({str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"policy {spec.text!r}: the checkpoint does not fit the model its config.json "
+                          f"describes ({str(exc).splitlines()[0]})") from None
     return policy
 
 

@@ -74,7 +74,8 @@ class RolloutPipeline:
         self.asynchronous = max_staleness == 1
         self.version = 0
         """Updates made so far (``updated`` counts them)."""
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentgym-rollout") if self.asynchronous else None
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="agentgym-rollout") if self.asynchronous
+                      else None)
         self._pending: _Pending | None = None
         self._update_span = (0.0, 0.0)
 
