@@ -25,7 +25,8 @@ LEARN_FULL = ["iterations=60", "checkpoint_every=0"]
 #: The options (GSPO, DAPO, EPO, LLDS) are tested on top of GiGPO, the quickstart's algorithm: they are
 #: usable with any algorithm, and GiGPO learns the quickstart fastest (their presets use GRPO, which
 #: ``benchmarks/algorithms.py`` compares them with).
-ON_GIGPO = ["algorithm.name=gigpo", "algorithm.args={gamma: 0.95, mode: mean_norm, invalid_action_penalty: 0.1}"]
+ON_GIGPO = ["algorithm.name=gigpo",
+            "algorithm.args={gamma: 0.95, mode: mean_norm, invalid_action_penalty: 0.1}"]
 
 
 def assert_learns(report: dict[str, Any], min_gain: float = 0.15) -> None:
@@ -40,7 +41,8 @@ SMALL = ["iterations=4", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.g
 
 
 def small(*overrides: str) -> list[str]:
-    """``SMALL`` with ``key=value`` overrides: a key already in it takes the new value in place, others are added.
+    """``SMALL`` with ``key=value`` overrides: a key already in it takes the new value in place, others are
+    added.
 
     >>> small("iterations=2", "model.device=cpu")[:2], small("model.device=cpu")[-1]
     (['iterations=2', 'checkpoint_every=0'], 'model.device=cpu')

@@ -130,7 +130,8 @@ def random_groups(rng: np.random.Generator, num_groups: int, max_len: int, num_s
                 states, rewards = np.zeros(length, dtype=int), np.zeros(length)
                 rewards[-1] = 1.0
             invalid = rng.random(length) < 0.2
-            trajectories.append(traj(*[(f"s{s}", float(r), bool(i)) for s, r, i in zip(states, rewards, invalid)]))
+            trajectories.append(traj(*[(f"s{s}", float(r), bool(i))
+                                       for s, r, i in zip(states, rewards, invalid, strict=True)]))
         groups.append(group(*trajectories, gid=f"g{g}"))
     return groups
 
@@ -155,8 +156,10 @@ def test_groups_are_independent_and_order_follows_trajectories() -> None:
     # Reversing the trajectories of a group reverses the blocks of advantages.
     g = groups[0]
     flipped = EpisodeGroup(g.group_id, g.task_id, g.seed, g.trajectories[::-1])
-    blocks = np.split(hgpo([g], history_length=2, gamma=0.8), np.cumsum([len(t.turns) for t in g.trajectories])[:-1])
-    np.testing.assert_allclose(hgpo([flipped], history_length=2, gamma=0.8), np.concatenate(blocks[::-1]), atol=1e-12)
+    blocks = np.split(hgpo([g], history_length=2, gamma=0.8),
+                      np.cumsum([len(t.turns) for t in g.trajectories])[:-1])
+    np.testing.assert_allclose(hgpo([flipped], history_length=2, gamma=0.8), np.concatenate(blocks[::-1]),
+                               atol=1e-12)
 
 
 def test_advantage_is_a_weighted_average_of_kept_levels_and_scale_behaves() -> None:
@@ -165,14 +168,17 @@ def test_advantage_is_a_weighted_average_of_kept_levels_and_scale_behaves() -> N
         groups = random_groups(rng, 3, 15)
         mean_norm = hgpo(groups, history_length=3, gamma=0.9, mode="mean_norm")
         scaled_groups = [EpisodeGroup(g.group_id, g.task_id, g.seed,
-                                      [Trajectory([Turn(t.prompt_ids, t.response_ids, t.response_logprobs, 4.0 * t.reward,
-                                                        t.state_key) for t in tr.turns], "task", 0)
+                                      [Trajectory([Turn(t.prompt_ids, t.response_ids, t.response_logprobs,
+                                                        4.0 * t.reward, t.state_key) for t in tr.turns],
+                                                  "task", 0)
                                        for tr in g.trajectories]) for g in groups]
         # mean_norm is linear in the rewards; mean_std_norm (ε → 0) is invariant to their scale.
-        np.testing.assert_allclose(hgpo(scaled_groups, history_length=3, gamma=0.9, mode="mean_norm"), 4 * mean_norm,
-                                   atol=1e-9)
-        np.testing.assert_allclose(hgpo(scaled_groups, history_length=3, gamma=0.9, mode="mean_std_norm", epsilon=0.0),
-                                   hgpo(groups, history_length=3, gamma=0.9, mode="mean_std_norm", epsilon=0.0),
+        np.testing.assert_allclose(hgpo(scaled_groups, history_length=3, gamma=0.9, mode="mean_norm"),
+                                   4 * mean_norm, atol=1e-9)
+        np.testing.assert_allclose(hgpo(scaled_groups, history_length=3, gamma=0.9, mode="mean_std_norm",
+                                        epsilon=0.0),
+                                   hgpo(groups, history_length=3, gamma=0.9, mode="mean_std_norm",
+                                        epsilon=0.0),
                                    atol=1e-9)
         table = TurnTable.from_groups(groups)
         level1, present = level_advantages(table.state, _returns(groups, 0.9), "mean_norm", 0.0)
@@ -208,7 +214,8 @@ def hgpo_loop(groups: list[EpisodeGroup], args: HGPOArgs) -> np.ndarray:
                 rets.append(running)
             rets = rets[::-1]
             keys.append([turn.state_key for turn in t.turns])
-            returns.append([r - args.invalid_action_penalty * turn.invalid for r, turn in zip(rets, t.turns)])
+            returns.append([r - args.invalid_action_penalty * turn.invalid
+                            for r, turn in zip(rets, t.turns, strict=True)])
             invalid.append([turn.invalid for turn in t.turns])
         clusters: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
         for i, ks in enumerate(keys):
@@ -222,7 +229,7 @@ def hgpo_loop(groups: list[EpisodeGroup], args: HGPOArgs) -> np.ndarray:
             values = [returns[i][t] for i, t in members]
             mean = sum(values) / len(values)
             std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-            for (i, t), v in zip(members, values):
+            for (i, t), v in zip(members, values, strict=True):
                 a = v - mean if args.mode == "mean_norm" else (v - mean) / (std + args.epsilon)
                 items[(i, t)].append((k, a))
         if args.base_group:
@@ -234,14 +241,16 @@ def hgpo_loop(groups: list[EpisodeGroup], args: HGPOArgs) -> np.ndarray:
                 for step, turn in enumerate(t.turns):
                     base = 0.0
                     if n > 1:
-                        base = scores[i] - mean if args.mode == "mean_norm" else (scores[i] - mean) / (std + args.epsilon)
+                        base = (scores[i] - mean if args.mode == "mean_norm"
+                                else (scores[i] - mean) / (std + args.epsilon))
                         base -= args.invalid_action_penalty * turn.invalid
                     items[(i, step)].insert(0, (0, base))
         for i, t in enumerate(g.trajectories):
             for step in range(len(t.turns)):
                 kept = [(k, a) for k, a in items[(i, step)] if abs(a) > args.zero_tolerance]
                 total = sum((k + 1) ** args.length_weight_alpha for k, _ in kept)
-                out.append(sum((k + 1) ** args.length_weight_alpha * a for k, a in kept) / total if kept else 0.0)
+                out.append(sum((k + 1) ** args.length_weight_alpha * a for k, a in kept) / total
+                           if kept else 0.0)
     return np.array(out)
 
 
@@ -249,9 +258,11 @@ def hgpo_loop(groups: list[EpisodeGroup], args: HGPOArgs) -> np.ndarray:
 def test_loop_equals_vectorised(seed: int) -> None:
     rng = np.random.default_rng(seed)
     for case in range(8):
-        args = HGPOArgs(history_length=int(rng.choice([0, 1, 2, 4])), gamma=float(rng.choice([1.0, 0.95, 0.3, 0.01])),
+        args = HGPOArgs(history_length=int(rng.choice([0, 1, 2, 4])),
+                        gamma=float(rng.choice([1.0, 0.95, 0.3, 0.01])),
                         mode=str(rng.choice(["mean_norm", "mean_std_norm"])),
-                        length_weight_alpha=float(rng.choice([0.0, 1.0, 2.5])), base_group=bool(rng.random() < 0.4),
+                        length_weight_alpha=float(rng.choice([0.0, 1.0, 2.5])),
+                        base_group=bool(rng.random() < 0.4),
                         invalid_action_penalty=float(rng.choice([0.0, 0.1])))
         max_len = 60 if case % 3 == 0 else 8  # long trajectories too
         groups = random_groups(rng, int(rng.integers(1, 5)), max_len, num_states=int(rng.integers(1, 5)),

@@ -6,6 +6,7 @@ import itertools
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,7 +42,8 @@ def test_gspo_preset_has_the_papers_settings() -> None:
     assert (cfg.loss.loss_mode, cfg.loss.clip_ratio_low, cfg.loss.clip_ratio_high) == ("gspo", 3e-4, 4e-4)
     assert cfg.loss.loss_agg_mode == "seq-mean-token-mean" and cfg.loss.dual_clip_c is None
     assert cfg.loss.kl_coef == 0.0 and cfg.optim.num_minibatches == 4
-    assert PluginSet.from_config(cfg).policy_loss_name == "gspo" and "kl" not in PluginSet.from_config(cfg).terms
+    assert PluginSet.from_config(cfg).policy_loss_name == "gspo"
+    assert "kl" not in PluginSet.from_config(cfg).terms
     # Everything else is the GRPO quickstart: GSPO is an option on top of any algorithm.
     grpo = load_config(preset("grpo"))
     assert replace(cfg, loss=grpo.loss) == grpo
@@ -76,8 +78,9 @@ def test_informative_groups() -> None:
     assert informative(varied, "return", 1e-9) and informative(varied, "success", 1e-9)
     assert informative(same_success, "return", 1e-9) and not informative(same_success, "success", 1e-9)
     # Returns that differ only by rounding (0.1 + 0.2 vs 0.3) count as equal.
-    rounding = EpisodeGroup("g", "t", 0, [Trajectory([Turn([0], [1], [0.0], 0.1, "s"), Turn([0], [1], [0.0], 0.2, "s")],
-                                                     "t", 0), one_turn(0.3)])
+    rounding = EpisodeGroup("g", "t", 0, [Trajectory([Turn([0], [1], [0.0], 0.1, "s"),
+                                                      Turn([0], [1], [0.0], 0.2, "s")], "t", 0),
+                                          one_turn(0.3)])
     assert not informative(rounding, "return", 1e-9) and informative(rounding, "return", 0.0)
     assert not informative(EpisodeGroup("g", "t", 0, [one_turn(1.0)]), "return", 0.0)
 
@@ -161,7 +164,8 @@ def entropy_batch(entropy: torch.Tensor, steps: list[int], response_lengths: lis
 def test_epo_turn_level_hand_computed_and_gradient_pulls_into_the_band() -> None:
     term = EPOTerm(EPOArgs(coef=2.0, band_low=0.5, band_high=1.5, phase_weighting=False))
     term.load_state_dict({"sums": [1.0, 4.0], "counts": [1, 2], "iterations": 3})  # H̄ = [1.0, 2.0]
-    entropy = torch.tensor([[9.0, 2.0, 2.0], [9.0, 0.2, 0.4], [9.0, 1.5, 2.5], [9.0, 5.0, 5.0]], requires_grad=True)
+    entropy = torch.tensor([[9.0, 2.0, 2.0], [9.0, 0.2, 0.4], [9.0, 1.5, 2.5], [9.0, 5.0, 5.0]],
+                           requires_grad=True)
     # Row means: 2.0 (step 0: above 1.5 by 0.5), 0.3 (step 0: below 0.5 by 0.2), 2.0 (step 1: band
     # [1, 3], inside), 5.0 (step 3: no history yet, no penalty).
     batch, ent = entropy_batch(entropy, [0, 0, 1, 3], [2, 2, 2, 2])
@@ -202,7 +206,8 @@ def test_epo_history_is_the_mean_over_iterations_of_per_index_means() -> None:
     assert weighted.weight() == pytest.approx(phase_weight(0.5))
 
 
-def epo_loop(entropy: np.ndarray, mask: np.ndarray, steps: list[int], history: list[float], args: EPOArgs) -> float:
+def epo_loop(entropy: np.ndarray, mask: np.ndarray, steps: list[int], history: list[float],
+             args: EPOArgs) -> float:
     """The turn-level penalty, one row at a time."""
     total, rows = 0.0, 0
     for i, k in enumerate(steps):
@@ -234,7 +239,7 @@ def test_epo_loop_equals_vectorised(seed: int) -> None:
         entropy = torch.tensor(rng.uniform(0, 4, size=(rows, width)), dtype=torch.float32)
         batch, ent = entropy_batch(entropy, steps, lengths)
         _, metrics = term(batch, ForwardOutputs(torch.zeros_like(ent), entropy=ent), LossConfig())
-        history = [k if c else float("nan") for k, c in zip(known.tolist(), counts)]
+        history = [k if c else float("nan") for k, c in zip(known.tolist(), counts, strict=True)]
         expected = epo_loop(ent.numpy(), batch.response_mask.numpy(), steps, history, args)
         assert metrics["loss/epo"] == pytest.approx(expected, abs=1e-5)
 
@@ -271,7 +276,10 @@ def test_epo_resume_is_exact(tmp_path: Path) -> None:
     full = train(load_config(preset("epo"), overrides), tmp_path / "full")
     train(load_config(preset("epo"), overrides), tmp_path / "split", stop_after=2)
     resumed = train(load_config(preset("epo"), overrides), tmp_path / "split", resume=True)
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
+    def strip(h: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
     assert strip(resumed["history"]) == strip(full["history"])
     assert any(h["loss/epo"] > 0 for h in full["history"])  # the band was active, so history mattered
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
@@ -336,7 +344,8 @@ def llds_loop(new: np.ndarray, old: np.ndarray, adv: np.ndarray, mask: np.ndarra
 def test_llds_loop_equals_vectorised(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     for _ in range(10):
-        rows, seq = int(torch.randint(1, 6, (1,), generator=gen)), int(torch.randint(2, 12, (1,), generator=gen))
+        rows = int(torch.randint(1, 6, (1,), generator=gen))
+        seq = int(torch.randint(2, 12, (1,), generator=gen))
         mask = (torch.rand(rows, seq, generator=gen) < 0.7).float()  # several runs per row
         adv = torch.randn(rows, seq, generator=gen).where(torch.rand(rows, seq, generator=gen) < 0.5,
                                                           torch.full((rows, seq), 0.3))

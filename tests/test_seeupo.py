@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,13 +80,14 @@ def seeupo_loop(groups: list[EpisodeGroup], args: SeeUPOArgs) -> np.ndarray:
                 flat_invalid.append(turn.invalid)
                 position += 1
     out = np.zeros(position)
-    for k, items in rows.items():
+    for _k, items in rows.items():
         values = [v for _, v in items]
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
         for p, v in items:
             z = (v - mean) / std if std > args.std_floor else v - mean
-            out[p] = min(max(z, -args.advantage_clip), args.advantage_clip) - args.invalid_action_penalty * flat_invalid[p]
+            out[p] = (min(max(z, -args.advantage_clip), args.advantage_clip)
+                      - args.invalid_action_penalty * flat_invalid[p])
     return out
 
 
@@ -98,8 +100,10 @@ def test_loop_equals_vectorised(seed: int) -> None:
             trajectories = []
             for _ in range(int(rng.integers(1, 6))):
                 length = int(rng.integers(1, 50 if case % 3 == 0 else 6))
-                rewards = [0.0] * length if case % 4 == 1 else rng.choice([0.0, 0.0, 1.0, -0.5], size=length).tolist()
-                trajectories.append(traj(*rewards, invalid=tuple(np.flatnonzero(rng.random(length) < 0.2).tolist())))
+                rewards = ([0.0] * length if case % 4 == 1
+                           else rng.choice([0.0, 0.0, 1.0, -0.5], size=length).tolist())
+                invalid = tuple(np.flatnonzero(rng.random(length) < 0.2).tolist())
+                trajectories.append(traj(*rewards, invalid=invalid))
             groups.append(EpisodeGroup(f"g{g}", "t", 0, trajectories))
         args = SeeUPOArgs(advantage_clip=float(rng.choice([3.0, 1.0])),
                           invalid_action_penalty=float(rng.choice([0.0, 0.1])))
@@ -128,9 +132,11 @@ def test_cumulative_ratios_are_clipped_and_follow_trajectory_ids_not_rows() -> N
         seen = {}
         for phase in plan.phases(index):
             adv = plan.advantages(phase, index, np.ones(phase.rows.size))
-            seen.update({(index.trajectory_id[r], int(index.step[r])): a for r, a in zip(phase.rows, adv)})
+            seen.update({(index.trajectory_id[r], int(index.step[r])): a
+                         for r, a in zip(phase.rows, adv, strict=True)})
             old = [np.zeros(3) for _ in phase.rows]
-            new = [np.full(3, shifts.get((index.trajectory_id[r], int(index.step[r])), 0.0)) for r in phase.rows]
+            new = [np.full(3, shifts.get((index.trajectory_id[r], int(index.step[r])), 0.0))
+                   for r in phase.rows]
             plan.after_phase(phase, index, old, new)
         e = math.exp
         assert seen[("a", 2)] == 1.0 and seen[("b", 1)] == 1.0  # last turns: nothing updated after them
@@ -158,7 +164,7 @@ def test_updates_use_the_later_turns_ratios(tmp_path: Path) -> None:
 
     def record_after(phase, index, old, new):
         ratios_after.append({index.trajectory_id[r]: float(np.clip(np.exp(np.mean(n - o)), 0.8, 1.2))
-                             for r, o, n in zip(phase.rows, old, new)})
+                             for r, o, n in zip(phase.rows, old, new, strict=True)})
         return after_phase(phase, index, old, new)
 
     plan.advantages, plan.after_phase = record_advantages, record_after
@@ -173,7 +179,7 @@ def test_updates_use_the_later_turns_ratios(tmp_path: Path) -> None:
     assert [name for name, *_ in calls] == [f"turn{k}" for k in range(int(index.step.max()), -1, -1)]
     cumulative: dict[str, float] = defaultdict(lambda: 1.0)
     moved = False
-    for (name, rows, given, used), after in zip(calls, ratios_after):
+    for (_name, rows, given, used), after in zip(calls, ratios_after, strict=True):
         np.testing.assert_allclose(given, advantages[rows])
         expected = np.array([cumulative[index.trajectory_id[r]] for r in rows]) * given
         np.testing.assert_allclose(used, expected, rtol=1e-9)
@@ -199,7 +205,10 @@ def test_resume_is_exact(tmp_path: Path) -> None:
     full = train(load_config(PRESET, SMALL), tmp_path / "full")
     train(load_config(PRESET, SMALL), tmp_path / "split", stop_after=2)
     resumed = train(load_config(PRESET, SMALL), tmp_path / "split", resume=True)
-    strip = lambda h: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
+    def strip(h: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in h]
+
     assert strip(resumed["history"]) == strip(full["history"])
     assert any(h["seeupo/cumulative_ratio_mean"] != 1.0 for h in full["history"])
     a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)

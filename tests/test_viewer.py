@@ -73,14 +73,16 @@ def test_replay_filter_and_compare_an_evaluation(tmp_path: Path, page: Any) -> N
         assert page.inner_text(".current .f-observation pre") == expert[0]["observation"]
         page.click("#turn-next")
         assert page.inner_text("#turn-pos") == f"turn 2 of {len(first)}"
-        assert page.inner_text(".current .f-observation pre") == first[0]["observation"]  # what the agent saw next
+        # What the agent saw next.
+        assert page.inner_text(".current .f-observation pre") == first[0]["observation"]
         assert page.inner_text(".current .f-action span") == first[1]["action"]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "viewer_episode.png"), full_page=True)
 
         page.select_option("#f-policy", "")
         page.select_option("#f-success", "false")
-        page.wait_for_function("[...document.querySelectorAll('.episode-row')].every(r => r.textContent.startsWith('✗'))")
+        page.wait_for_function("[...document.querySelectorAll('.episode-row')]"
+                               ".every(r => r.textContent.startsWith('✗'))")
 
         page.click("#tab-compare")
         page.select_option("#cmp-task", "0")
@@ -92,7 +94,8 @@ def test_replay_filter_and_compare_an_evaluation(tmp_path: Path, page: Any) -> N
 
         page.click("#tab-summary")
         assert page.locator("#results-table tbody tr").count() == 2
-        assert "expert is better than random" in page.inner_text("#results") or "not significant" in page.inner_text("#results")
+        assert ("expert is better than random" in page.inner_text("#results")
+                or "not significant" in page.inner_text("#results"))
     finally:
         server.stop()
 
@@ -121,7 +124,8 @@ def test_training_run_iterations_advantages_and_learning_curves(tmp_path: Path, 
         page.click(".current .f-prompt summary")
         prompt = page.locator(".current .f-prompt pre").inner_text()
         assert "<|im_start|>" in prompt  # decoded with the run's tokenizer
-        assert page.inner_text(".current .f-action span") == groups[0]["trajectories"][0]["turns"][0]["action"]
+        first_action = groups[0]["trajectories"][0]["turns"][0]["action"]
+        assert page.inner_text(".current .f-action span") == first_action
         page.click("#tab-summary")
         assert page.inner_text("#tab-summary") == "Learning curves"
         page.wait_for_selector("svg.curve path", state="attached")  # a flat curve has no height
@@ -166,7 +170,8 @@ def test_long_lists_and_long_episodes_come_in_pages(tmp_path: Path, page: Any) -
 
         page.locator(".episode-row").first.click()
         page.wait_for_selector("#episode:not([hidden])")
-        assert page.inner_text("#turn-pos") == "turn 1 of 45" and "45 turns" in page.inner_text("#episode-head")
+        assert page.inner_text("#turn-pos") == "turn 1 of 45"
+        assert "45 turns" in page.inner_text("#episode-head")
         assert not any("turn_offset=20" in url for url in requested)
         for _ in range(20):
             page.click("#turn-next")
