@@ -14,7 +14,13 @@ the folders of earlier runs stay readable::
                                          (``weights.save_reference``)
     metrics.jsonl         .metrics       one JSON line of metrics per iteration (``metrics.MetricsLog``)
     tensorboard/          .tensorboard   the same metrics as TensorBoard events, when TensorBoard is
-                                         installed (``metrics.MetricsLog``)
+                                         installed (``tracking.open_sinks``)
+    tracking.json         .tracking      the ids of the run's MLflow and W&B runs, so that a resumed run
+                                         continues them (``tracking.open_sinks``)
+    mlruns/               .mlruns        the MLflow store, ``mlflow.db``, with ``tracking.mlflow`` and no
+                                         ``tracking.mlflow_uri`` (``tracking.open_sinks``)
+    wandb/                .wandb         W&B's offline runs, ``offline-run-*``, with ``tracking.wandb``
+                                         (``tracking.open_sinks``)
     trajectories/         .trajectories  iter_00001.jsonl...: each iteration's groups, one JSON line per
                                          group (``.trajectory_file``; the loop)
     report.json           .report        a finished run's evaluations, history and config (the loop)
@@ -49,25 +55,30 @@ CHECKPOINT = "checkpoint.pt"
 REFERENCE = "reference.pt"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
+TRACKING = "tracking.json"
+MLRUNS = "mlruns"
+WANDB = "wandb"
 TRAJECTORIES = "trajectories"
 REPORT = "report.json"
 CURVE = "learning_curve.png"
 MODEL = "model"
 ADAPTER = "adapter"
 #: Every file and folder a run writes, in the order of the module docstring's table.
-LAYOUT = (CONFIG, HISTORY, CHECKPOINT, REFERENCE, METRICS, TENSORBOARD, TRAJECTORIES, REPORT, CURVE, MODEL,
-          ADAPTER)
+LAYOUT = (CONFIG, HISTORY, CHECKPOINT, REFERENCE, METRICS, TENSORBOARD, TRACKING, MLRUNS, WANDB, TRAJECTORIES,
+          REPORT, CURVE, MODEL, ADAPTER)
 #: Entries a folder may hold for other reasons than a run: an evaluation's trajectories/, a model's
-#: folders, any TensorBoard log, a plot.
-_NOT_ONLY_RUNS = (TENSORBOARD, TRAJECTORIES, CURVE, MODEL, ADAPTER)
+#: folders, any TensorBoard log, MLflow store or W&B folder, a plot.
+_NOT_ONLY_RUNS = (TENSORBOARD, MLRUNS, WANDB, TRAJECTORIES, CURVE, MODEL, ADAPTER)
 #: Files only a run writes: a folder with any of them holds a run.
 RUN_FILES = tuple(name for name in LAYOUT if name not in _NOT_ONLY_RUNS)
 #: The name of an iteration's file in ``trajectories/``.
 TRAJECTORY_FILE = "iter_{:05d}.jsonl"
 _TRAJECTORY_NAME = re.compile(r"iter_(\d+)\.jsonl")
 #: Fields a resumed run may change: they extend the run or change how it is observed or placed,
-#: never what it learns from (``env.url``/``model.device`` move the same run to another service or device).
-RESUMABLE = ("iterations", "checkpoint_every", "eval.every", "env.url", "env.token", "model.device")
+#: never what it learns from (``env.url``/``model.device`` move the same run to another service or device;
+#: ``tracking`` says where its metrics are also logged).
+RESUMABLE = ("iterations", "checkpoint_every", "eval.every", "env.url", "env.token", "model.device",
+             "tracking")
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -175,8 +186,23 @@ class RunFolder:
 
     @property
     def tensorboard(self) -> Path:
-        """``tensorboard/``: the metrics as TensorBoard events, by ``metrics.MetricsLog`` (when installed)."""
+        """``tensorboard/``: the metrics as TensorBoard events, by ``tracking.open_sinks`` (if installed)."""
         return self.path / TENSORBOARD
+
+    @property
+    def tracking(self) -> Path:
+        """``tracking.json``: the ids of the run's MLflow and W&B runs, by ``tracking.open_sinks``."""
+        return self.path / TRACKING
+
+    @property
+    def mlruns(self) -> Path:
+        """``mlruns/``: the run's own MLflow store (``mlflow.db``), by ``tracking.open_sinks``."""
+        return self.path / MLRUNS
+
+    @property
+    def wandb(self) -> Path:
+        """``wandb/``: W&B's offline runs (``offline-run-*``), by ``tracking.open_sinks``."""
+        return self.path / WANDB
 
     @property
     def trajectories(self) -> Path:

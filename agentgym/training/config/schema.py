@@ -8,7 +8,9 @@ module imports no ML framework and nothing of the training package but the coerc
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
@@ -53,11 +55,13 @@ class EnvConfig:
     """For ``backend: ray``: the cluster to join (``ray.init(address=...)``); None starts or joins a
     local instance (``RAY_ADDRESS`` is honoured)."""
     ray_workers: int | None = None
-    """For ``backend: ray``: env actors (each holds many envs); None: one per CPU of the cluster, at most 16."""
+    """For ``backend: ray``: env actors (each holds many envs); None: one per CPU of the cluster, at most
+    16."""
 
     def __post_init__(self) -> None:
         if self.url and self.urls:
-            raise ConfigError("env.url and env.urls are both set; list every service in env.urls and drop env.url")
+            raise ConfigError("env.url and env.urls are both set; list every service in env.urls and drop "
+                              "env.url")
         for url in ([self.url] if self.url else []) + list(self.urls):
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ConfigError(f"env.urls / env.url must be http:// or https:// URLs, got {url!r}")
@@ -68,8 +72,8 @@ class EnvConfig:
         if self.backend not in ("local", "ray"):
             raise ConfigError(f"env.backend must be 'local' or 'ray', got {self.backend!r}")
         if self.backend == "ray" and (self.url or self.urls):
-            raise ConfigError("env.backend: ray runs envs in Ray actors; it cannot be combined with env.url/env.urls "
-                              "(services are already remote): drop one of them")
+            raise ConfigError("env.backend: ray runs envs in Ray actors; it cannot be combined with "
+                              "env.url/env.urls (services are already remote): drop one of them")
         if self.ray_workers is not None and (isinstance(self.ray_workers, bool) or self.ray_workers < 1):
             raise ConfigError(f"env.ray_workers must be a positive integer or null, got {self.ray_workers!r}")
 
@@ -212,10 +216,12 @@ class LossConfig:
         if not math.isfinite(self.entropy_coef):
             raise ConfigError(f"LossConfig.entropy_coef must be finite, got {self.entropy_coef}")
         if self.loss_mode is not None and (not isinstance(self.loss_mode, str) or not self.loss_mode):
-            raise ConfigError(f"LossConfig.loss_mode must name a registered policy loss, got {self.loss_mode!r}")
+            raise ConfigError(f"LossConfig.loss_mode must name a registered policy loss, "
+                              f"got {self.loss_mode!r}")
         norm = self.loss_agg_norm_tokens
         if norm is not None and (isinstance(norm, bool) or not isinstance(norm, int) or norm < 1):
-            raise ConfigError(f"LossConfig.loss_agg_norm_tokens must be a positive integer or None, got {norm!r}")
+            raise ConfigError(f"LossConfig.loss_agg_norm_tokens must be a positive integer or None, "
+                              f"got {norm!r}")
         if self.tis_cap is not None and not 0 < self.tis_cap < math.inf:
             raise ConfigError(f"LossConfig.tis_cap must be a positive number (or None), got {self.tis_cap!r}")
         if "kl" in self.terms or "entropy" in self.terms:
@@ -255,6 +261,79 @@ class EvalConfig:
     """Also evaluate every N iterations (0: only before and after)."""
 
 
+#: The extra that installs the trackers (``pyproject.toml``).
+TRACKING_INSTALL = "pip install 'agentgym-rl[tracking]'"
+#: Characters a W&B project name cannot hold (W&B refuses them).
+_PROJECT_FORBIDDEN = re.compile(r"[/\\#?%:]")
+
+
+def _installed(*modules: str) -> bool:
+    """Whether every module can be imported, found without importing it (a config check loads no tracker)."""
+    return all(importlib.util.find_spec(module) is not None for module in modules)
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where each iteration's metrics go besides ``metrics.jsonl``: TensorBoard, MLflow, W&B.
+
+    A tracker gets the run's config once (as its parameters), each iteration's metrics at the iteration
+    as step, and the report's held-out success before and after at the end; a resumed run continues the
+    tracker's run (its id is kept in the run folder's ``tracking.json``). Only observes the run, so a
+    resumed run may change it.
+
+    Example:
+        >>> TrackingConfig(mlflow_uri="sqlite:///shared.db")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: TrackingConfig.mlflow_uri is set but mlflow is false; set \
+tracking.mlflow=true to log there, or drop tracking.mlflow_uri
+    """
+
+    tensorboard: bool = True
+    """TensorBoard events in the run folder's ``tensorboard/``, when TensorBoard is installed (the
+    ``train`` extra); without it only ``metrics.jsonl`` is written."""
+    mlflow: bool = False
+    """Log to an MLflow run (``pip install 'agentgym-rl[tracking]'``); by default into a SQLite store in
+    the run folder (``mlruns/mlflow.db``): ``mlflow ui --backend-store-uri sqlite:///RUN/mlruns/mlflow.db``."""
+    mlflow_uri: str | None = None
+    """MLflow tracking URI to log to instead of the run folder's store: a database
+    (``sqlite:///path.db``) or a tracking server (``http://host:5000``)."""
+    wandb: bool = False
+    """Log to a Weights & Biases run in offline mode (``pip install 'agentgym-rl[tracking]'``): training
+    never touches the network; the run is written under the run folder's ``wandb/`` and uploaded, when
+    wanted, with ``wandb sync RUN/wandb/offline-run-*``."""
+    project: str = "agentgym"
+    """MLflow experiment and W&B project the run is logged under."""
+    run_name: str | None = None
+    """The tracker run's display name; None: the run folder's name."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.project, str) or not self.project.strip() \
+                or _PROJECT_FORBIDDEN.search(self.project):
+            raise ConfigError(f"TrackingConfig.project must be a name without / \\ # ? % : (W&B refuses "
+                              f"them), got {self.project!r}")
+        if self.run_name is not None and (not isinstance(self.run_name, str) or not self.run_name.strip()):
+            raise ConfigError(f"TrackingConfig.run_name must be a non-empty name or null (the run folder's "
+                              f"name), got {self.run_name!r}")
+        if self.mlflow_uri is not None:
+            if not isinstance(self.mlflow_uri, str) or not self.mlflow_uri.strip():
+                raise ConfigError(f"TrackingConfig.mlflow_uri must be an MLflow tracking URI or null (the "
+                                  f"run folder's store), got {self.mlflow_uri!r}")
+            if not self.mlflow:
+                raise ConfigError("TrackingConfig.mlflow_uri is set but mlflow is false; set "
+                                  "tracking.mlflow=true to log there, or drop tracking.mlflow_uri")
+        if self.mlflow and not _installed("mlflow"):
+            raise ConfigError(f"TrackingConfig.mlflow is true but MLflow is not installed: "
+                              f"{TRACKING_INSTALL} (or set tracking.mlflow=false)")
+        if self.mlflow and self.mlflow_uri is None and not _installed("sqlalchemy", "alembic"):
+            raise ConfigError(f"TrackingConfig.mlflow: the run folder's MLflow store is a SQLite database, "
+                              f"which needs sqlalchemy and alembic: {TRACKING_INSTALL} (or set "
+                              f"tracking.mlflow_uri to a tracking server)")
+        if self.wandb and not _installed("wandb"):
+            raise ConfigError(f"TrackingConfig.wandb is true but wandb is not installed: {TRACKING_INSTALL} "
+                              f"(or set tracking.wandb=false)")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """A whole training run."""
@@ -274,13 +353,16 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """Experiment trackers the metrics also go to (``TrackingConfig``)."""
 
     def validate(self) -> TrainConfig:
         """Field ranges that no single field's type can express; raises ``ConfigError`` naming the field.
         (``agentgym.training.config.loading.check_config`` adds the checks that need the registries.)"""
         positive = {
             "iterations": self.iterations, "rollout.num_tasks": self.rollout.num_tasks,
-            "rollout.group_size": self.rollout.group_size, "rollout.max_new_tokens": self.rollout.max_new_tokens,
+            "rollout.group_size": self.rollout.group_size,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens,
             "optim.num_epochs": self.optim.num_epochs, "optim.num_minibatches": self.optim.num_minibatches,
             "eval.num_episodes": self.eval.num_episodes, "sft.batch_size": self.sft.batch_size,
         }
@@ -288,7 +370,8 @@ class TrainConfig:
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
         if self.optim.micro_batch_tokens is not None and self.optim.micro_batch_tokens < 1:
-            raise ConfigError(f"optim.micro_batch_tokens must be >= 1 or null, got {self.optim.micro_batch_tokens}")
+            raise ConfigError(f"optim.micro_batch_tokens must be >= 1 or null, "
+                              f"got {self.optim.micro_batch_tokens}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:

@@ -474,7 +474,9 @@ class Trainer:
             self.freeze_reference()
         progress.start("RL", total=cfg.iterations, completed=start_iteration)
 
-        with MetricsLog(folder.path, history, on_iteration) as log:
+        # The trackers stay open until the report is in them; only the main process logs to them.
+        with MetricsLog(folder.path, history, on_iteration, config=config_to_dict(cfg),
+                        tracking=cfg.tracking if self.dist.is_main else None) as log:
             for iteration in range(start_iteration + 1, cfg.iterations + 1):
                 it_started = time.perf_counter()
                 # --- collect ---------------------------------------------------------------------------
@@ -510,30 +512,32 @@ class Trainer:
                 if stopping:
                     return self.stopped(iteration, history)
 
-        # --- finish: held-out evaluation, report, model -------------------------------------------
-        self.resume_point = ResumePoint(cfg.iterations, history)  # saved with the last iteration
-        if self.pipeline.asynchronous:
-            # Asynchronous generators catch up only before they collect, and nothing is collected after the
-            # last update: without this the final evaluation would play the weights one update behind model/.
-            self.sync_generator()
-        with stop.region("immediate"):
-            eval_after = self.evaluate_phase("after", "eval after RL")
-        report = {
-            "algorithm": cfg.algorithm.name,
-            "env": cfg.env.id,
-            "iterations": cfg.iterations,
-            "wall_time_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started,
-            "eval": {"before": extra["eval_before"], "after": eval_after,
-                     "before_sft": extra.get("eval_before_sft")},
-            "sft": extra.get("sft"),
-            "history": history,
-            "config": config_to_dict(cfg),
-            "config_history": folder.config_history(),
-        }
-        folder.report.write_text(json.dumps(report, indent=2))
-        if self.dist.is_main:
-            save_pretrained(self.model, self.tokenizer, folder)
-        plot_learning_curve(report, folder.curve)
+            # --- finish: held-out evaluation, report, model ---------------------------------------
+            self.resume_point = ResumePoint(cfg.iterations, history)  # saved with the last iteration
+            if self.pipeline.asynchronous:
+                # Asynchronous generators catch up only before they collect, and nothing is collected after
+                # the last update: without this the final evaluation would play the weights one update behind
+                # model/.
+                self.sync_generator()
+            with stop.region("immediate"):
+                eval_after = self.evaluate_phase("after", "eval after RL")
+            report = {
+                "algorithm": cfg.algorithm.name,
+                "env": cfg.env.id,
+                "iterations": cfg.iterations,
+                "wall_time_s": extra.get("elapsed_s", 0.0) + time.perf_counter() - self.started,
+                "eval": {"before": extra["eval_before"], "after": eval_after,
+                         "before_sft": extra.get("eval_before_sft")},
+                "sft": extra.get("sft"),
+                "history": history,
+                "config": config_to_dict(cfg),
+                "config_history": folder.config_history(),
+            }
+            folder.report.write_text(json.dumps(report, indent=2))
+            if self.dist.is_main:
+                save_pretrained(self.model, self.tokenizer, folder)
+            plot_learning_curve(report, folder.curve)
+            log.finish(report)
         return report
 
     def _check_tool_calls(self, iteration: int, stats: CollectStats) -> None:

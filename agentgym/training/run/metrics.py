@@ -1,8 +1,9 @@
-"""Iteration metrics (``iteration_metrics``) and where they go (``MetricsLog``: JSONL, TensorBoard, a
-callback)."""
+"""Iteration metrics (``iteration_metrics``) and where they go (``MetricsLog``: JSONL, the trackers of
+``agentgym.training.run.tracking`` — TensorBoard, MLflow, W&B — and a callback)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,8 @@ from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import CollectStats
 from agentgym.rollout.records import EpisodeGroup
 from agentgym.run_folder import RunFolder
+from agentgym.training.config.schema import TrackingConfig
+from agentgym.training.run.tracking import Outcome, Sink, numeric, open_sinks, summary_numbers
 
 
 def iteration_metrics(iteration: int, groups: list[EpisodeGroup], advantages: np.ndarray, stats: CollectStats,
@@ -58,7 +61,10 @@ def iteration_metrics(iteration: int, groups: list[EpisodeGroup], advantages: np
 
 
 class MetricsLog:
-    """Appends each iteration's metrics to ``metrics.jsonl``, ``tensorboard/`` (if installed) and a callback.
+    """Appends each iteration's metrics to ``metrics.jsonl``, the trackers ``tracking`` asks for and a
+    callback; ``finish`` gives the trackers the report's summary. Used as a context manager, it closes the
+    trackers with how the run ended: finished (after ``finish``), stopped (a stop signal, or leaving
+    early) or failed (an error).
 
     Args:
         out_dir: the run folder.
@@ -66,40 +72,63 @@ class MetricsLog:
             iterations logged after the last checkpoint never happened as far as the resumed run is
             concerned).
         on_iteration: called with each iteration's metrics (the CLI's progress display).
+        tracking: the run's ``tracking`` section; None: ``metrics.jsonl`` and the callback only (the other
+            processes of a multi-process run, whose metrics the main one logs).
+        config: the run's config as plain data, the trackers' parameters.
     """
 
     def __init__(self, out_dir: Path, history: list[dict[str, Any]],
-                 on_iteration: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_iteration: Callable[[dict[str, Any]], None] | None = None, *,
+                 tracking: TrackingConfig | None = None, config: dict[str, Any] | None = None) -> None:
         folder = RunFolder(out_dir)
         self.path = folder.metrics
         self.path.write_text("".join(json.dumps(h) + "\n" for h in history))
         self.on_iteration = on_iteration
-        self._writer = _tensorboard(folder.tensorboard)
+        self.sinks: list[Sink] = ([] if tracking is None
+                                  else open_sinks(tracking, folder, config or {}, history))
+        self.finished = False
+        self.closed = False
 
     def log(self, metrics: dict[str, Any]) -> None:
         with open(self.path, "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
-        if self._writer is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and key != "iteration":
-                    self._writer.add_scalar(key, value, metrics["iteration"])
+        numbers = numeric(metrics)
+        for sink in self.sinks:
+            sink.log(numbers, metrics["iteration"])
         if self.on_iteration is not None:
             self.on_iteration(metrics)
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+    def finish(self, report: dict[str, Any]) -> None:
+        """The finished run's report: its summary numbers (``tracking.summary_numbers``) to the trackers."""
+        numbers = summary_numbers(report)
+        for sink in self.sinks:
+            sink.summarize(numbers, report["iterations"])
+        self.finished = True
+
+    def close(self, outcome: Outcome | None = None) -> None:
+        """Close every tracker (once), with ``outcome``; None: finished after ``finish``, else stopped."""
+        if self.closed:
+            return
+        self.closed = True
+        outcome = outcome or ("finished" if self.finished else "stopped")
+        errors = []
+        for sink in self.sinks:
+            try:
+                sink.close(outcome)
+            except Exception as exc:  # every tracker is closed before the first error is raised
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> MetricsLog:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _tensorboard(logdir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is in the train extra; metrics.jsonl is always written
-        return None
-    return SummaryWriter(str(logdir))
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Stop requests are BaseExceptions but not Exceptions (StopNow, KeyboardInterrupt, SystemExit): the
+        # run stopped where it can be resumed; an Exception is a failure. A tracker that cannot close then
+        # must not hide why the run ended.
+        with contextlib.suppress(Exception):
+            self.close("failed" if issubclass(exc_type, Exception) else "stopped")
