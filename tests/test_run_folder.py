@@ -16,7 +16,8 @@ from agentgym.training.run.loop import train
 #: The names on disk: runs written before any change must stay readable, so they never change.
 NAMES = {"config": "config.json", "history": "config_history.jsonl", "checkpoint": "checkpoint.pt",
          "reference": "reference.pt", "metrics": "metrics.jsonl", "tensorboard": "tensorboard",
-         "trajectories": "trajectories", "report": "report.json", "curve": "learning_curve.png",
+         "tracking": "tracking.json", "mlruns": "mlruns", "wandb": "wandb", "trajectories": "trajectories",
+         "report": "report.json", "curve": "learning_curve.png",
          "model": "model", "adapter": "adapter"}
 
 
@@ -43,9 +44,10 @@ def test_only_files_no_other_tool_writes_mark_a_folder_as_a_run(tmp_path: Path) 
         folder.path.mkdir()
         (folder.path / name).touch()
         assert folder.holds_run() == (name in RUN_FILES), name
-    # An evaluation's trajectories/, a model's folders, a TensorBoard log or a plot are not a run's.
-    assert set(LAYOUT) - set(RUN_FILES) == {"trajectories", "model", "adapter", "tensorboard",
-                                            "learning_curve.png"}
+    # An evaluation's trajectories/, a model's folders, a TensorBoard log, an MLflow store, a W&B folder
+    # or a plot are not a run's.
+    assert set(LAYOUT) - set(RUN_FILES) == {"trajectories", "model", "adapter", "tensorboard", "mlruns",
+                                            "wandb", "learning_curve.png"}
 
 
 def test_trajectory_files_lists_the_iterations_in_order_and_skips_other_names(tmp_path: Path) -> None:
@@ -63,8 +65,10 @@ def test_a_real_run_writes_exactly_the_files_its_run_folder_names(tmp_path: Path
     folder = RunFolder(tmp_path / "run")
     train(load_config(None, small("iterations=2", "model.device=cpu")), folder.path)
     has_tensorboard = importlib.util.find_spec("tensorboard") is not None
-    # Not written by this run: a config changed on resume, a LoRA adapter; TensorBoard only when installed.
-    expected = {p.name for p in _accessors(folder).values()} - {folder.history.name, folder.adapter.name}
+    # Not written by this run: a config changed on resume, a LoRA adapter, the trackers' files (tracking is
+    # off by default; tests/test_tracking.py checks them); TensorBoard only when installed.
+    expected = {p.name for p in _accessors(folder).values()} - {
+        folder.history.name, folder.adapter.name, folder.tracking.name, folder.mlruns.name, folder.wandb.name}
     if not has_tensorboard:
         expected.discard(folder.tensorboard.name)
     assert _listing(folder.path) == expected
