@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from learning import small
+from safetensors import safe_open
 
 from agentgym.backends.builder import make_policy
 from agentgym.backends.config import LoraConfig, ModelConfig, TinyModelConfig
@@ -102,6 +103,10 @@ def test_lora_sft_loss_falls_and_is_folded_into_the_reference(tmp_path: Path) ->
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     merged, _ = load_model_and_tokenizer(str(tmp_path / "model"))
     assert not any("lora" in k for k in merged.state_dict())
+    # The tiny model ties its output projection to the embeddings: stored once, as a plain model's save does.
+    with safe_open(str(tmp_path / "model" / "model.safetensors"), "pt") as weights:
+        assert "lm_head.weight" not in weights.keys() and "model.embed_tokens.weight" in weights.keys()
+    assert merged.lm_head.weight.data_ptr() == merged.model.embed_tokens.weight.data_ptr()
 
 
 def test_lora_resume_is_exact(tmp_path: Path) -> None:

@@ -125,9 +125,25 @@ def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Base weights with the adapter folded in (W + B·A·alpha/r), under the base model's names.
 
-    Computed beside the model (CPU copies); the model itself is not modified.
+    Computed beside the model (CPU copies); the model itself is not modified. Weights the base model ties
+    (the output projection and the input embeddings of a model with ``tie_word_embeddings``) stay one
+    tensor under both names, so a saved model stores them once, as the base model's own save does.
     """
-    return {k: v.detach().cpu().clone() for k, v in _base_named(model, merged=True)}
+    base = model.get_base_model()
+    # Keyed by the storage of the base's own tensors, which the state dict keeps alive meanwhile (a merged
+    # weight is a new tensor, whose memory a later one may reuse: it never shares).
+    storage = {k.replace(".base_layer.", "."): (v.untyped_storage().data_ptr(), v.storage_offset())
+               for k, v in base.state_dict().items() if ".lora_" not in k}
+    copies: dict[tuple[int, int], torch.Tensor] = {}
+    merged: dict[str, torch.Tensor] = {}
+    for key, value in _base_named(model, merged=True):
+        if value.untyped_storage().data_ptr() != storage[key][0]:  # the adapter was folded into it
+            merged[key] = value.detach().cpu().clone()
+            continue
+        if storage[key] not in copies:
+            copies[storage[key]] = value.detach().cpu().clone()
+        merged[key] = copies[storage[key]]
+    return merged
 
 
 def _base_named(model: torch.nn.Module, *, merged: bool) -> Iterator[tuple[str, torch.Tensor]]:
