@@ -5,6 +5,7 @@ copied calls."""
 from __future__ import annotations
 
 import math
+import random
 import re
 
 import pytest
@@ -83,6 +84,67 @@ def test_mask_checks_every_character_of_multi_character_tokens() -> None:
     mask.advance(0, 8)
     assert allowed() == [11]  # the call is complete: only the end-of-turn token
     assert mask.step([None])[0].eq(0).all()  # a finished row kept in the batch is left alone
+
+
+def _allowed_by_definition(constraint, prompt: str, response: str,
+                           pieces: dict[int, str]) -> set[int] | None:
+    """Every token whose characters the rule allows one after another: the mask's definition, token by
+    token."""
+    if constraint.next_chars(prompt, response) is None:
+        return None
+    allowed = set()
+    for token, text in pieces.items():
+        ok = True
+        for k, char in enumerate(text):
+            chars = constraint.next_chars(prompt, response + text[:k])
+            if chars is not None and char not in chars:
+                ok = False
+                break
+        if ok:
+            allowed.add(token)
+    return allowed
+
+
+class FreeAfterColon:
+    """Allows ``a``, ``b`` and ``:`` until a colon is written, then anything: a rule that lets go
+    mid-token."""
+
+    def next_chars(self, prompt: str, response: str) -> frozenset[str] | None:
+        return None if ":" in response else frozenset("ab:")
+
+    def may_end(self, prompt: str, response: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_mask_allows_exactly_the_tokens_the_rule_allows_char_by_char(seed: int) -> None:
+    """The trie walk against the definition, on random multi-character vocabularies (pieces of the prompt's
+    words, the tags, junk) along random allowed responses, for TagSpans and for a rule that lets go."""
+    rng = random.Random(seed)
+    prompt_text = "Who founded Zorvex Labs in Old Harbor? Ask the Zorvex archive."
+    words = prompt_text.replace("?", " ").replace(".", " ").split()
+    texts = {"<", ">", "/", "a", "b", ":", "<search>", "</search>", "<answer>", "</answer>", " ", "?"}
+    while len(texts) < 300:
+        word = rng.choice(words + ["search", "answer", "xyz", "a:b", "ab:", ":zz"])
+        start = rng.randrange(len(word))
+        piece = word[start:start + rng.randint(1, 6)]
+        texts.add(rng.choice(["", " ", "<", ">"]) + piece + rng.choice(["", " ", "</"]))
+    pieces = dict(enumerate(sorted(texts)))
+    tok = PieceTokenizer()
+    for constraint in (TagSpans(), FreeAfterColon()):
+        mask = ConstraintMask(constraint, tok, [[]], pieces, {len(pieces)}, len(pieces) + 1)
+        mask.prompts = [prompt_text]
+        for _ in range(12):
+            expected = _allowed_by_definition(constraint, prompt_text, mask.responses[0], pieces)
+            got = mask.allowed(0)
+            if expected is None:
+                assert got is None
+                break
+            assert set(got) - {len(pieces)} == expected
+            choices = sorted(expected)
+            if not choices:
+                break
+            mask.advance(0, rng.choice(choices))
 
 
 @pytest.fixture(scope="module")

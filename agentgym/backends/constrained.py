@@ -31,12 +31,54 @@ def token_pieces(tokenizer: Any, vocab_size: int) -> dict[int, str]:
     return pieces
 
 
+class _TokenTrie:
+    """Every token's text as a path of characters: the tokens whose text ends at a node (``ends``), and
+    below it (``below``, gathered on first use)."""
+
+    __slots__ = ("children", "ends", "_below")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _TokenTrie] = {}
+        self.ends: list[int] = []
+        self._below: list[int] | None = None
+
+    @classmethod
+    def of(cls, pieces: dict[int, str]) -> _TokenTrie:
+        root = cls()
+        for token, text in pieces.items():
+            node = root
+            for char in text:
+                node = node.children.setdefault(char, cls())
+            node.ends.append(token)
+        return root
+
+    def below(self) -> list[int]:
+        """The tokens whose text runs on past this node."""
+        if self._below is None:
+            self._below = [t for child in self.children.values() for t in (*child.ends, *child.below())]
+        return self._below
+
+
+#: The trie of the last ``pieces`` asked for (a policy's pieces are computed once; held, so its id stays its).
+_LAST_TRIE: tuple[dict[int, str], _TokenTrie] | None = None
+
+
+def _trie_of(pieces: dict[int, str]) -> _TokenTrie:
+    global _LAST_TRIE
+    if _LAST_TRIE is None or _LAST_TRIE[0] is not pieces:
+        _LAST_TRIE = (pieces, _TokenTrie.of(pieces))
+    return _LAST_TRIE[1]
+
+
 class ConstraintMask:
     """The tokens a constraint allows at each step of one batch, as an additive logit mask.
 
     A token is allowed when each character of its text is allowed in turn; the end-of-turn tokens
     when the constraint says the response may end, or when nothing else is allowed (so a response
-    that cannot continue ends instead of running to ``max_new_tokens``).
+    that cannot continue ends instead of running to ``max_new_tokens``). The tokens are found by walking
+    a trie of their texts, descending only along allowed characters: the rule is asked once per prefix
+    that can still be allowed, not once per character of every token (with a 49k vocabulary, most tokens
+    are ruled out at their first character).
 
     Args:
         constraint: the rule.
@@ -64,15 +106,9 @@ class ConstraintMask:
         self.prompts = [tokenizer.decode(list(p), skip_special_tokens=True) for p in prompts]
         self.responses = ["" for _ in prompts]
         self.pieces = pieces
+        self.trie = _trie_of(pieces)
         self.stop_ids = sorted(stop_token_ids)
         self.vocab_size = vocab_size
-        self.by_char: dict[str, list[int]] = {}
-        self.longer: dict[str, list[tuple[int, str]]] = {}
-        for token, text in pieces.items():
-            if len(text) == 1:
-                self.by_char.setdefault(text, []).append(token)
-            else:
-                self.longer.setdefault(text[0], []).append((token, text))
 
     def advance(self, row: int, token: int) -> None:
         """Record that prompt ``row`` generated ``token``."""
@@ -84,18 +120,25 @@ class ConstraintMask:
         chars = self.constraint.next_chars(prompt, response)
         if chars is None:
             return None
-        ids = [token for char in chars for token in self.by_char.get(char, ())]
-        for char in chars:
-            for token, text in self.longer.get(char, ()):
-                if all(self._may_follow(prompt, response + text[:k], text[k]) for k in range(1, len(text))):
-                    ids.append(token)
+        ids: list[int] = []
+        # (node, the text from the response's end to it, the characters allowed after that text)
+        stack: list[tuple[_TokenTrie, str, frozenset[str]]] = [(self.trie, "", chars)]
+        while stack:
+            node, text, allowed = stack.pop()
+            for char in (allowed if len(allowed) < len(node.children) else node.children):
+                child = node.children.get(char)
+                if child is None or char not in allowed:
+                    continue
+                ids.extend(child.ends)
+                if child.children:
+                    after = self.constraint.next_chars(prompt, response + text + char)
+                    if after is None:  # anything may follow: every longer token through here is allowed
+                        ids.extend(child.below())
+                    elif after:
+                        stack.append((child, text + char, after))
         if not ids or self.constraint.may_end(prompt, response):
             ids += self.stop_ids
         return ids
-
-    def _may_follow(self, prompt: str, response: str, char: str) -> bool:
-        chars = self.constraint.next_chars(prompt, response)
-        return chars is None or char in chars
 
     def step(self, rows: Sequence[int | None]) -> torch.Tensor:
         """``(len(rows), vocab)`` float32: 0 where allowed, ``-inf`` elsewhere; a ``None`` row (a finished
