@@ -92,6 +92,25 @@ def test_resume_from_a_damaged_checkpoint_gets_one_line(stopped_run: Path, tmp_p
     assert f"agentgym train {run / 'config.json'} --out {run} --overwrite" in line  # what to do
 
 
+@pytest.mark.parametrize("damage, said", [
+    (lambda path: path.write_bytes(b""), "is damaged: the file is empty"),
+    (lambda path: path.write_bytes(path.read_bytes()[:100]), "is damaged: the file is cut short"),
+    (lambda path: path.unlink(), "cannot read"),
+], ids=["empty", "truncated", "deleted"])
+def test_resume_with_a_damaged_reference_gets_one_line(stopped_run: Path, tmp_path: Path, damage,
+                                                       said: str) -> None:
+    """reference.pt holds the post-SFT weights the KL term compares with (the run has a KL term)."""
+    run = copy_of(stopped_run, tmp_path)
+    reference = run / "reference.pt"
+    assert reference.is_file()
+    damage(reference)
+    result = invoke("train", "--resume", str(run))
+    assert result.exit_code == 2
+    [line] = error_lines(result.output)
+    assert str(reference) in line and said in line, line
+    assert f"agentgym train {run / 'config.json'} --out {run} --overwrite" in line  # what to do
+
+
 @pytest.mark.parametrize("content, said", [
     (b'{"iterations": 3,', "is damaged (not JSON: Expecting property name enclosed in double quotes"),
     (b"\xff\xfe binary", "is damaged (byte 0 is not UTF-8)"),

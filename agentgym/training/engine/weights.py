@@ -80,18 +80,19 @@ def save_reference(model: torch.nn.Module, path: Path, *, sft_ran: bool, needed:
             write_torch({"lora_base": base_state_dict(model)}, path)
 
 
-def restore_reference_base(model: torch.nn.Module, path: Path) -> None:
-    """LoRA: put back the post-SFT base weights a resumed run's model was built without."""
-    if is_lora(model) and path.is_file():
-        load_base_state(model, torch.load(path, weights_only=True)["lora_base"])
+def restore_reference_base(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """LoRA: put back the post-SFT base weights (``reference.pt``'s ``lora_base``) a resumed run's model was
+    built without."""
+    load_base_state(model, state["lora_base"])
 
 
-def reference_model(model: torch.nn.Module, path: Path) -> Any:
-    """The frozen KL reference: the adapter switched off (LoRA) or a frozen copy of the saved weights."""
+def reference_model(model: torch.nn.Module, state: dict[str, Any] | None) -> Any:
+    """The frozen KL reference: the adapter switched off (LoRA; ``state`` unused) or a frozen copy of the
+    model with the saved weights ``state`` (``reference.pt``)."""
     if is_lora(model):
         return AdapterDisabled(model)
     current = copy.deepcopy(model.state_dict())
-    model.load_state_dict(torch.load(path, weights_only=True))
+    model.load_state_dict(state)
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
     model.load_state_dict(current)

@@ -71,13 +71,15 @@ def checkpoint_iteration(out_dir: Path) -> int | None:
     return int(read_checkpoint(path, mmap=True, remedy=_restart(out_dir))["iteration"])
 
 
-def read_checkpoint(path: str | Path, *, mmap: bool = False, remedy: str = "") -> dict[str, Any]:
+def read_checkpoint(path: str | Path, *, mmap: bool = False, remedy: str = "",
+                    entry: str | None = "iteration") -> dict[str, Any]:
     """The state saved in the checkpoint file ``path`` (an ``agentgym train`` checkpoint), on the CPU.
 
     Args:
         path: the file.
         mmap: map the tensors instead of reading them (reading the counters only is then cheap).
         remedy: what the user can do about a damaged file, appended to the error.
+        entry: the key the saved mapping must have (None: any mapping, as ``reference.pt``'s weights).
 
     Raises:
         ConfigError: the file is missing, empty, cut short, not a PyTorch checkpoint (a text file) or not
@@ -88,7 +90,8 @@ def read_checkpoint(path: str | Path, *, mmap: bool = False, remedy: str = "") -
         with open(path, "rb") as fh:
             head = fh.read(4)
     except OSError as exc:
-        raise ConfigError(f"cannot read the checkpoint {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}"
+                          + (f"; {remedy}" if remedy else "")) from None
     why = None
     if not head:
         why = "the file is empty"
@@ -102,9 +105,9 @@ def read_checkpoint(path: str | Path, *, mmap: bool = False, remedy: str = "") -
         except Exception as exc:  # noqa: BLE001 - torch reports a damaged archive in several ways
             why = f"it cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         else:
-            if isinstance(state, dict) and "iteration" in state:
+            if isinstance(state, dict) and (entry is None or entry in state):
                 return state
-            why = "it holds no `agentgym train` state (no 'iteration' entry)"
+            why = ("it holds no `agentgym train` state" + (f" (no {entry!r} entry)" if entry else ""))
     raise ConfigError(f"{path} is damaged: {why}" + (f"; {remedy}" if remedy else ""))
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from agentgym.backends.builder import make_policy
+from agentgym.backends.lora import is_lora
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
 from agentgym.eval.summary import summarize
@@ -54,6 +55,7 @@ from agentgym.training.engine.weights import (
 from agentgym.training.run.checkpoint import (
     checkpoint_iteration,
     load_checkpoint,
+    read_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -287,7 +289,15 @@ class Trainer:
     def freeze_reference(self) -> None:
         """The KL anchor is the policy RL starts from (after SFT), never the untrained init; a resumed
         run rebuilds it from the saved post-SFT weights."""
-        self.update.ref_model = reference_model(self.model, self.reference_file)
+        state = None if is_lora(self.model) else self.read_reference(entry=None)
+        self.update.ref_model = reference_model(self.model, state)
+
+    def read_reference(self, entry: str | None) -> dict[str, Any]:
+        """``reference.pt``, checked (a damaged or missing file is one line saying how to go on)."""
+        return read_checkpoint(self.reference_file, entry=entry,
+                               remedy=f"it holds the post-SFT weights the run's KL term compares with, so "
+                                      f"the run cannot go on without it. Start it again with: "
+                                      f"{RunFolder(self.root).restart_command()}")
 
     def plugin_state(self) -> dict[str, Any]:
         """State of the run's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
@@ -335,7 +345,8 @@ class Trainer:
         iteration = state["iteration"]
         if self.dist.is_main:
             folder.record_changes(iteration, changes, config_to_dict(cfg))
-        restore_reference_base(self.model, self.reference_file)
+        if is_lora(self.model) and self.reference_file.is_file():  # SFT changed the LoRA run's base
+            restore_reference_base(self.model, self.read_reference(entry="lora_base"))
         load_model_state(self.model, state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
