@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from learning import small
 
 from agentgym.training import load_config
 from agentgym.training.api.terms import LossTerm, register_loss_term
-from agentgym.training.run.loop import train
+from agentgym.training.run.loop import Trainer, train
 
 #: A small run (seconds per iteration on CPU).
 TINY = ["checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=2", "eval.num_episodes=2",
@@ -196,3 +197,28 @@ def test_a_stop_after_the_update_skips_the_evaluation_and_saves_the_iteration(tm
     assert saved_iteration(out) == 1
     [metrics] = stopped["history"]
     assert metrics["iteration"] == 1 and "eval/success_rate" not in metrics  # the evaluation was not played
+
+
+def test_a_stop_during_the_evaluation_before_rl_keeps_the_warm_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoint 0 is written when SFT ends; a stop in the evaluation after it loses neither, and the resumed
+    run evaluates then and goes on as the uninterrupted run does."""
+    cfg = load_config(None, small("iterations=2", "model.device=cpu"))
+    evaluate = Trainer.evaluate
+
+    def stopping_evaluate(self: Trainer, tag: str) -> dict:
+        if tag == "before-rl":
+            monkeypatch.setattr(Trainer, "evaluate", evaluate)  # once
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(self, tag)
+
+    monkeypatch.setattr(Trainer, "evaluate", stopping_evaluate)
+    stopped = train(cfg, tmp_path / "split")
+    assert stopped["stopped_after"] == 0 and stopped["checkpoint"], stopped
+    saved = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=False)
+    assert saved["iteration"] == 0 and "sft" in saved["extra"] and "eval_before" not in saved["extra"]
+
+    resumed = train(cfg, tmp_path / "split", resume=True)
+    full = train(cfg, tmp_path / "full")
+    assert resumed["eval"]["before"] == full["eval"]["before"]
+    assert without_perf(resumed["history"]) == without_perf(full["history"])

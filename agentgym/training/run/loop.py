@@ -261,7 +261,8 @@ class Trainer:
         return summary
 
     def warm_start(self) -> dict[str, Any]:
-        """SFT on expert demonstrations (when enabled), with held-out evaluations before and after."""
+        """SFT on expert demonstrations (when enabled), with the held-out evaluation before it; the one
+        after it is ``eval_before_rl``, once the warm start is saved."""
         cfg, extra, progress = self.cfg, {}, self.progress
         extra["eval_before_sft"] = (self.evaluate_phase("before", "eval before SFT") if cfg.sft.enabled
                                     else None)
@@ -283,8 +284,17 @@ class Trainer:
         save_reference(self.model, self.reference_file, sft_ran=cfg.sft.enabled,
                        needed=self.plugins.needs_reference, write=self.dist.is_main)
         self.dist.barrier()
-        extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
         return extra
+
+    def eval_before_rl(self, extra: dict[str, Any], history: list[dict[str, Any]], iteration: int) -> None:
+        """The held-out evaluation RL starts from, into ``extra`` (once: a run stopped during it does it on
+        resume), then saved with the warm start when no RL iteration has run yet."""
+        if "eval_before" in extra:
+            return
+        with self.stop.region("immediate"):
+            extra["eval_before"] = self.evaluate_phase("before-rl", "eval before RL")
+        if iteration == 0:
+            self.save(0, history, extra)
 
     def freeze_reference(self) -> None:
         """The KL anchor is the policy RL starts from (after SFT), never the untrained init; a resumed
@@ -474,12 +484,14 @@ class Trainer:
             history, extra, start_iteration = self.restore()
         else:
             folder.start(config_to_dict(cfg), overwrite=overwrite)
-            with stop.region("immediate"):  # nothing can be saved before RL starts: any signal stops at once
+            with stop.region("immediate"):  # nothing can be saved before SFT ends: any signal stops at once
                 extra = self.warm_start()
             history, start_iteration = [], 0
-            # Saved as iteration 0, so that a run stopped (or killed) inside an update keeps its warm start.
+            # Saved as iteration 0, so that a run stopped (or killed) in the evaluation after it or inside an
+            # update keeps its warm start.
             self.save(0, history, extra)
-        self.extra = extra
+        self.resume_point, self.extra = ResumePoint(start_iteration, list(history)), extra  # saved already
+        self.eval_before_rl(extra, history, start_iteration)
         folder.trajectories.mkdir(exist_ok=True)
         if plugins.needs_reference:
             self.freeze_reference()
