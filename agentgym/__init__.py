@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentgym.checker import check_env
-from agentgym.core import INFO_KEYS, Env
+from agentgym.core import INFO_KEYS, Env, TaskSplit
 from agentgym.errors import (
     AgentGymError,
     CheckFailed,
@@ -44,6 +44,7 @@ __all__ = [
     "ResetNeeded",
     "SessionCapacityError",
     "SessionError",
+    "TaskSplit",
     "UnknownEnv",
     "UnknownSession",
     "VersionNotFound",

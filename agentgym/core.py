@@ -1,16 +1,21 @@
-"""The text-environment contract: ``Env`` (the base class) and the ``info`` keys it speaks.
+"""The text-environment contract: ``Env`` (the base class), the ``info`` keys it speaks and ``TaskSplit``.
 
 Changed in v0.1: first version of the contract.
 """
 
 from __future__ import annotations
 
+import functools
 import string
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+
+from agentgym.errors import ConfigError, EnvContractError
 
 #: Keys an env may put in ``info``; ``state_key`` is required on every reset and step.
 INFO_KEYS: dict[str, str] = {
@@ -22,7 +27,60 @@ INFO_KEYS: dict[str, str] = {
     "answer": "privileged ground truth: trainers may read it, prompts must never show it",
     "tools": "list[dict]: JSON-schema tool specs in OpenAI function format",
     "instructions": "str: system text placed before the first observation",
+    "task": "dict: {'split': str, 'index': int} when reset was given options split and index",
 }
+
+#: Task seeds from here on are held out: training draws its task seeds below it and evaluations start
+#: here. Seeded envs' ``train`` split is the seeds below it and their ``test`` split the seeds from it.
+HELD_OUT_SEED_START = 1_000_000
+
+#: The ``reset`` options that name a task by split and index (``Env.task``).
+TASK_OPTIONS = ("split", "index")
+
+
+@dataclass(frozen=True)
+class TaskSplit:
+    """A named, ordered set of tasks of one env: task ``index`` of it is ``Env.task(name, index)``.
+
+    Example:
+        >>> split = TaskSplit("test", None, "held-out seeds", first_seed=HELD_OUT_SEED_START)
+        >>> split.procedural, split.seed_of(3)
+        (True, 1000003)
+    """
+
+    name: str
+    """What ``reset(options={"split": name, ...})`` and ``task(name, index)`` call it."""
+    size: int | None
+    """How many tasks it has (indices ``0..size-1``); ``None``: procedural and unbounded, every index
+    ``>= 0`` is a task."""
+    description: str
+    """One line for people: where its tasks come from."""
+    first_seed: int | None = None
+    """Seeded splits: task ``index`` is the episode of seed ``first_seed + index``. ``None``: the split's
+    tasks are named (``Env.task`` gives each one's ``task_id``)."""
+
+    @property
+    def procedural(self) -> bool:
+        """True when the split is unbounded (``size is None``)."""
+        return self.size is None
+
+    def seed_of(self, index: int) -> int | None:
+        """The seed of task ``index`` of a seeded split, ``None`` for a split of named tasks."""
+        return None if self.first_seed is None else self.first_seed + index
+
+    def describe_range(self) -> str:
+        """The valid indices in words: ``"0..139"`` or ``"any integer >= 0"``."""
+        return "any integer >= 0" if self.size is None else f"0..{self.size - 1}"
+
+
+#: The splits of an env whose tasks are its seeds (the default of ``Env.task_splits``): disjoint seed
+#: ranges, so what training sees (``train``) never overlaps what evaluations measure (``test``).
+SEEDED_SPLITS: tuple[TaskSplit, ...] = (
+    TaskSplit("train", HELD_OUT_SEED_START, f"seeds 0..{HELD_OUT_SEED_START - 1}: the seeds training draws",
+              first_seed=0),
+    TaskSplit("test", None, f"held-out seeds from {HELD_OUT_SEED_START} on (task i is seed "
+              f"{HELD_OUT_SEED_START} + i): the seeds evaluations use", first_seed=HELD_OUT_SEED_START),
+)
 
 #: The largest observation/action string the spaces admit (characters).
 MAX_TEXT_CHARS = 1_000_000
@@ -134,6 +192,28 @@ class Env(gymnasium.Env[str, str]):
       reset; an env without a rendering should set ``metadata = {"render_modes": []}``.
     - ``close()``: release resources. Must be idempotent.
 
+    **Tasks.** Every env says which task splits it has and can start task ``i`` of a split:
+
+    - ``task_splits() -> tuple[TaskSplit, ...]``: the env's splits. The default suits an env whose tasks
+      are its seeds (``SEEDED_SPLITS``): ``train`` is seeds ``0..HELD_OUT_SEED_START - 1`` (the seeds
+      training draws) and ``test`` the procedural, unbounded held-out seeds from ``HELD_OUT_SEED_START``
+      on (where evaluations start), task ``i`` being seed ``first_seed + i``. An env of named tasks
+      (a question file, a problem set, a folder of games) overrides it with splits whose
+      ``first_seed`` is ``None``, and overrides ``describe_task`` to name each task.
+    - ``task(split, index) -> dict``: task ``index`` of ``split`` described without starting it, as
+      JSON-safe data: ``split``, ``index``, ``task_id`` (what ``info["task_id"]`` will say; ``None``
+      only where the env cannot name a task without playing it), ``seed`` for seeded splits and a
+      short ``description`` where cheap. Subclasses override ``describe_task``, not ``task``.
+    - ``reset(options={"split": s, "index": i})`` starts that task: the same split and index always
+      start the same task, whatever ``seed`` says (a seeded split's task *is* its seed; a named
+      task is reset with ``options["task_id"]`` and seed ``i``). ``info["task"]`` records
+      ``{"split": s, "index": i}``. An unknown split, an index out of range, only one of the two
+      options, or both them and ``task_id`` raise ``ConfigError`` naming the valid choices.
+      Subclasses write nothing for this: ``Env`` wraps every subclass's ``reset`` (in
+      ``__init_subclass__``) so the options reach it already turned into a seed or a ``task_id``.
+      An env that passes options on to another process (a remote env) sets
+      ``resolves_tasks = False`` and the other side resolves them.
+
     Subclasses need not check call order: ``agentgym.make`` wraps every env in an ``EpisodeGuard``,
     which raises ``ResetNeeded`` (step before reset) and ``EpisodeFinished`` (step after the end)
     before env code runs.
@@ -143,6 +223,10 @@ class Env(gymnasium.Env[str, str]):
 
     Changed in v0.1: the spaces are ``TextSpace`` (any string), because ``spaces.Text`` admits only
     alphanumerics and Gymnasium's ``check_env`` rejected every env's observations.
+
+    Changed in v0.1: the task API (``task_splits``, ``task``, ``reset`` options ``split``/``index``,
+    ``info["task"]``), because users of an env want to discover its tasks and start a given one,
+    not only to pass seeds.
     """
 
     # ``render()`` returns text; Gymnasium's checker wants a positive frame rate wherever render
@@ -159,8 +243,18 @@ class Env(gymnasium.Env[str, str]):
     #: such envs from threads of their own, so their waits overlap.
     steps_wait: ClassVar[bool] = False
 
+    #: False when ``reset`` hands ``options`` on to code that resolves ``split``/``index`` itself
+    #: (a remote env's service): the options then pass through untouched.
+    resolves_tasks: ClassVar[bool] = True
+
     observation_space: TextSpace = text_space()
     action_space: TextSpace = text_space()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Every subclass's reset learns the task options here, once, so no env repeats the code.
+        if "reset" in cls.__dict__:
+            cls.reset = _resolving_task_options(cls.__dict__["reset"])  # type: ignore[method-assign]
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -192,3 +286,131 @@ class Env(gymnasium.Env[str, str]):
     def render(self) -> str | None:
         """The current state as text (``"ansi"``), or ``None``; the default renders nothing."""
         return None
+
+    # --- tasks ---------------------------------------------------------------------------------
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """The env's task splits; by default ``SEEDED_SPLITS`` (its tasks are its seeds).
+
+        Example:
+            >>> [(split.name, split.size) for split in Env().task_splits()]
+            [('train', 1000000), ('test', None)]
+        """
+        inner = self.unwrapped
+        if inner is not self:  # a wrapper answers for the env it wraps
+            return inner.task_splits()
+        return SEEDED_SPLITS
+
+    def task(self, split: str, index: int) -> dict[str, Any]:
+        """Task ``index`` of ``split``, described without starting it (JSON-safe).
+
+        Returns:
+            ``{"split", "index", "task_id", ...}``: ``seed`` for seeded splits, then what
+            ``describe_task`` adds (a ``description`` where cheap).
+
+        Raises:
+            ConfigError: ``split`` is not one of ``task_splits()`` or ``index`` is out of its range.
+
+        Example:
+            >>> Env().task("test", 2)
+            {'split': 'test', 'index': 2, 'seed': 1000002, 'task_id': None}
+        """
+        inner = self.unwrapped
+        if inner is not self:
+            return inner.task(split, index)
+        chosen = self.find_task_split(split, index)
+        described: dict[str, Any] = {"split": chosen.name, "index": int(index)}
+        if chosen.first_seed is not None:
+            described["seed"] = chosen.seed_of(int(index))
+        described.update({"task_id": None, **self.describe_task(chosen, int(index))})
+        return described
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """What ``task`` says of task ``index`` of ``split`` (already checked) beyond split, index and seed.
+
+        Override it: return at least ``task_id`` (required for splits of named tasks, since
+        ``reset`` starts them by it) and, where cheap, a one-line ``description``. The default
+        names nothing.
+        """
+        return {}
+
+    def find_task_split(self, split: Any, index: Any) -> TaskSplit:
+        """The ``TaskSplit`` called ``split``, after checking ``index`` is one of its tasks.
+
+        Raises:
+            ConfigError: unknown split or bad index; the message lists the valid splits and range.
+
+        Example:
+            >>> Env().find_task_split("train", 7).first_seed
+            0
+        """
+        splits = self.task_splits()
+        name = getattr(self.spec, "id", None) or type(self.unwrapped).__name__
+        choices = ", ".join(f"{s.name} ({s.describe_range()})" for s in splits)
+        chosen = next((s for s in splits if s.name == split), None) if isinstance(split, str) else None
+        if chosen is None:
+            raise ConfigError(f"{name} has no task split {split!r}; valid splits: {choices or 'none'}")
+        if (isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0
+                or (chosen.size is not None and index >= chosen.size)):
+            raise ConfigError(f"task index {index!r} is out of range for split {chosen.name!r} of {name}; "
+                              f"valid indices: {chosen.describe_range()}")
+        return chosen
+
+    def resolve_task_options(
+        self, seed: int | None, options: dict[str, Any]
+    ) -> tuple[int | None, dict[str, Any], dict[str, Any] | None]:
+        """Turn ``reset`` options ``split``/``index`` into the seed and options that start that task.
+
+        Returns:
+            ``(seed, options, task)``: unchanged with ``task=None`` when the options name no task;
+            otherwise the task's seed, the options without ``split``/``index`` (plus ``task_id``
+            for a named task) and ``{"split", "index"}`` for ``info["task"]``.
+
+        Raises:
+            ConfigError: one of ``split``/``index`` without the other, both with ``task_id``, or
+                a split/index ``task`` refuses.
+            EnvContractError: a split of named tasks whose ``describe_task`` gives no ``task_id``.
+
+        Example:
+            >>> Env().resolve_task_options(None, {"split": "test", "index": 5, "mode": "x"})
+            (1000005, {'mode': 'x'}, {'split': 'test', 'index': 5})
+        """
+        given = [key for key in TASK_OPTIONS if key in options]
+        if not given:
+            return seed, options, None
+        if len(given) < len(TASK_OPTIONS):
+            missing = next(key for key in TASK_OPTIONS if key not in options)
+            raise ConfigError(f"reset options name a task by 'split' and 'index' together; {missing!r} "
+                              f"is missing (got only {given[0]!r})")
+        if "task_id" in options:
+            raise ConfigError("reset options give both 'task_id' and 'split'/'index'; give one of the two")
+        split, index = options["split"], options["index"]
+        chosen = self.find_task_split(split, index)
+        index = int(index)
+        rest = {key: value for key, value in options.items() if key not in TASK_OPTIONS}
+        task = {"split": chosen.name, "index": index}
+        if chosen.first_seed is not None:
+            return chosen.seed_of(index), rest, task
+        task_id = self.task(chosen.name, index).get("task_id")
+        if not isinstance(task_id, str):
+            raise EnvContractError(f"{type(self.unwrapped).__name__}.describe_task gave no task_id for task "
+                                   f"{index} of named split {chosen.name!r}; reset starts those by task_id")
+        return index, {**rest, "task_id": task_id}, task
+
+
+def _resolving_task_options(reset: Callable[..., tuple[str, dict[str, Any]]]) -> Callable[..., Any]:
+    """``reset`` that first turns options ``split``/``index`` into a seed or ``task_id`` (see ``Env``)."""
+
+    @functools.wraps(reset)
+    def reset_task(
+        self: Env, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        if not self.resolves_tasks or not isinstance(options, dict):
+            return reset(self, seed=seed, options=options)
+        seed, options, task = self.resolve_task_options(seed, options)
+        obs, info = reset(self, seed=seed, options=options)
+        if task is not None and isinstance(info, dict):
+            info["task"] = task
+        return obs, info
+
+    return reset_task
