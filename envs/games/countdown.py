@@ -14,8 +14,9 @@ from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
+from gymnasium.utils import seeding
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
@@ -348,6 +349,14 @@ class CountdownEnv(Env):
         info = self._info(invalid=False, success=False)
         info["instructions"] = self.instructions
         return self._puzzle(), info
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """A seeded task: the puzzle ``reset`` draws from the seed (drawn here the same way)."""
+        rng, _ = seeding.np_random(split.seed_of(index))
+        count = int(rng.integers(self.min_numbers, self.max_numbers + 1))
+        numbers, target = generate_puzzle(rng, count)
+        return {"task_id": format_task_id(numbers, target),
+                "description": f"reach {target} from {', '.join(map(str, numbers))}"}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         try:

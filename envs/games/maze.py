@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -279,6 +279,12 @@ class MazeEnv(Env):
         info = self._info(invalid=False, success=False)
         info["instructions"] = _INSTRUCTIONS[self.observation]
         return self._observe(), info
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """A seeded task: the level of this env's size and loop fraction generated from the seed."""
+        seed = int(split.seed_of(index))  # type: ignore[arg-type]
+        return {"task_id": format_task_id(self.size, self.loop_fraction, seed),
+                "description": f"{self.size}x{self.size} maze generated from seed {seed}"}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         level = self._level

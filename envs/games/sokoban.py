@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.arguments import check_int
 from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
@@ -434,6 +434,13 @@ class SokobanEnv(Env):
         info = self._info(invalid=False, success=False)
         info["instructions"] = _INSTRUCTIONS
         return self._render(), info
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """A seeded task: the level of this env's size and box count generated from the seed."""
+        seed = int(split.seed_of(index))  # type: ignore[arg-type]
+        return {"task_id": format_task_id(self.size, self.num_boxes, seed),
+                "description": f"{self.size}x{self.size} Sokoban level with {self.num_boxes} box(es) "
+                               f"generated from seed {seed}"}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         level = self._level

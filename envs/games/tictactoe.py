@@ -7,8 +7,9 @@ import re
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+from gymnasium.utils import seeding
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -149,6 +150,14 @@ class TicTacToeEnv(Env):
         self._board = EMPTY * 9
         self._task_id: str | None = None
         self._over = False
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """A seeded task: who moves first (this env's ``first_player``, else the seed's coin) and the seed."""
+        seed = int(split.seed_of(index))  # type: ignore[arg-type]
+        coin = bool(seeding.np_random(seed)[0].random() < 0.5)  # reset's first draw from the task seed
+        agent_first = coin if self.first_player == "random" else self.first_player == "agent"
+        return {"task_id": format_task_id(agent_first, seed),
+                "description": f"{'you move' if agent_first else 'the opponent moves'} first; seed {seed}"}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

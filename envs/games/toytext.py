@@ -39,7 +39,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -325,6 +325,11 @@ class ToyTextEnv(Env):
         info = self._info(invalid=False, success=False)
         info["instructions"] = self.instructions
         return self.describe(self._obs, terminated=False), info
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """A seeded task: the underlying Gymnasium env reset with the seed."""
+        seed = int(split.seed_of(index))  # type: ignore[arg-type]
+        return {"task_id": self.format_task_id(seed), "description": f"{self.name} reset with seed {seed}"}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         gym_env = self._gym

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.errors import ConfigError
 from agentgym.snapshot import pack_snapshot, unpack_snapshot
 
@@ -186,6 +186,18 @@ class WordleEnv(Env):
         self._index: int | None = None
         self._history: list[tuple[str, str]] = []
         self._over = False
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """One split, ``words``: task ``i`` has word ``i`` of the bundled list as its secret.
+
+        Seeds draw from the same list, so seed ranges would hold no word out; the list is the task set.
+        """
+        return (TaskSplit("words", len(load_words()), "the bundled word list in order: task i's secret "
+                          "is word i"),)
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """Names the secret by its place in the list (the word itself is the answer, so not shown)."""
+        return {"task_id": format_task_id(index), "description": f"secret word #{index} of the bundled list"}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -14,7 +14,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentgym.core import Env
+from gymnasium.utils import seeding
+
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.arguments import check_non_negative
 from agentgym.envs.tools.code_runner import CodeRunner, cut, describe_end, make_limits
 from agentgym.envs.tools.math_problems import (
@@ -218,6 +220,13 @@ class CodeMathEnv(Env):
         self._cells: list[str] = []
         self._last: tuple[str, str, bool] | None = None  # (code, stdout, succeeded) of the latest cell
         self._over = False
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """A seeded task: the problem ``reset`` generates from the seed (drawn here the same way)."""
+        rng, _ = seeding.np_random(split.seed_of(index))
+        template = self.templates[int(rng.integers(len(self.templates)))]
+        problem = generate_problem(template, self.difficulty, int(rng.integers(MAX_PROBLEM_SEED)))
+        return {"task_id": problem.id, "description": " ".join(problem.question.split())}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[str, dict[str, Any]]:

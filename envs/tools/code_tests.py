@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.arguments import check_int, check_non_negative
 from agentgym.envs.tools.code_grading import SHOW_CHARS, CodeProblem, Grade, grade, load_problems
 from agentgym.envs.tools.code_runner import CodeRunner, make_limits
@@ -169,6 +169,7 @@ class CodeTestsEnv(Env):
         if isinstance(test_timeout_s, bool) or not isinstance(test_timeout_s, (int, float)) \
                 or not 0 < test_timeout_s <= 60:
             raise ConfigError(f"test_timeout_s must be a number in (0, 60], got {test_timeout_s!r}")
+        self.problems_file = None if problems is None else str(problems)
         self.problems = load_problems(None if problems is None else str(problems))
         self.by_id = {p.id: p for p in self.problems}
         self.max_submissions, self.reward_on, self.feedback = int(max_submissions), reward_on, feedback
@@ -185,6 +186,16 @@ class CodeTestsEnv(Env):
         self._submissions = 0
         self._score = 0  # tests passed by the submission that counts (latest or best)
         self._over = False
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """One split of named tasks, ``problems``: the problem set in file order."""
+        source = "the bundled problem set" if self.problems_file is None else self.problems_file
+        return (TaskSplit("problems", len(self.problems), f"problems of {source}, in order"),)
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """The problem's id (its function name) and title."""
+        problem = self.problems[index]
+        return {"task_id": problem.id, "description": problem.title}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[str, dict[str, Any]]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.arguments import check_non_negative
 from agentgym.envs.tools.function_tasks import (
     FAMILIES,
@@ -23,6 +23,7 @@ from agentgym.envs.tools.function_tasks import (
     Task,
     answer_matches,
     changed_keys,
+    format_task_id,
     generate_task,
     numbers_match,
     parse_task_id,
@@ -153,6 +154,20 @@ class FunctionCallingEnv(Env):
         self._db = Database({})
         self._facts: set[str] = set()
         self._over = False
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """``train`` (even task numbers) and ``test`` (odd ones): the families take turns, so task ``i``
+        is family ``i mod F`` (of this env's ``families``) with the ``i // F``-th even or odd number."""
+        size = len(self.families) * (NUM_TASKS // 2)
+        return (TaskSplit("train", size, "even task numbers, families in turn"),
+                TaskSplit("test", size, "odd task numbers (held out from train), families in turn"))
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """The task's id and family; the prompt is built by ``reset``."""
+        family = self.families[index % len(self.families)]
+        number = 2 * (index // len(self.families)) + (split.name == "test")
+        return {"task_id": format_task_id(family, number),
+                "description": f"a {family} task (number {number})"}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[str, dict[str, Any]]:

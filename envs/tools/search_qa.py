@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.arguments import check_int, check_non_negative
 from agentgym.envs.tools.tool_calls import parse_tool_calls, tool_spec, work_or_answer
 from agentgym.errors import ConfigError
@@ -223,6 +223,8 @@ class SearchQAEnv(Env):
         if not isinstance(retriever, str) or not (retriever == "bm25" or retriever.startswith(("http://", "https://"))):
             raise ConfigError("retriever must be 'bm25' or a retrieval service URL (http://...), "
                               f"got {retriever!r}")
+        self.dataset = None if dataset is None else str(dataset)
+        self._split_name = "synthetic" if dataset is None else Path(str(dataset)).name.split(".")[0]
         if dataset is None:
             self.items, index = _synthetic(int(corpus_seed), int(num_entities))
         else:
@@ -256,6 +258,17 @@ class SearchQAEnv(Env):
         self._item: dict[str, Any] | None = None
         self._retrieved: set[str] = set()
         self._over = False
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """One split of named tasks, the questions in file order: ``synthetic`` for the generated set,
+        else the dataset file's name without its extension (``nq_test.jsonl`` gives ``nq_test``)."""
+        source = "the synthetic fictional set" if self.dataset is None else self.dataset
+        return (TaskSplit(self._split_name, len(self.items), f"questions of {source}, in order"),)
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """The question's id and text."""
+        item = self.items[index]
+        return {"task_id": item["id"], "description": " ".join(str(item["question"]).split())}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[str, dict[str, Any]]:

@@ -1,0 +1,171 @@
+"""The task API over every built-in env: splits, ``task(split, index)``, reset by split and index, errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import agentgym
+import agentgym.envs  # noqa: F401  (registers the built-in envs)
+from agentgym.core import HELD_OUT_SEED_START, SEEDED_SPLITS, Env, TaskSplit
+from agentgym.errors import ConfigError
+
+#: Built-in envs this file cannot make, and why.
+UNMAKEABLE = {
+    "harness-v0": "needs harness= (a user's agent) and tasks=; its tasks are the user's",
+    "mcp-v0": "needs an MCP server to talk to",
+    "webshop-v0": "needs a product catalogue",
+}
+
+#: The smallest settings of the envs whose defaults are slow to make or reset here.
+SMALL_KWARGS: dict[str, dict[str, Any]] = {
+    "search-qa-v0": {"num_entities": 40},
+}
+
+
+def builtin_env_ids() -> set[str]:
+    """The envs agentgym ships (other tests register envs of their own, whose entry points live in tests)."""
+    return {spec.id for spec in agentgym.list_envs()
+            if isinstance(spec.entry_point, str) and spec.entry_point.startswith("agentgym.")}
+
+
+def made_env_ids() -> list[str]:
+    return sorted(builtin_env_ids() - set(UNMAKEABLE))
+
+
+@pytest.fixture
+def env(request: pytest.FixtureRequest) -> Iterator[agentgym.EpisodeGuard]:
+    made = agentgym.make(request.param, **SMALL_KWARGS.get(request.param, {}))
+    yield made
+    made.close()
+
+
+def test_every_builtin_env_is_covered_or_excused() -> None:
+    ids = builtin_env_ids()
+    assert set(made_env_ids()) | (ids & set(UNMAKEABLE)) == ids
+    assert {"maze-v0", "wordle-v0", "search-qa-v0", "code-tests-v0", "tools-v0"} <= set(made_env_ids())
+
+
+@pytest.mark.parametrize("env", made_env_ids(), indirect=True)
+def test_splits_tasks_and_resets(env: agentgym.EpisodeGuard) -> None:
+    splits = env.task_splits()
+    assert splits and all(isinstance(split, TaskSplit) for split in splits)
+    assert len({split.name for split in splits}) == len(splits)
+    for split in splits:
+        first = env.task(split.name, 0)
+        assert json.loads(json.dumps(first)) == first  # JSON-safe
+        assert first["split"] == split.name and first["index"] == 0
+        assert isinstance(first["task_id"], str)
+        assert env.task(split.name, 0) == first  # stable
+        obs_a, info_a = env.reset(options={"split": split.name, "index": 0})
+        obs_b, info_b = env.reset(seed=123, options={"split": split.name, "index": 0})
+        assert obs_a == obs_b and info_a["task_id"] == info_b["task_id"] == first["task_id"]
+        assert info_a["task"] == {"split": split.name, "index": 0}
+        _, info_other = env.reset(options={"split": split.name, "index": 1})
+        assert info_other["task_id"] == env.task(split.name, 1)["task_id"] != first["task_id"]
+
+
+@pytest.mark.parametrize("env", made_env_ids(), indirect=True)
+def test_bad_split_and_index_name_the_valid_choices(env: agentgym.EpisodeGuard) -> None:
+    splits = env.task_splits()
+    names = [split.name for split in splits]
+    with pytest.raises(ConfigError) as bad_split:
+        env.reset(options={"split": "no-such-split", "index": 0})
+    message = str(bad_split.value)
+    assert "\n" not in message and "'no-such-split'" in message and all(name in message for name in names)
+    bounded = next((split for split in splits if split.size is not None), None)
+    if bounded is not None:
+        with pytest.raises(ConfigError) as bad_index:
+            env.task(bounded.name, bounded.size)
+        assert "\n" not in str(bad_index.value) and f"0..{bounded.size - 1}" in str(bad_index.value)
+    with pytest.raises(ConfigError, match="-1"):
+        env.reset(options={"split": names[0], "index": -1})
+
+
+def test_seeded_splits_are_disjoint_seed_ranges_split_at_the_held_out_start() -> None:
+    from agentgym.eval.source import HELD_OUT_SEED_START as EVAL_HELD_OUT_SEED_START
+
+    assert HELD_OUT_SEED_START == EVAL_HELD_OUT_SEED_START
+    train, test = SEEDED_SPLITS
+    assert (train.name, train.size, train.first_seed) == ("train", HELD_OUT_SEED_START, 0)
+    assert (test.name, test.size, test.first_seed) == ("test", None, HELD_OUT_SEED_START)
+    env = agentgym.make("maze-v0")
+    assert env.task_splits() == SEEDED_SPLITS
+    # Task i of a seeded split is the episode of its seed: test index 7 is seed 1_000_007.
+    assert env.task("test", 7) == {"split": "test", "index": 7, "seed": 1_000_007,
+                                   "task_id": "maze/size4/loop0.15/1000007",
+                                   "description": "4x4 maze generated from seed 1000007"}
+    obs_by_task, info = env.reset(options={"split": "test", "index": 7})
+    obs_by_seed, _ = env.reset(seed=1_000_007)
+    assert obs_by_task == obs_by_seed and info["task_id"] == "maze/size4/loop0.15/1000007"
+    assert env.task("train", HELD_OUT_SEED_START - 1)["seed"] == HELD_OUT_SEED_START - 1
+    # the test split is procedural: any index is a task
+    assert env.task("test", 10**12)["seed"] == HELD_OUT_SEED_START + 10**12
+
+
+def test_named_tasks_start_by_task_id() -> None:
+    env = agentgym.make("code-tests-v0")
+    (split,) = env.task_splits()
+    assert (split.name, split.size, split.first_seed) == ("problems", 36, None)
+    task = env.task("problems", 5)
+    assert task == {"split": "problems", "index": 5, "task_id": "max_subarray",
+                    "description": "Maximum subarray sum"}
+    by_index = env.reset(options={"split": "problems", "index": 5})
+    by_id = env.reset(options={"task_id": "max_subarray"})
+    assert by_index[0] == by_id[0]
+    words = agentgym.make("wordle-v0")
+    assert words.task("words", 3)["task_id"] == "wordle/idx3"
+    assert words.reset(options={"split": "words", "index": 3})[1]["task_id"] == "wordle/idx3"
+
+
+def test_function_calling_splits_hold_even_and_odd_task_numbers() -> None:
+    env = agentgym.make("tools-v0", families=["convert", "transfer"])
+    train, test = env.task_splits()
+    assert (train.name, test.name, train.size) == ("train", "test", 2 * 2**30)
+    # families take turns: index 3 is the second family's second task of its parity
+    assert env.task("train", 3)["task_id"] == "tools/transfer/2"
+    assert env.task("test", 3)["task_id"] == "tools/transfer/3"
+
+
+def test_tictactoe_task_knows_who_moves_first() -> None:
+    env = agentgym.make("tictactoe-v0", first_player="random")
+    for index in range(6):
+        described = env.task("train", index)
+        assert env.reset(options={"split": "train", "index": index})[1]["task_id"] == described["task_id"]
+
+
+def test_task_options_are_checked() -> None:
+    env = agentgym.make("maze-v0")
+    with pytest.raises(ConfigError, match="'index' is missing"):
+        env.reset(options={"split": "train"})
+    with pytest.raises(ConfigError, match="both 'task_id' and 'split'"):
+        env.reset(options={"split": "train", "index": 0, "task_id": "maze/size4/loop0.15/0"})
+    with pytest.raises(ConfigError, match="out of range"):
+        env.task("train", "3")
+    with pytest.raises(ConfigError, match="out of range"):
+        env.task("train", True)
+
+
+def test_a_forked_episode_plays_the_same_task() -> None:
+    env = agentgym.make("sokoban-v0")
+    obs, _ = env.reset(options={"split": "test", "index": 2})
+    child = env.fork()
+    assert child.render() == env.render() and child.episode_seed == HELD_OUT_SEED_START + 2
+
+
+def test_an_env_without_task_api_code_gets_the_seeded_splits() -> None:
+    class Coin(Env):
+        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+            super().reset(seed=seed)
+            side = "heads" if self.np_random.random() < 0.5 else "tails"
+            return side, {"state_key": side, "seed": seed, "options": options}
+
+    coin = Coin()
+    _, info = coin.reset(seed=4, options={"split": "test", "index": 9, "bias": 1})
+    assert (info["seed"], info["options"], info["task"]) == (
+        HELD_OUT_SEED_START + 9, {"bias": 1}, {"split": "test", "index": 9})
+    _, plain = coin.reset(seed=4, options={"bias": 1})
+    assert (plain["seed"], plain["options"], "task" in plain) == (4, {"bias": 1}, False)
