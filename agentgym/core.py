@@ -27,7 +27,7 @@ INFO_KEYS: dict[str, str] = {
     "answer": "privileged ground truth: trainers may read it, prompts must never show it",
     "tools": "list[dict]: JSON-schema tool specs in OpenAI function format",
     "instructions": "str: system text placed before the first observation",
-    "task": "dict: {'split': str, 'index': int} when reset was given options split and index",
+    "task_ref": "dict: {'split': str, 'index': int} when reset was given options split and index",
 }
 
 #: Task seeds from here on are held out: training draws its task seeds below it and evaluations start
@@ -206,9 +206,10 @@ class Env(gymnasium.Env[str, str]):
       short ``description`` where cheap. Subclasses override ``describe_task``, not ``task``.
     - ``reset(options={"split": s, "index": i})`` starts that task: the same split and index always
       start the same task, whatever ``seed`` says (a seeded split's task *is* its seed; a named
-      task is reset with ``options["task_id"]`` and seed ``i``). ``info["task"]`` records
-      ``{"split": s, "index": i}``. An unknown split, an index out of range, only one of the two
-      options, or both them and ``task_id`` raise ``ConfigError`` naming the valid choices.
+      task is reset with ``options["task_id"]`` and seed ``i``). ``info["task_ref"]`` records
+      ``{"split": s, "index": i}`` (named so because envs use ``info["task"]`` for their own ends:
+      ALFWorld's goal sentence). An unknown split, an index out of range, only one of the two
+      options, or both of them with ``task_id`` raise ``ConfigError`` naming the valid choices.
       Subclasses write nothing for this: ``Env`` wraps every subclass's ``reset`` (in
       ``__init_subclass__``) so the options reach it already turned into a seed or a ``task_id``.
       An env that passes options on to another process (a remote env) sets
@@ -225,7 +226,7 @@ class Env(gymnasium.Env[str, str]):
     alphanumerics and Gymnasium's ``check_env`` rejected every env's observations.
 
     Changed in v0.1: the task API (``task_splits``, ``task``, ``reset`` options ``split``/``index``,
-    ``info["task"]``), because users of an env want to discover its tasks and start a given one,
+    ``info["task_ref"]``), because users of an env want to discover its tasks and start a given one,
     not only to pass seeds.
     """
 
@@ -364,7 +365,7 @@ class Env(gymnasium.Env[str, str]):
         Returns:
             ``(seed, options, task)``: unchanged with ``task=None`` when the options name no task;
             otherwise the task's seed, the options without ``split``/``index`` (plus ``task_id``
-            for a named task) and ``{"split", "index"}`` for ``info["task"]``.
+            for a named task) and ``{"split", "index"}`` for ``info["task_ref"]``.
 
         Raises:
             ConfigError: one of ``split``/``index`` without the other, both with ``task_id``, or
@@ -410,7 +411,7 @@ def _resolving_task_options(reset: Callable[..., tuple[str, dict[str, Any]]]) ->
         seed, options, task = self.resolve_task_options(seed, options)
         obs, info = reset(self, seed=seed, options=options)
         if task is not None and isinstance(info, dict):
-            info["task"] = task
+            info["task_ref"] = task
         return obs, info
 
     return reset_task

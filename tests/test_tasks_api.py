@@ -63,7 +63,7 @@ def test_splits_tasks_and_resets(env: agentgym.EpisodeGuard) -> None:
         obs_a, info_a = env.reset(options={"split": split.name, "index": 0})
         obs_b, info_b = env.reset(seed=123, options={"split": split.name, "index": 0})
         assert obs_a == obs_b and info_a["task_id"] == info_b["task_id"] == first["task_id"]
-        assert info_a["task"] == {"split": split.name, "index": 0}
+        assert info_a["task_ref"] == {"split": split.name, "index": 0}
         _, info_other = env.reset(options={"split": split.name, "index": 1})
         assert info_other["task_id"] == env.task(split.name, 1)["task_id"] != first["task_id"]
 
@@ -165,7 +165,7 @@ def test_an_env_without_task_api_code_gets_the_seeded_splits() -> None:
 
     coin = Coin()
     _, info = coin.reset(seed=4, options={"split": "test", "index": 9, "bias": 1})
-    assert (info["seed"], info["options"], info["task"]) == (
+    assert (info["seed"], info["options"], info["task_ref"]) == (
         HELD_OUT_SEED_START + 9, {"bias": 1}, {"split": "test", "index": 9})
     _, plain = coin.reset(seed=4, options={"bias": 1})
-    assert (plain["seed"], plain["options"], "task" in plain) == (4, {"bias": 1}, False)
+    assert (plain["seed"], plain["options"], "task_ref" in plain) == (4, {"bias": 1}, False)
