@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,10 +21,31 @@ UNMAKEABLE = {
     "webshop-v0": "needs a product catalogue",
 }
 
-#: The smallest settings of the envs whose defaults are slow to make or reset here.
+#: The smallest settings of the envs whose defaults are slow to make or reset here (the generated
+#: TextWorld/ALFWorld games also get a cache folder of their own: ``game_cache_dir``).
 SMALL_KWARGS: dict[str, dict[str, Any]] = {
     "search-qa-v0": {"num_entities": 40},
+    "textworld-v0": {"challenge": "tw-coin_collector", "settings": {"level": 2}, "num_games": 2},
+    "alfworld-v0": {"num_receptacles": 6, "num_distractors": 3, "num_games": 2,
+                    "task_types": ["pick_and_place_simple"]},
 }
+
+
+@pytest.fixture(scope="module")
+def game_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("game-cache")
+
+
+@pytest.fixture(autouse=True)
+def _no_official_alfworld_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+
+
+def make_small(env_id: str, game_cache: Path, **kwargs: Any) -> agentgym.EpisodeGuard:
+    kwargs = {**SMALL_KWARGS.get(env_id, {}), **kwargs}
+    if env_id in ("textworld-v0", "alfworld-v0"):
+        kwargs.setdefault("game_cache_dir", str(game_cache / env_id))
+    return agentgym.make(env_id, **kwargs)
 
 
 def builtin_env_ids() -> set[str]:
@@ -37,8 +59,8 @@ def made_env_ids() -> list[str]:
 
 
 @pytest.fixture
-def env(request: pytest.FixtureRequest) -> Iterator[agentgym.EpisodeGuard]:
-    made = agentgym.make(request.param, **SMALL_KWARGS.get(request.param, {}))
+def env(request: pytest.FixtureRequest, game_cache: Path) -> Iterator[agentgym.EpisodeGuard]:
+    made = make_small(request.param, game_cache)
     yield made
     made.close()
 
@@ -169,3 +191,40 @@ def test_an_env_without_task_api_code_gets_the_seeded_splits() -> None:
         HELD_OUT_SEED_START + 9, {"bias": 1}, {"split": "test", "index": 9})
     _, plain = coin.reset(seed=4, options={"bias": 1})
     assert (plain["seed"], plain["options"], "task_ref" in plain) == (4, {"bias": 1}, False)
+
+
+def test_textworld_pool_is_one_split_of_its_game_seeds(game_cache: Path) -> None:
+    env = make_small("textworld-v0", game_cache, game_seed_offset=40)
+    (pool,) = env.task_splits()
+    assert (pool.name, pool.size, pool.first_seed) == ("pool", 2, None)
+    assert env.task("pool", 1)["task_id"] == "tw-coin_collector/level=2/seed41"
+    procedural = make_small("textworld-v0", game_cache, num_games=None, game_seed_offset=40)
+    assert procedural.task_splits() == SEEDED_SPLITS
+    assert procedural.task("train", 1)["task_id"] == "tw-coin_collector/level=2/seed41"
+
+
+def test_alfworld_has_the_official_splits_whichever_it_was_made_with(game_cache: Path) -> None:
+    env = make_small("alfworld-v0", game_cache, split="valid_unseen")
+    assert [(s.name, s.size) for s in env.task_splits()] == [
+        ("train", 2), ("valid_seen", 2), ("valid_unseen", 2)]
+    assert env.task("valid_seen", 1)["task_id"] == "gen-r6-d3/valid_seen/pick_and_place_simple/seed1"
+    default_sizes = make_small("alfworld-v0", game_cache, num_games=None)
+    assert [s.size for s in default_sizes.task_splits()] == [3553, 140, 134]
+
+
+def test_alfworld_data_folder_splits_are_the_folders_it_has(game_cache: Path, tmp_path: Path) -> None:
+    from agentgym.envs.alfworld import generation as gen
+
+    small = {"num_receptacles": 6, "num_distractors": 3, "task_types": ["pick_and_place_simple"]}
+    gen.write_dataset(tmp_path, {"train": 2, "valid_seen": 1}, cache_dir=game_cache / "alfworld-v0", **small)
+    env = agentgym.make("alfworld-v0", data_dir=str(tmp_path), **small)
+    assert [(s.name, s.size) for s in env.task_splits()] == [("train", 2), ("valid_seen", 1)]
+    task = env.task("valid_seen", 0)
+    assert task["task_id"].startswith("valid_seen/pick_and_place_simple-")
+    _, info = env.reset(options={"split": "valid_seen", "index": 0})
+    assert info["task_id"] == task["task_id"] and info["task_ref"] == {"split": "valid_seen", "index": 0}
+    with pytest.raises(ConfigError, match=r"valid indices: 0\.\.0$"):
+        env.reset(options={"split": "valid_seen", "index": 1})
+    with pytest.raises(ConfigError, match="valid splits: train .0..1., valid_seen .0..0.$"):
+        env.task("valid_unseen", 0)
+    env.close()

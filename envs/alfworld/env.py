@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.alfworld import generation as gen
 from agentgym.envs.alfworld.engine import (
     EXPERT_TYPES,
@@ -225,8 +225,11 @@ class AlfWorldEnv(Env):
         source = _data_source(data_dir)
         self.data_dir: Path | None = None
         self._games: list[tuple[str, Path]] = []
+        self._num_games_limit = num_games  # applies to every split's pool (task_splits)
+        self._data_label = ("", "")
         if source is not None:
             self.data_dir, label, hint = source
+            self._data_label = (label, hint)
             self._games = collect_games(self.data_dir, self.split, self.task_types, label, hint)[:num_games]
             self.num_games = len(self._games)
         else:
@@ -297,6 +300,41 @@ class AlfWorldEnv(Env):
             self._engine.release()
             self._engine = None
         self._state = None
+
+    # --- tasks ----------------------------------------------------------------------------------
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """ALFWorld's official splits, ``train``, ``valid_seen`` and ``valid_unseen``, whichever ``split``
+        the env was made with (``reset(seed=...)`` draws from that one).
+
+        Generated games: every split, each of the official size (or ``num_games``), task ``i`` being
+        game ``i`` of the split's pool. Real data: the splits the folder has, their games in path
+        order (the first ``num_games`` of each, when given).
+        """
+        if self.data_dir is None:
+            return tuple(TaskSplit(name, self._num_games_limit or DEFAULT_NUM_GAMES[name],
+                                   f"generated games of ALFWorld's {name} seed range, task types in turn")
+                         for name in gen.SPLITS)
+        return tuple(TaskSplit(name, len(self._split_games(name)), f"games of {name} in {self.data_dir}, "
+                               "in path order")
+                     for name in gen.SPLITS if (self.data_dir / "json_2.1.1" / name).is_dir())
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """The game's task id and its task type (generated) or trial folder (real data)."""
+        if self.data_dir is None:
+            task_type, game_seed = gen.pool_game(split.name, index, self.task_types)
+            number = game_seed - gen.SPLIT_FIRST_SEED[split.name]
+            return {"task_id": self._generated_id(split.name, task_type, number),
+                    "description": f"{task_type}, generated game {number} of {split.name}"}
+        task_id = self._split_games(split.name)[index][0]
+        return {"task_id": task_id, "description": Path(task_id).parts[1]}
+
+    def _split_games(self, split: str) -> list[tuple[str, Path]]:
+        """The real-data games of ``split`` (``collect_games`` caches the folder scan)."""
+        if split == self.split:
+            return self._games
+        assert self.data_dir is not None
+        return collect_games(self.data_dir, split, self.task_types, *self._data_label)[:self._num_games_limit]
 
     # --- helpers --------------------------------------------------------------------------------
 

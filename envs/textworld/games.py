@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentgym import cache
-from agentgym.core import Env
+from agentgym.core import SEEDED_SPLITS, Env, TaskSplit
 from agentgym.errors import ConfigError
 from agentgym.http.launcher import python_command
 
@@ -374,6 +374,27 @@ class TextWorldEnv(Env):
         self._state: Any = None  # textworld GameState of the current turn
         self._observation = ""
         self._over = False
+
+    # --- tasks ----------------------------------------------------------------------------------
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """With a pool (``num_games=N``): one split, ``pool``, whose task ``i`` is game seed
+        ``game_seed_offset + i`` (make another env with a disjoint ``game_seed_offset`` for held-out
+        games). With ``num_games=None``: the seeded ``train``/``test`` splits, seed ``s`` being game
+        ``game_seed_offset + s`` (mod 2**32)."""
+        if self.num_games is None:
+            return SEEDED_SPLITS
+        last = self.game_seed_offset + self.num_games - 1
+        return (TaskSplit("pool", self.num_games, f"{self.challenge} games of game seeds "
+                          f"{self.game_seed_offset}..{last}"),)
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        """The game's task id (its challenge, settings and game seed); the game is generated on reset."""
+        seed = split.seed_of(index)
+        game_seed = (self.game_seed_offset + index if seed is None
+                     else (self.game_seed_offset + seed) % _GAME_SEED_BOUND)
+        return {"task_id": format_task_id(self.challenge, self.settings, game_seed),
+                "description": f"{self.challenge} game of game seed {game_seed}"}
 
     # --- episode --------------------------------------------------------------------------------
 
