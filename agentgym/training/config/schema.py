@@ -29,6 +29,66 @@ KL_TYPES: tuple[str, ...] = get_args(KlType)
 
 
 @dataclass(frozen=True)
+class JudgeConfig:
+    """An LLM judge that scores each finished episode from a rubric (``agentgym.judge``); its score becomes
+    the episode's reward. ``base_url``, ``model`` and ``rubric`` must be set."""
+
+    base_url: str = ""
+    """The judge's OpenAI-compatible API root, e.g. ``http://127.0.0.1:8001/v1`` (`agentgym serve-policy`,
+    vLLM, a hosted API)."""
+    model: str = ""
+    """The judge model's name, as the endpoint serves it."""
+    rubric: str = ""
+    """What a good episode is, in words the judge reads."""
+    mode: Literal["replace", "add"] = "replace"
+    """``replace``: the episode's return is the judge's score (0 to 1); ``add``: the score is added to the
+    env's reward at the last step."""
+    success_threshold: float | None = None
+    """The score from which an episode counts as solved (``info["success"]``); None keeps the env's own."""
+    on_error: Literal["raise", "zero"] = "raise"
+    """When the judge gives no score after its retries: ``raise`` stops the run, ``zero`` scores the
+    episode 0 (the error is in the turn's ``info["judge"]``)."""
+    timeout_s: float = 60.0
+    """Deadline of each judge request, seconds."""
+    retries: int = 3
+    """Attempts after the first (connection errors, timeouts, HTTP 5xx/429, answers without a score)."""
+    max_concurrency: int = 8
+    """Judge requests in flight at once."""
+    max_tokens: int = 512
+    """Longest judge answer, tokens."""
+    temperature: float = 0.0
+    """The judge's sampling temperature."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable holding the judge's API key (keys stay out of config files); unset or
+    empty: no key is sent."""
+    cache_file: str | None = None
+    """A JSONL file of verdicts, read at start and appended to, so a transcript is judged once across runs."""
+
+    def __post_init__(self) -> None:
+        from agentgym.judge import Judge
+
+        try:
+            Judge.check_settings(self.base_url, self.model, self.rubric, timeout_s=self.timeout_s,
+                                 retries=self.retries, max_concurrency=self.max_concurrency,
+                                 max_tokens=self.max_tokens, temperature=self.temperature)
+        except ConfigError as exc:  # "judge timeout_s ..." names the field as "JudgeConfig.timeout_s ..."
+            raise ConfigError(str(exc).replace("judge ", "JudgeConfig.", 1)) from None
+        if self.success_threshold is not None and not 0.0 <= self.success_threshold <= 1.0:
+            raise ConfigError(f"JudgeConfig.success_threshold must be in [0, 1] or null, got "
+                              f"{self.success_threshold}")
+
+    def make_judge(self) -> Any:
+        """The ``agentgym.judge.Judge`` this config describes (the caller closes it)."""
+        import os
+
+        from agentgym.judge import Judge
+
+        return Judge(self.base_url, self.model, self.rubric, api_key=os.environ.get(self.api_key_env) or None,
+                     timeout_s=self.timeout_s, retries=self.retries, max_concurrency=self.max_concurrency,
+                     max_tokens=self.max_tokens, temperature=self.temperature, cache_file=self.cache_file)
+
+
+@dataclass(frozen=True)
 class EnvConfig:
     """The environment the agent trains and is evaluated on."""
 
@@ -63,6 +123,9 @@ class EnvConfig:
     ``reward``, ``timeout_s``, ``on_failure``) go in ``kwargs``."""
     tasks: str | None = None
     """With ``harness``: the JSONL file of tasks the agent runs on."""
+    judge: JudgeConfig | None = None
+    """Reward each episode with an LLM judge's score from a rubric (in-process envs only: ``JudgeConfig``
+    and docs/envs.md, "Judged rewards"); None keeps the env's reward."""
 
     def __post_init__(self) -> None:
         if self.harness is not None or self.tasks is not None:
@@ -89,6 +152,10 @@ class EnvConfig:
                               "env.url/env.urls (services are already remote): drop one of them")
         if self.ray_workers is not None and (isinstance(self.ray_workers, bool) or self.ray_workers < 1):
             raise ConfigError(f"env.ray_workers must be a positive integer or null, got {self.ray_workers!r}")
+        if self.judge is not None and (self.url or self.urls or self.backend == "ray"):
+            raise ConfigError("env.judge wraps envs made in the trainer's process; it cannot be combined "
+                              "with env.url/env.urls or env.backend: ray: drop env.judge or run the envs "
+                              "locally")
 
 
 @dataclass(frozen=True)

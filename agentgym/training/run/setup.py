@@ -14,6 +14,7 @@ import torch
 
 from agentgym.core import Env
 from agentgym.eval.source import EnvSource
+from agentgym.judge import JudgedReward
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.config.schema import TrainConfig
@@ -40,8 +41,15 @@ def env_source(cfg: TrainConfig) -> EnvSource:
 
 def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
     """Where the run's envs come from (``EnvSource.pool``); every answer is also a zero-argument env
-    factory."""
-    return env_source(cfg).pool()
+    factory. With ``env.judge``, each in-process env is wrapped in ``JudgedReward``, all sharing one judge
+    (one cache, one bound on concurrent requests)."""
+    source = env_source(cfg).pool()
+    judged = cfg.env.judge
+    if judged is None or isinstance(source, EnvPool):  # EnvConfig refuses a judge on remote or Ray envs
+        return source
+    judge = judged.make_judge()
+    return lambda: JudgedReward(source(), judge, mode=judged.mode, on_error=judged.on_error,
+                                success_threshold=judged.success_threshold)
 
 
 def action_format(cfg: TrainConfig) -> str:
