@@ -25,6 +25,7 @@ def register_builtin_envs() -> None:
     register_tool_envs()
     register_alfworld_envs()
     register_harness_env()
+    register_webshop_env()
 
 
 def register_games() -> None:
@@ -222,5 +223,26 @@ def register_harness_env() -> None:
         # one turn per call to the model: a guard against an agent that never stops calling
         max_turns=64,
         action_format="raw",
+        override=True,
+    )
+
+def register_webshop_env() -> None:
+    """Register ``webshop-v0`` (``agentgym.envs.webshop``): WebShop's shopping pages in text over a generated
+    catalog, or WebShop's released products with ``data_dir=``.
+
+    Example:
+        >>> import agentgym
+        >>> register_webshop_env()
+        >>> agentgym.spec("webshop-v0").max_turns
+        15
+    """
+    register(
+        "webshop-v0",
+        "agentgym.envs.webshop.env:WebShopEnv",
+        description="WebShop-style shopping: search[query] a BM25-indexed catalog generated from the seed "
+        "(or WebShop's data_dir=), click[...] through results, options and buy now; WebShop's attribute, "
+        "option, price and type reward. Expert: searches the instruction, buys a matching product.",
+        # The expert needs at most 9 actions (search, 4 pages, product, 2 options, buy); the rest: slips.
+        max_turns=15,
         override=True,
     )
