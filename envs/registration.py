@@ -25,6 +25,7 @@ def register_builtin_envs() -> None:
     register_tool_envs()
     register_alfworld_envs()
     register_harness_env()
+    register_mcp_env()
     register_webshop_env()
 
 
@@ -225,6 +226,30 @@ def register_harness_env() -> None:
         action_format="raw",
         override=True,
     )
+
+
+def register_mcp_env() -> None:
+    """Register ``mcp-v0``: tasks from a JSONL file solved with the tools of any MCP server
+    (``agentgym.envs.mcp``), made with ``tasks=`` and one of ``server_command=`` or ``server_url=``.
+
+    Example:
+        >>> import agentgym
+        >>> register_mcp_env()
+        >>> agentgym.spec("mcp-v0").action_format
+        'raw'
+    """
+    register(
+        "mcp-v0",
+        "agentgym.envs.mcp.env:MCPEnv",
+        description="Tasks from a JSONL file (prompt, answer) solved with the tools of an MCP server over "
+        "<tool_call> JSON, then <answer> (answer match or a checker function); needs tasks= and "
+        "server_command= (stdio) or server_url= (streamable HTTP).",
+        # A few tool turns and an answer; the rest allows retries after tool errors and slips.
+        max_turns=10,
+        action_format="raw",
+        override=True,
+    )
+
 
 def register_webshop_env() -> None:
     """Register ``webshop-v0`` (``agentgym.envs.webshop``): WebShop's shopping pages in text over a generated
