@@ -120,6 +120,8 @@ class WebShopEnv(Env):
 
     has_expert: ClassVar[bool] = True
     supports_snapshot: ClassVar[bool] = True
+    #: Every step pays 0 except buying, which pays WebShop's reward in [0, 1].
+    reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __init__(self, catalog_seed: int = 0, num_products: int = DEFAULT_NUM_PRODUCTS,
                  data_dir: str | None = None) -> None:
