@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 import agentgym
+from agentgym.checker import grade_env
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.cli.serving import MAX_PORT, MIN_PORT, bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError
@@ -18,8 +20,20 @@ def version() -> None:
 
 
 @app.command()
-def envs() -> None:
-    """List registered envs with a one-line description."""
+def envs(
+    env_id: str | None = typer.Argument(None, help="Show this env's task splits and the first tasks of each "
+                                        "(implies --tasks)."),
+    tasks: bool = typer.Option(False, "--tasks", help="List each env's task splits and their sizes instead "
+                               "(makes every env with its default arguments)."),
+    first: int = typer.Option(3, "--first", help="With ENV_ID: how many tasks of each split to show (>= 0)."),
+) -> None:
+    """List registered envs with a one-line description, or their task splits (--tasks)."""
+    if env_id is not None:
+        _show_tasks(env_id, first)
+        return
+    if tasks:
+        _list_task_splits()
+        return
     table = Table(title="registered envs")
     table.add_column("id", style="bold cyan")
     table.add_column("max turns", justify="right")
@@ -29,18 +43,83 @@ def envs() -> None:
     console.print(table)
 
 
+def _split_size(split: agentgym.TaskSplit) -> str:
+    return "procedural" if split.size is None else str(split.size)
+
+
+def _list_task_splits() -> None:
+    """One row per split of every registered env; an env its defaults cannot make says why instead."""
+    table = Table(title="task splits (agentgym envs --tasks ENV_ID shows the first tasks)")
+    table.add_column("env", style="bold cyan")
+    table.add_column("split")
+    table.add_column("tasks", justify="right")
+    table.add_column("description")
+    for spec in agentgym.list_envs():
+        try:
+            with agentgym.make(spec.id) as env:
+                splits = env.task_splits()
+        except AgentGymError as exc:  # e.g. an env that needs arguments (harness-v0 needs harness=)
+            table.add_row(spec.id, "-", "-", escape(f"not made with default arguments: {exc}"))
+            continue
+        for split in splits:
+            table.add_row(spec.id, split.name, _split_size(split), escape(split.description))
+    console.print(table)
+
+
+def _show_tasks(env_id: str, first: int) -> None:
+    """The splits of one env, each followed by its first ``first`` tasks (``Env.task``)."""
+    try:
+        check_range("--first", first, 0)
+        with agentgym.make(env_id) as env:
+            for split in env.task_splits():
+                console.print(f"[bold cyan]{escape(split.name)}[/]  {_split_size(split)} tasks  "
+                              f"{escape(split.description)}", highlight=False)
+                shown = first if split.size is None else min(first, split.size)
+                for index in range(shown):
+                    task = env.task(split.name, index)
+                    line = f"  {index}  {task.get('task_id')}"
+                    if task.get("description"):
+                        line += f"  {task['description']}"
+                    console.print(line, markup=False, highlight=False)
+    except AgentGymError as exc:
+        fail(exc)
+
+
 @app.command()
 def check(
     env_id: str = typer.Argument(..., help="Registered env id, e.g. maze-v0."),
     seed: int = typer.Option(0, help="First episode seed."),
-    episodes: int = typer.Option(3, help="Episodes to drive."),
+    episodes: int = typer.Option(3, help="Episodes to drive (the gates play the same seeds)."),
+    gates: bool = typer.Option(True, "--gates/--no-gates",
+                               help="Also run the quality gates (expert solves, baselines score lower, "
+                                    "answer hidden, seed picks the task, rewards in range)."),
 ) -> None:
-    """Run check_env (the env contract as code) over an env."""
+    """Run check_env (the env contract as code) over an env, then its quality gates.
+
+    Exit status: 0 when everything holds, 1 when the contract holds but a gate fails, 2 when the
+    contract breaks (or the id is unknown).
+    """
     try:
-        agentgym.check_env(env_id, seed=seed, num_episodes=episodes)
+        grade = grade_env(env_id, seed=seed, num_episodes=episodes) if gates else None
+        if grade is None:
+            agentgym.check_env(env_id, seed=seed, num_episodes=episodes, gates=())
     except AgentGymError as exc:
         fail(exc)
     console.print(f"[green]ok[/] {env_id} honours the env contract ({episodes} episodes from seed {seed})")
+    if grade is None:
+        return
+    table = Table(title=f"quality gates of {env_id}")
+    table.add_column("gate", style="bold cyan")
+    table.add_column("result")
+    table.add_column("detail")
+    for result in grade.results:
+        verdict = "[green]pass[/]" if result.passed else "[bold red]FAIL[/]"
+        table.add_row(result.gate, verdict, escape(result.message))
+    console.print(table)
+    returns = ", ".join(f"{name} {value:.3g}" for name, value in grade.mean_returns.items())
+    console.print(f"mean return over seeds {seed}..{seed + episodes - 1}: {returns}", highlight=False)
+    if not grade.passed:
+        raise typer.Exit(code=1)
 
 
 @app.command()
