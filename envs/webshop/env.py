@@ -63,6 +63,8 @@ def _expert_options(catalog: Catalog, goal_index: int, asin: str) -> tuple[tuple
     chosen: dict[str, str] = {}
     for name, values in product.options:
         for value in values:
+            if product.option_group(value) != name:
+                continue  # a value shown in two groups: clicking it sets the first group only
             if any(token_set_ratio(normalize_color(value), w) > FUZZY_THRESHOLD for w in wanted):
                 chosen[name] = value
                 break
