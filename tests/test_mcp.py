@@ -25,6 +25,8 @@ import agentgym.envs  # noqa: F401  (registers the built-in envs)
 from agentgym.errors import ConfigError, RemoteEnvError
 
 SERVER = Path(__file__).resolve().parent / "mcp_servers" / "facts_server.py"
+#: The facts server's tools and mcp-v0's answer, in the order the env offers them.
+FACTS_TOOLS = ["add", "divide", "capital", "sleep", "crash", "answer"]
 START_TIMEOUT_S = 60.0
 ADD_CALL = '<tool_call>{"name": "add", "arguments": {"a": 2.5, "b": 4}}</tool_call>'
 TASKS = [
@@ -103,8 +105,7 @@ def test_a_stdio_server_plays_an_episode_and_its_death_is_one_line_naming_it() -
     try:
         obs, info = env.reset(seed=0, options={"task_id": "sum"})
         assert obs == "What is 2.5 + 4?" and info["task_id"] == "sum" and info["answer"] == 6.5
-        assert [tool["function"]["name"] for tool in info["tools"]] == ["add", "divide", "capital", "crash",
-                                                                       "answer"]
+        assert [tool["function"]["name"] for tool in info["tools"]] == FACTS_TOOLS
         assert info["tools"][0]["function"]["parameters"]["required"] == ["a", "b"]
         assert "- capital(country): The capital city of a country." in info["instructions"]
         assert "6.5" not in obs + info["instructions"]  # the privileged answer stays out of the prompt
@@ -147,12 +148,27 @@ def test_tool_errors_are_observations_and_bad_calls_are_invalid(http_url: str) -
             0.0, False, 1, 2, False)
         obs, _, _, _, info = env.step('<tool_call>{"name": "multiply", "arguments": {}}</tool_call>')
         assert info["invalid_action"] and obs.startswith("Invalid action: unknown tool 'multiply'; available "
-                                                         "tools: add, divide, capital, crash, answer")
+                                                         "tools: add, divide, capital, sleep, crash, answer")
         obs, _, _, _, info = env.step('<tool_call>{"name": "add", "arguments": {"a": "2", "b": 4}}'
                                       '</tool_call>')
         assert info["invalid_action"] and "argument 'a' must be number, got string" in obs
         obs, _, terminated, _, info = env.step("<answer>6.5</answer>" + ADD_CALL)
         assert info["invalid_action"] and not terminated and "answer once, as the last call" in obs
+    finally:
+        env.close()
+
+
+def test_a_call_past_its_deadline_is_an_error_observation(http_url: str) -> None:
+    env = agentgym.make("mcp-v0", tasks=TASKS, server_url=http_url, call_timeout_s=0.5)
+    try:
+        env.reset(seed=0, options={"task_id": "sum"})
+        started = time.monotonic()
+        sleep = '<tool_call>{"name": "sleep", "arguments": {"seconds": 3}}</tool_call>'
+        obs, _, terminated, _, info = env.step(sleep)
+        assert obs == _response("sleep", "error", "the tool did not answer within 0.5 s")
+        assert (terminated, info["tool_errors"], info["invalid_action"]) == (False, 1, False)
+        assert time.monotonic() - started < 2.5  # the env did not wait for the tool
+        assert env.step(ADD_CALL)[0] == _response("add", "result", "6.5")  # the session still works
     finally:
         env.close()
 

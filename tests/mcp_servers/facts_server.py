@@ -7,6 +7,7 @@ Every tool is deterministic, as the env contract asks of the servers an env talk
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -40,6 +41,13 @@ def capital(country: str) -> str:
     if found is None:
         raise ToolError(f"no country named {country!r}; known: {', '.join(sorted(CAPITALS))}")
     return found
+
+
+@server.tool
+async def sleep(seconds: float) -> str:
+    """Wait, then say so (the tests use it to run past a call's deadline)."""
+    await asyncio.sleep(seconds)
+    return "awake"
 
 
 @server.tool
