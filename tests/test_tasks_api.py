@@ -228,3 +228,38 @@ def test_alfworld_data_folder_splits_are_the_folders_it_has(game_cache: Path, tm
     with pytest.raises(ConfigError, match="valid splits: train .0..1., valid_seen .0..0.$"):
         env.task("valid_unseen", 0)
     env.close()
+
+
+def test_envs_tasks_lists_every_env_split_and_size() -> None:
+    from typer.testing import CliRunner
+
+    from agentgym.cli import app
+
+    result = CliRunner().invoke(app, ["envs", "--tasks"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in result.output.splitlines()
+            if line.startswith("│")]
+    by_env: dict[str, list[tuple[str, str]]] = {}
+    for env_id, split, size, _ in rows:
+        by_env.setdefault(env_id, []).append((split, size))
+    assert by_env["maze-v0"] == [("train", "1000000"), ("test", "procedural")]
+    assert by_env["code-tests-v0"] == [("problems", "36")]
+    assert by_env["wordle-v0"] == [("words", "2023")]
+    assert by_env["harness-v0"] == [("-", "-")]  # needs harness=: the row says why instead
+    assert "not made with default arguments" in result.output
+    assert set(made_env_ids()) <= set(by_env)
+
+
+def test_envs_tasks_env_id_shows_the_first_tasks_of_each_split() -> None:
+    from typer.testing import CliRunner
+
+    from agentgym.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["envs", "--tasks", "code-tests-v0", "--first", "2"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.output.splitlines()]
+    assert lines[0].startswith("problems  36 tasks")
+    assert lines[1:] == ["0  is_palindrome  Palindrome check", "1  fizzbuzz  FizzBuzz"]
+    bad = runner.invoke(app, ["envs", "--tasks", "maze-v9"])
+    assert bad.exit_code == 2 and "maze-v0" in bad.output
