@@ -13,7 +13,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from hashlib import sha256
@@ -162,6 +162,9 @@ class Judge:
         cache_file: a JSONL file of verdicts: read when the judge is made, appended to as it judges.
         extra_body: more request fields, sent as given (e.g. vLLM's ``guided_regex``).
 
+    Attributes:
+        requests_sent: chat requests sent so far, retries included (cache hits send none).
+
     Raises:
         ConfigError: an argument is invalid (the message names it).
 
@@ -212,7 +215,6 @@ class Judge:
         self._cache: dict[str, Verdict] = {}
         self._pending: dict[str, Future[Verdict]] = {}
         self.requests_sent = 0
-        """Chat requests sent so far (retries included)."""
         if self.cache_file is not None and self.cache_file.exists():
             self._load_cache(self.cache_file)
 
@@ -310,6 +312,24 @@ class Judge:
             results.append(error if isinstance(error, JudgeError) else future.result())
         return results
 
+    def reward_function(self) -> Callable[..., float]:
+        """This judge as a keyword-argument reward callable, for envs that take one (``mcp-v0``'s
+        ``reward=``): the arguments become a transcript (one ``[name]`` entry each, non-text values as
+        JSON, in the order given) and the call returns its score. A ``JudgeError`` propagates.
+
+        Example:
+            >>> judge = Judge("http://127.0.0.1:8001/v1", "judge-model", "The answer is right.")
+            >>> reward = judge.reward_function()
+            >>> print(render_transcript(reward.entries(answer="42", task={"prompt": "6*7?"})))
+            [answer]
+            42
+            <BLANKLINE>
+            [task]
+            {"prompt": "6*7?"}
+            >>> judge.close()
+        """
+        return _FieldsReward(self)
+
     def cache_key(self, transcript: str) -> str:
         """The cache key of ``transcript``: a hash of (model, rubric, template, transcript)."""
         text = json.dumps([self.model, self.rubric, self.template, transcript], ensure_ascii=False)
@@ -390,6 +410,22 @@ class Judge:
             except (ValueError, KeyError, TypeError):
                 raise ConfigError(f"judge cache_file {path} line {number} is not a verdict row; delete the "
                                   "line or the file") from None
+
+
+class _FieldsReward:
+    """``Judge.reward_function``'s callable: keyword arguments in, the judge's score out."""
+
+    def __init__(self, judge: Judge) -> None:
+        self.judge = judge
+
+    @staticmethod
+    def entries(**fields: Any) -> list[tuple[str, str]]:
+        """The transcript entries of the arguments: text as is, anything else as JSON."""
+        return [(name, value if isinstance(value, str)
+                 else json.dumps(value, ensure_ascii=False, default=str)) for name, value in fields.items()]
+
+    def __call__(self, **fields: Any) -> float:
+        return self.judge.score(render_transcript(self.entries(**fields))).score
 
 
 def _check_number(name: str, value: Any, *, positive: bool) -> None:

@@ -248,6 +248,18 @@ def test_bad_judge_arguments_name_the_argument(kwargs: dict[str, Any], message: 
         Judge(**args)
 
 
+def test_the_reward_function_judges_its_keyword_arguments(scripted: ScriptedJudgeServer) -> None:
+    with Judge(scripted.url, "grader", "The answer is right.") as judge:
+        reward = judge.reward_function()
+        score = reward(task={"id": "t1", "prompt": "6*7?"}, answer="want=0.9",
+                       transcript=[{"name": "calc", "arguments": {"x": "6*7"}, "result": "42"}])
+    assert score == 0.9
+    assert scripted.bodies[0]["messages"][1]["content"] == (
+        'Rubric:\nThe answer is right.\n\nTranscript:\n[task]\n{"id": "t1", "prompt": "6*7?"}\n\n'
+        '[answer]\nwant=0.9\n\n[transcript]\n[{"name": "calc", "arguments": {"x": "6*7"}, "result": "42"}]'
+        "\n\nGrade the transcript against the rubric.")
+
+
 # --- JudgedReward on real envs -----------------------------------------------------------------
 
 
