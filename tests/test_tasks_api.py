@@ -263,3 +263,40 @@ def test_envs_tasks_env_id_shows_the_first_tasks_of_each_split() -> None:
     assert lines[1:] == ["0  is_palindrome  Palindrome check", "1  fizzbuzz  FizzBuzz"]
     bad = runner.invoke(app, ["envs", "--tasks", "maze-v9"])
     assert bad.exit_code == 2 and "maze-v0" in bad.output
+
+
+def test_service_task_routes_and_remote_env(make_service: Any) -> None:
+    from agentgym.http.client import EnvClient, RemoteEnv
+
+    service = make_service(["maze-v0", "code-tests-v0", "test/http-counter-v0"])
+    splits = service.get("/envs/code-tests-v0/tasks")
+    assert splits.status_code == 200, splits.text
+    assert splits.json() == {"splits": [{"name": "problems", "size": 36, "first_seed": None,
+                                         "description": "problems of the bundled problem set, in order"}]}
+    task = service.get("/envs/code-tests-v0/tasks/problems/1")
+    assert task.json() == {"split": "problems", "index": 1, "task_id": "fizzbuzz", "description": "FizzBuzz"}
+    # namespaced ids (with a slash) reach the task routes, not the env detail route
+    assert [s["name"] for s in service.get("/envs/test/http-counter-v0/tasks").json()["splits"]] == [
+        "train", "test"]
+    bad = service.get("/envs/code-tests-v0/tasks/problems/36")
+    assert bad.status_code == 422 and bad.json()["error"]["type"] == "ConfigError"
+    assert "valid indices: 0..35" in bad.json()["error"]["message"]
+    assert service.get("/envs/sokoban-v0/tasks").status_code == 404  # not served here
+    assert service.get("/envs/maze-v0").json()["id"] == "maze-v0"  # the detail route still answers
+
+    client = EnvClient(client=service)
+    assert client.task_splits("maze-v0") == SEEDED_SPLITS
+    assert client.task("maze-v0", "test", 2)["seed"] == HELD_OUT_SEED_START + 2
+    with RemoteEnv("code-tests-v0", client=client) as remote:
+        local = agentgym.make("code-tests-v0")
+        assert remote.task_splits() == local.task_splits()
+        assert remote.task("problems", 5) == local.task("problems", 5)
+        # reset options split/index travel to the service as they are and start the same task
+        remote_obs, remote_info = remote.reset(options={"split": "problems", "index": 5})
+        local_obs, local_info = local.reset(options={"split": "problems", "index": 5})
+        assert (remote_obs, remote_info["task_id"], remote_info["task_ref"]) == (
+            local_obs, local_info["task_id"], local_info["task_ref"])
+        with pytest.raises(ConfigError, match="has no task split 'nope'; valid splits: problems"):
+            remote.reset(options={"split": "nope", "index": 0})
+        with pytest.raises(ConfigError, match=r"valid indices: 0\.\.35"):
+            remote.task("problems", 99)

@@ -11,12 +11,13 @@ reached the service), so a retried step can never run twice.
 from __future__ import annotations
 
 import numbers
+import urllib.parse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.errors import (
     AgentGymError,
     ConfigError,
@@ -78,6 +79,19 @@ def _create_body(env_id: str, kwargs: dict[str, Any], max_turns: Any) -> dict[st
     return {"env_id": env_id, "kwargs": kwargs, "max_turns": max_turns}
 
 
+def _task_path(split: Any, index: Any) -> str:
+    """``{split}/{index}`` for a task route; the service checks both (unknown split, index out of range)."""
+    if not isinstance(split, str) or not split:
+        raise ConfigError(f"split must be a non-empty str, got {split!r}")
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        raise ConfigError(f"index must be an integer, got {index!r}")
+    return f"{urllib.parse.quote(split, safe='')}/{int(index)}"
+
+
+def _splits_from_json(body: Any) -> tuple[TaskSplit, ...]:
+    return tuple(TaskSplit(**split) for split in body["splits"])
+
+
 def _closed_error() -> EnvContractError:
     return EnvContractError("this env is closed (its session was deleted); make a new one")
 
@@ -113,6 +127,14 @@ class EnvClient(ServiceClient):
 
     def env_detail(self, env_id: str) -> dict[str, Any]:
         return self.request("GET", f"/envs/{env_id}")
+
+    def task_splits(self, env_id: str) -> tuple[TaskSplit, ...]:
+        """The task splits of ``env_id`` made with its default arguments (``Env.task_splits``)."""
+        return _splits_from_json(self.request("GET", f"/envs/{env_id}/tasks"))
+
+    def task(self, env_id: str, split: str, index: int) -> dict[str, Any]:
+        """Task ``index`` of ``split`` of ``env_id`` made with its default arguments (``Env.task``)."""
+        return self.request("GET", f"/envs/{env_id}/tasks/{_task_path(split, index)}")
 
     def batch_step(self, steps: Sequence[tuple[str, str]]) -> list[dict[str, Any] | AgentGymError]:
         """Step many sessions in one request; each item is a step result or the error it raised."""
@@ -152,6 +174,9 @@ class RemoteEnv(Env):
         obs, info = env.reset(seed=0)
         obs, reward, terminated, truncated, info = env.step("up")
     """
+
+    # reset options split/index travel to the service, whose env resolves them with its own splits.
+    resolves_tasks: ClassVar[bool] = False
 
     def __init__(self, env_id: str, *, base_url: str = "http://127.0.0.1:8000", token: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = 2, client: EnvClient | None = None,
@@ -209,6 +234,19 @@ class RemoteEnv(Env):
 
     def expert_action(self) -> str | None:
         return self._call("/expert")["action"]
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """The splits of this session's env, as the service's env (made with this env's kwargs) says."""
+        return _splits_from_json(self._get("/tasks"))
+
+    def task(self, split: str, index: int) -> dict[str, Any]:
+        """Task ``index`` of ``split`` of this session's env, described by the service."""
+        return self._get(f"/tasks/{_task_path(split, index)}")
+
+    def _get(self, path: str) -> Any:
+        if self._closed:
+            raise _closed_error()
+        return self.client.request("GET", f"{self._path}{path}")
 
     def session_info(self) -> dict[str, Any]:
         return self.client.request("GET", self._path)

@@ -5,6 +5,8 @@ Routes (all bodies JSON; every error is ``{"error": {"type", "message"}}``):
     GET    /health                    liveness + capacity
     GET    /envs                      registered (or served) env ids
     GET    /envs/{env_id}             spec and request/response JSON schemas
+    GET    /envs/{env_id}/tasks       its task splits (the env made with default arguments)
+    GET    /envs/{env_id}/tasks/{split}/{index}   one task of a split, described (``Env.task``)
     POST   /sessions                  create a session → session_id
     GET    /sessions/{id}             session state
     DELETE /sessions/{id}             close it
@@ -12,6 +14,7 @@ Routes (all bodies JSON; every error is ``{"error": {"type", "message"}}``):
     POST   /sessions/{id}/step        {action} → observation, reward, terminated, truncated, info
     POST   /sessions/{id}/fork        {mode?} → a new session in the same state
     POST   /sessions/{id}/expert      the expert's action in the current state
+    GET    /sessions/{id}/tasks[/{split}/{index}]   the same for a session's env (made with its kwargs)
     POST   /batch/step                many sessions' steps in one request (per-item results)
     POST   /batch/reset               many sessions' resets in one request
     POST   /batch/fork                fork many sessions in one request (a new session each)
@@ -30,9 +33,11 @@ step outlived the step timeout (counted from when it started; the session is the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -50,6 +55,7 @@ from agentgym.errors import (
     ResetNeeded,
     SessionCapacityError,
 )
+from agentgym.guard import EpisodeGuard
 from agentgym.http import wire
 from agentgym.http.fastpath import GuardMiddleware, HotRoute, HotRoutes
 from agentgym.http.metrics import ServiceMetrics
@@ -214,6 +220,46 @@ def create_app(
         specs = [lookup_spec(i) for i in env_ids] if env_ids is not None else list_envs()
         return json_response([{"id": s.id, "description": s.description, "max_turns": s.max_turns}
                               for s in specs])
+
+    # --- tasks (declared before /envs/{env_id:path}, whose path parameter would swallow them) ------
+
+    async def with_default_env(env_id: str, query: Callable[[EpisodeGuard], Any]) -> Any:
+        """``query`` over a fresh env of ``env_id`` made with its default arguments, off the event loop."""
+        store.check_served(env_id)
+
+        def call() -> Any:
+            with agentgym.make(env_id) as env:
+                return query(env)
+
+        return await store.run(None, call)
+
+    async def with_session_env(session_id: str, query: Callable[[EpisodeGuard], Any]) -> Any:
+        """``query`` over a session's env (made with the session's kwargs), between its other calls."""
+        session = store.get(session_id)
+        async with session.lock:
+            store.check_live(session)
+            return await store.run(session, lambda: query(session.env))
+
+    @app.get("/envs/{env_id:path}/tasks/{split}/{index}", responses=error_responses(401, 404, 422, 503, 504))
+    async def env_task(env_id: str, split: str, index: int) -> Response:
+        """Task ``index`` of ``split`` of the env made with its default arguments (``Env.task``)."""
+        return json_response(await with_default_env(env_id, lambda env: env.task(split, index)))
+
+    @app.get("/envs/{env_id:path}/tasks", responses=error_responses(401, 404, 422, 503, 504))
+    async def env_task_splits(env_id: str) -> Response:
+        """The task splits of the env made with its default arguments (``Env.task_splits``)."""
+        return json_response({"splits": await with_default_env(env_id, _splits_json)})
+
+    @app.get("/sessions/{session_id}/tasks/{split}/{index}",
+             responses=error_responses(401, 404, 422, 503, 504))
+    async def session_task(session_id: str, split: str, index: int) -> Response:
+        """Task ``index`` of ``split`` of a session's env (its kwargs may change its tasks)."""
+        return json_response(await with_session_env(session_id, lambda env: env.task(split, index)))
+
+    @app.get("/sessions/{session_id}/tasks", responses=error_responses(401, 404, 503, 504))
+    async def session_task_splits(session_id: str) -> Response:
+        """The task splits of a session's env."""
+        return json_response({"splits": await with_session_env(session_id, _splits_json)})
 
     @app.get("/envs/{env_id:path}", response_model=wire.EnvDetail, responses=error_responses(401, 404))
     async def env_detail(env_id: str) -> Response:
@@ -473,3 +519,8 @@ async def _run_ready(store: SessionStore, ready: list[tuple[int, Session, Any]],
                 final[index] = error_payload(
                     "RemoteTimeout", f"{exc} at an earlier item of this batch; this item was not run")
         return final
+
+
+def _splits_json(env: EpisodeGuard) -> list[dict[str, Any]]:
+    """An env's ``TaskSplit``s as JSON objects (``RemoteEnv.task_splits`` reads them back)."""
+    return [dataclasses.asdict(split) for split in env.task_splits()]
