@@ -11,8 +11,10 @@ The quality gates in ``GATES`` go beyond the contract: they play the checked see
 policies (``POLICIES``: the expert, a random policy and a do-nothing policy) on an instance of their
 own and judge the env as a training task: the expert solves it, baselines score below the expert,
 the privileged answer stays out of what the agent sees, the seed picks the task, rewards stay in the
-declared range. ``check_env`` runs them after the rules (``gates=()`` skips them); ``grade_env``
-runs every gate even after one fails and reports each, with the policies' mean returns.
+declared range. ``check_env(env, gates=GATES)`` runs them after the rules (they are opt-in there: a
+configuration may make a task easy or its expert imperfect, and the contract holds either way);
+``grade_env`` and ``agentgym check`` run every gate, even after one fails, and report each, with the
+policies' mean returns.
 """
 from __future__ import annotations
 
@@ -722,8 +724,9 @@ def gate_expert_reaches_max_reward(run: CheckRun) -> str:
     range, a terminating step paying its maximum; else a terminated episode whose return is at least
     every baseline's on that seed. Either way every expert action must be valid and the episode must
     terminate (a truncated one ran out of turns). An env whose expert is good but not perfect by design
-    (a card game's odds, a draw against a perfect opponent) sets the class attribute
-    ``expert_solves_every_task = False``; then only validity and termination are required here.
+    (a card game's odds, a draw against a perfect opponent) declares ``expert_solves_every_task = False``,
+    as a class attribute, or an instance attribute set in ``__init__`` where its arguments decide
+    (slippery ice, fewer guesses); then only validity and termination are required here.
     """
     if not run.env.has_expert:
         return "skipped: the env has no expert"
@@ -951,8 +954,8 @@ def _factory_for(source: EnvSource) -> Callable[[], EpisodeGuard]:
 
 
 def check_env(env: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps: int = 200,
-              gates: Sequence[Gate] = GATES) -> None:
-    """Check that an env honours the contract of ``agentgym.core.Env`` and passes the quality gates.
+              gates: Sequence[Gate] = ()) -> None:
+    """Check that an env honours the contract of ``agentgym.core.Env`` (and passes the given gates).
 
     Records ``num_episodes`` seeded episodes, then runs each function of ``RULES`` in order (each
     one's docstring states its rule): reset and step return types; ``state_key`` present and a str;
@@ -960,11 +963,9 @@ def check_env(env: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps
     within the turn budget; ``step`` before ``reset`` and after the end raise; determinism under
     seed, options and actions; ``task_id`` replays the task; forks by replay and by snapshot continue
     like the original; the expert answers a str or ``None``; ``close`` is idempotent. Then each of
-    ``gates`` (default ``GATES``): the expert solves the checked tasks, random and do-nothing policies
-    score below it, privileged answers stay hidden, seeds pick tasks repeatably, rewards stay in the
-    declared range.
-
-    Changed in v0.1: the quality gates run after the rules by default (``gates=()`` runs the rules only).
+    ``gates`` (``GATES``: the expert solves the checked tasks, random and do-nothing policies score
+    below it, privileged answers stay hidden, seeds pick tasks repeatably, rewards stay in the declared
+    range); ``grade_env`` runs every gate and reports each instead of raising.
 
     Args:
         env: an env id, an ``EnvSpec``, an env made by ``agentgym.make``, or a zero-argument
@@ -973,14 +974,14 @@ def check_env(env: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps
         num_episodes: episodes driven with a seeded mix of expert, admissible and garbage actions;
             the gates play the same seeds.
         max_steps: cap for envs without ``max_turns``; an episode still running then fails the check.
-        gates: the quality gates to run after the rules, in order.
+        gates: quality gates to run after the rules, in order (none by default; ``GATES`` for all).
 
     Raises:
         CheckFailed: the first broken rule or gate; ``.rule`` is its function's name.
 
     Example:
         >>> from agentgym.examples import EchoEnv
-        >>> check_env(lambda: EchoEnv(target="hi"))
+        >>> check_env(lambda: EchoEnv(target="hi"), gates=GATES)
         >>> class Forgetful(EchoEnv):
         ...     def reset(self, *, seed=None, options=None):
         ...         return "Say something.", {}

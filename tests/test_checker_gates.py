@@ -175,7 +175,7 @@ def _run(cls: type[Env]) -> CheckRun:
 @pytest.mark.parametrize("source", [FruitGuess, HintEarnsAnswer, DeclaredImperfectExpert, EchoEnv],
                          ids=lambda cls: cls.__name__)
 def test_healthy_envs_pass_every_rule_and_gate(source: type[Env]) -> None:
-    checker.check_env(_spec(source))  # gates run by default
+    checker.check_env(_spec(source), gates=checker.GATES)
 
 
 @pytest.mark.parametrize(
@@ -209,11 +209,11 @@ def test_each_gate_catches_its_broken_env(source: type[Env], gate: str, message:
     assert "\n" not in str(caught.value)
 
 
-def test_check_env_runs_the_gates_unless_told_not_to() -> None:
+def test_check_env_runs_the_gates_it_is_given() -> None:
     with pytest.raises(CheckFailed) as caught:
-        checker.check_env(_spec(LeakyIntro))
+        checker.check_env(_spec(LeakyIntro), gates=checker.GATES)
     assert caught.value.rule == "gate_answer_not_leaked"
-    checker.check_env(_spec(LeakyIntro), gates=())
+    checker.check_env(_spec(LeakyIntro))  # the contract alone holds
     checker.check_env(_spec(LeakyIntro), gates=[checker.gate_reward_range])
 
 
@@ -281,14 +281,17 @@ IMPERFECT_EXPERTS = {
     "blackjack-v0": "basic strategy loses hands the cards decide",
     "tictactoe-v0": "minimax draws against the default minimax opponent",
 }
-#: The slow envs (seconds per reset) play two seeds, the rest three.
-TWO_SEEDS = ("textworld-v0", "alfworld-v0")
+#: The slow envs (seconds per reset; TextWorld generates each game on first use) play two seeds, the
+#: rest three, and their episodes are cut at 25 turns (the experts need at most 18 on these seeds; the
+#: baselines' returns only drop). TextWorld keeps its default family: at treasure_hunter level 1, the
+#: quickest to generate, a random policy wins as often as the expert, and the baseline gate says so.
+SLOW: dict[str, dict[str, Any]] = {"textworld-v0": {"max_turns": 25}, "alfworld-v0": {"max_turns": 25}}
 BUILT_IN = sorted(spec.id for spec in agentgym.list_envs()
                   if "/" not in spec.id and spec.id not in NOT_CHECKED)
 
 
 def _built_in(env_id: str) -> Env:
-    env = agentgym.make(env_id)
+    env = agentgym.make(env_id, **SLOW.get(env_id, {}))
     if env_id in IMPERFECT_EXPERTS and getattr(env.unwrapped, "expert_solves_every_task", True):
         env.unwrapped.expert_solves_every_task = False  # what the env class should declare itself
     return env
@@ -296,7 +299,7 @@ def _built_in(env_id: str) -> Env:
 
 @pytest.mark.parametrize("env_id", BUILT_IN)
 def test_every_built_in_env_passes_every_gate(env_id: str) -> None:
-    run = CheckRun.start(lambda: _built_in(env_id), num_episodes=2 if env_id in TWO_SEEDS else 3)
+    run = CheckRun.start(lambda: _built_in(env_id), num_episodes=2 if env_id in SLOW else 3)
     try:
         for gate in checker.GATES:
             gate(run)
