@@ -273,8 +273,7 @@ def test_cli_check_prints_each_gate_and_exits_1_on_a_failed_gate() -> None:
 #: Built-in envs these tests cannot make, and why.
 NOT_CHECKED = {
     "harness-v0": "needs harness= and tasks= (a user's agent and task list)",
-    "mcp-v0": "needs an MCP server to connect to",
-    "webshop-v0": "needs its product catalogue and search service",
+    "mcp-v0": "needs server_command= or server_url= (an MCP server to connect to)",
 }
 #: Experts that lose some tasks by design, until their env classes declare expert_solves_every_task = False.
 IMPERFECT_EXPERTS = {
