@@ -126,6 +126,13 @@ class HintEarnsAnswer(FruitGuess):
         return super().step(action)
 
 
+class DawdlingExpert(HintEarnsAnswer):
+    """Broken expert: asks for the hint forever (valid, but the episode never ends)."""
+
+    def expert_action(self) -> str | None:
+        return "hint"
+
+
 _instances = itertools.count()
 
 
@@ -183,6 +190,7 @@ def test_healthy_envs_pass_every_rule_and_gate(source: type[Env]) -> None:
     [
         (WrongExpert, "gate_expert_reaches_max_reward", "ended unsolved"),
         (InvalidExpert, "gate_expert_reaches_max_reward", "'kiwi') was invalid"),
+        (DawdlingExpert, "gate_expert_reaches_max_reward", "did not terminate within 6 steps"),
         (AnyFruitWins, "gate_baseline_below_expert", "random policy's mean return 1 is not 0.1 below"),
         (LeakyIntro, "gate_answer_not_leaked", "shows in the reset() observation"),
         (LeaksOnInvalid, "gate_answer_not_leaked", "observation"),
