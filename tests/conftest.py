@@ -15,9 +15,12 @@ if "AGENTGYM_CACHE" not in os.environ:
 import contextlib
 import pickle
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -256,3 +259,59 @@ def tiny() -> tuple[Any, Any]:
     from agentgym.backends.tiny import build_tiny_model
 
     return build_tiny_model()
+
+
+# ---------------------------------------------------------------------------------------------------
+# A real MCP server (tests/mcp_servers/facts_server.py, fastmcp) for mcp-v0: its tests and the checker's.
+
+#: How long a test server subprocess may take to report its port and listen.
+SERVER_START_TIMEOUT_S = 60.0
+MCP_FACTS_SERVER = Path(__file__).resolve().parent / "mcp_servers" / "facts_server.py"
+
+
+def read_port(process: subprocess.Popen[str]) -> int:
+    """The port the server printed (``PORT <n>``), within ``SERVER_START_TIMEOUT_S``."""
+    found: list[str] = []
+    reader = threading.Thread(target=lambda: found.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(SERVER_START_TIMEOUT_S)
+    if not found or not found[0].startswith("PORT "):
+        process.kill()
+        raise RuntimeError(f"the server did not report its port within {SERVER_START_TIMEOUT_S} s: {found}")
+    return int(found[0].split()[1])
+
+
+def wait_listening(port: int, process: subprocess.Popen[Any]) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"nothing listened on port {port} within {SERVER_START_TIMEOUT_S} s")
+
+
+def stop_process(process: subprocess.Popen[Any]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def mcp_facts_url() -> Iterator[str]:
+    """The facts MCP server over streamable HTTP on 127.0.0.1, on a port the OS picked."""
+    process = subprocess.Popen([sys.executable, str(MCP_FACTS_SERVER), "--http"], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        port = read_port(process)
+        wait_listening(port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop_process(process)

@@ -261,13 +261,23 @@ GYMNASIUM_DIR = Path(gymnasium.__file__).resolve().parent
 #: Envs that cannot be made without arguments: what the checks make them with.
 REQUIRED_ARGS: dict[str, dict[str, object]] = {
     "harness-v0": {"harness": "agentgym.harness.examples:tool_agent", "tasks": arithmetic_tasks(4)},
+    "mcp-v0": {"tasks": [{"prompt": "What is 2.5 + 4?", "answer": 6.5}]},  # + the server: _required_args
 }
 
 
+def _required_args(env_id: str, request: pytest.FixtureRequest) -> dict[str, object]:
+    """``REQUIRED_ARGS`` of an env, with a real server where it needs one (mcp-v0: conftest's MCP server)."""
+    args = dict(REQUIRED_ARGS.get(env_id, {}))
+    if env_id == "mcp-v0":
+        args["server_url"] = request.getfixturevalue("mcp_facts_url")
+    return args
+
+
 @pytest.mark.parametrize("env_id", REGISTERED)
-def test_check_env_over_every_registered_env(env_id: str) -> None:
+def test_check_env_over_every_registered_env(env_id: str, request: pytest.FixtureRequest) -> None:
     if env_id in REQUIRED_ARGS:
-        agentgym.check_env(lambda: agentgym.make(env_id, **REQUIRED_ARGS[env_id]))
+        args = _required_args(env_id, request)
+        agentgym.check_env(lambda: agentgym.make(env_id, **args))
     else:
         agentgym.check_env(env_id)
 
@@ -287,9 +297,9 @@ SMALL_POOLS = {"textworld-v0": {"num_games": 3}}
 
 
 @pytest.mark.parametrize("env_id", REGISTERED)
-def test_gymnasium_check_env_over_every_registered_env(env_id: str) -> None:
+def test_gymnasium_check_env_over_every_registered_env(env_id: str, request: pytest.FixtureRequest) -> None:
     spec = agentgym.spec(env_id)
-    extra = {**SMALL_POOLS.get(env_id, {}), **REQUIRED_ARGS.get(env_id, {})}
+    extra = {**SMALL_POOLS.get(env_id, {}), **_required_args(env_id, request)}
     env = agentgym.make(dataclasses.replace(spec, kwargs={**spec.kwargs, **extra}))
     try:
         # Gymnasium checks the unwrapped env (it warns about anything else) and builds fresh

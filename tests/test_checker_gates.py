@@ -10,12 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 import agentgym
-from agentgym import checker
-from agentgym.checker import CheckRun, grade_env
+from agentgym import checker, gates
+from agentgym.checker import CheckRun
 from agentgym.cli import app
 from agentgym.core import Env
 from agentgym.errors import CheckFailed
 from agentgym.examples import EchoEnv
+from agentgym.gates import grade_env
 
 FRUITS = ("apple", "banana", "cherry", "damson", "elderberry", "fig", "grape", "huckleberry")
 
@@ -182,7 +183,7 @@ def _run(cls: type[Env]) -> CheckRun:
 @pytest.mark.parametrize("source", [FruitGuess, HintEarnsAnswer, DeclaredImperfectExpert, EchoEnv],
                          ids=lambda cls: cls.__name__)
 def test_healthy_envs_pass_every_rule_and_gate(source: type[Env]) -> None:
-    checker.check_env(_spec(source), gates=checker.GATES)
+    checker.check_env(_spec(source), gates=gates.GATES)
 
 
 @pytest.mark.parametrize(
@@ -209,7 +210,7 @@ def test_each_gate_catches_its_broken_env(source: type[Env], gate: str, message:
         for rule in checker.RULES if source is not InstanceDependentTask else ():
             rule(run)
         with pytest.raises(CheckFailed, match=gate) as caught:
-            getattr(checker, gate)(run)
+            getattr(gates, gate)(run)
     finally:
         run.close()
     assert caught.value.rule == gate
@@ -219,17 +220,17 @@ def test_each_gate_catches_its_broken_env(source: type[Env], gate: str, message:
 
 def test_check_env_runs_the_gates_it_is_given() -> None:
     with pytest.raises(CheckFailed) as caught:
-        checker.check_env(_spec(LeakyIntro), gates=checker.GATES)
+        checker.check_env(_spec(LeakyIntro), gates=gates.GATES)
     assert caught.value.rule == "gate_answer_not_leaked"
     checker.check_env(_spec(LeakyIntro))  # the contract alone holds
-    checker.check_env(_spec(LeakyIntro), gates=[checker.gate_reward_range])
+    checker.check_env(_spec(LeakyIntro), gates=[gates.gate_reward_range])
 
 
 def test_grade_env_reports_every_gate_and_the_returns() -> None:
     grade = grade_env(_spec(AnyFruitWins))
     verdicts = {result.gate: result.passed for result in grade.results}
-    assert verdicts == {gate.__name__: gate is not checker.gate_baseline_below_expert
-                        for gate in checker.GATES}
+    assert verdicts == {gate.__name__: gate is not gates.gate_baseline_below_expert
+                        for gate in gates.GATES}
     assert not grade.passed
     # every fruit wins: the expert and random guessers solve each seed on the first guess; no-op never
     assert grade.mean_returns == {"expert": 1.0, "random": 1.0, "do-nothing": 0.0}
@@ -256,10 +257,10 @@ def test_a_declared_range_is_checked_and_an_undeclared_one_skipped() -> None:
 
 def test_leak_matching_needs_whole_words_of_three_characters() -> None:
     # "7" (too short) and "app" (part of a word) are no leaks; "Banana" (whole word, any case) is.
-    assert checker._privileged_values([{"answer": ["7", "app", "banana", True]}]) == ["app", "banana"]
+    assert gates._privileged_values([{"answer": ["7", "app", "banana", True]}]) == ["app", "banana"]
     reset = checker.Call(None, ("Step 7: an apple or a Banana?", {}))
     episode = checker.Episode(0, None, [reset], ended=False)
-    shown = checker._shown_texts(episode, every_observation=False)
+    shown = gates._shown_texts(episode, every_observation=False)
     assert shown == [("reset() observation", "Step 7: an apple or a Banana?")]
 
 
@@ -269,7 +270,7 @@ def test_cli_check_prints_each_gate_and_exits_1_on_a_failed_gate() -> None:
     result = runner.invoke(app, ["check", "test/leaky-intro-v0"], env={"COLUMNS": "400"})
     assert result.exit_code == 1, result.output
     assert "honours the env contract" in result.output
-    for gate in checker.GATES:
+    for gate in gates.GATES:
         assert gate.__name__ in result.output
     assert "FAIL" in result.output and "mean return over seeds 0..2" in result.output
     result = runner.invoke(app, ["check", "test/leaky-intro-v0", "--no-gates"])
@@ -308,9 +309,9 @@ def _built_in(env_id: str) -> Env:
 def test_every_built_in_env_passes_every_gate(env_id: str) -> None:
     run = CheckRun.start(lambda: _built_in(env_id), num_episodes=2 if env_id in SLOW else 3)
     try:
-        for gate in checker.GATES:
+        for gate in gates.GATES:
             gate(run)
-        returns = checker.mean_returns(run)
+        returns = gates.mean_returns(run)
     finally:
         run.close()
     assert returns["expert"] > max(returns["random"], returns["do-nothing"]) or env_id in IMPERFECT_EXPERTS

@@ -12,13 +12,12 @@ import math
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SERVER_START_TIMEOUT_S, stop_process, wait_listening
 
 import agentgym
 import agentgym.envs  # noqa: F401  (registers the built-in envs)
@@ -27,7 +26,6 @@ from agentgym.errors import ConfigError, RemoteEnvError
 SERVER = Path(__file__).resolve().parent / "mcp_servers" / "facts_server.py"
 #: The facts server's tools and mcp-v0's answer, in the order the env offers them.
 FACTS_TOOLS = ["add", "divide", "capital", "sleep", "crash", "answer"]
-START_TIMEOUT_S = 60.0
 ADD_CALL = '<tool_call>{"name": "add", "arguments": {"a": 2.5, "b": 4}}</tool_call>'
 TASKS = [
     {"id": "sum", "prompt": "What is 2.5 + 4?", "answer": 6.5,
@@ -43,51 +41,10 @@ def _response(name: str, key: str, text: str) -> str:
     return f'<tool_response>\n{{"name": "{name}", "{key}": "{text}"}}\n</tool_response>'
 
 
-def _read_port(process: subprocess.Popen[str]) -> int:
-    """The port the server printed (``PORT <n>``), within ``START_TIMEOUT_S``."""
-    found: list[str] = []
-    reader = threading.Thread(target=lambda: found.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(START_TIMEOUT_S)
-    if not found or not found[0].startswith("PORT "):
-        process.kill()
-        raise RuntimeError(f"the MCP server did not report its port within {START_TIMEOUT_S} s: {found}")
-    return int(found[0].split()[1])
-
-
-def _wait_listening(port: int, process: subprocess.Popen[Any]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode} before listening")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"nothing listened on port {port} within {START_TIMEOUT_S} s")
-
-
-def _stop(process: subprocess.Popen[Any]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
-def http_url() -> Iterator[str]:
-    """The facts server over streamable HTTP on 127.0.0.1, on a port the OS picked."""
-    process = subprocess.Popen([sys.executable, str(SERVER), "--http"], stdout=subprocess.PIPE, text=True)
-    try:
-        port = _read_port(process)
-        _wait_listening(port, process)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        _stop(process)
+def http_url(mcp_facts_url: str) -> str:
+    """The facts server over streamable HTTP on 127.0.0.1 (conftest's ``mcp_facts_url``)."""
+    return mcp_facts_url
 
 
 def used_capital_tool(*, task: dict[str, Any], answer: str, transcript: list[dict[str, Any]]) -> float:
@@ -292,7 +249,7 @@ def test_serve_mcp_over_stdio_answers_the_official_client() -> None:
         async with stdio_client(params) as (read, write):
             return await _call_served_tools(read, write)
 
-    assert asyncio.run(asyncio.wait_for(run(), START_TIMEOUT_S)) == SERVED
+    assert asyncio.run(asyncio.wait_for(run(), SERVER_START_TIMEOUT_S)) == SERVED
 
 
 def test_serve_mcp_over_http_is_an_mcp_v0_server() -> None:
@@ -303,7 +260,7 @@ def test_serve_mcp_over_http_is_an_mcp_v0_server() -> None:
     process = subprocess.Popen([sys.executable, "-m", "agentgym", "serve-mcp", "tools-v0", "--http", "--port",
                                 str(port)], stdout=subprocess.DEVNULL)
     try:
-        _wait_listening(port, process)
+        wait_listening(port, process)
         tasks = [{"prompt": "What is 12.5 * (100 - 15) / 100?", "answer": "10.625"}]
         env = agentgym.make("mcp-v0", tasks=tasks, server_url=f"http://127.0.0.1:{port}/mcp")
         try:
@@ -318,11 +275,11 @@ def test_serve_mcp_over_http_is_an_mcp_v0_server() -> None:
         finally:
             env.close()
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def test_serve_mcp_refuses_an_env_without_tools() -> None:
     result = subprocess.run([sys.executable, "-m", "agentgym", "serve-mcp", "maze-v0"], capture_output=True,
-                            text=True, timeout=START_TIMEOUT_S, check=False)
+                            text=True, timeout=SERVER_START_TIMEOUT_S, check=False)
     assert result.returncode == 2
     assert "ConfigError: maze-v0 offers no tools" in result.stderr and result.stderr.count("\n") == 1

@@ -1,4 +1,4 @@
-"""OpenEnv's protocol on the env service, driven by OpenEnv's own client package (``openenv-core``)."""
+"""OpenEnv's protocol on the env service, driven by OpenEnv's own client package (``openenv`` 0.10)."""
 
 from __future__ import annotations
 

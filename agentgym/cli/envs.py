@@ -7,10 +7,10 @@ from rich.markup import escape
 from rich.table import Table
 
 import agentgym
-from agentgym.checker import grade_env
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.cli.serving import MAX_PORT, MIN_PORT, bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError
+from agentgym.gates import grade_env
 
 
 @app.command()

@@ -1,6 +1,6 @@
 """OpenEnv's protocol on the env service: every served env at ``/openenv/{env_id}`` (``install_openenv``).
 
-OpenEnv (``pip install openenv-core``) is the environment interface that TRL, SkyRL, torchforge and
+OpenEnv (``pip install openenv``, 0.10) is the environment interface that TRL, SkyRL, torchforge and
 others speak. Its clients take a base URL and open one WebSocket per episode stream at
 ``{base_url}/ws``; so ``GenericEnvClient(base_url="http://host:8000/openenv/maze-v0")`` plays
 ``maze-v0`` on an agentgym service unchanged. Routes under ``/openenv/{env_id}``:

@@ -143,6 +143,8 @@ class FrozenLakeEnv(ToyTextEnv):
         if not isinstance(is_slippery, (bool, np.bool_)):
             raise ConfigError(f"is_slippery must be a bool, got {is_slippery!r}")
         self.size, self.p, self.is_slippery = int(size), float(p), bool(is_slippery)
+        # On slippery ice the planner's best move can still slide into a hole.
+        self.expert_solves_every_task = not self.is_slippery  # type: ignore[misc]
         slip = (
             " The ice is slippery: you move the way you chose only 1 time in 3; otherwise you slide "
             "to one side of it (left or right of the chosen direction)." if self.is_slippery else ""

@@ -134,6 +134,8 @@ class TicTacToeEnv(Env):
     """
 
     has_expert: ClassVar[bool] = True
+    #: Minimax against a perfect opponent draws: a draw is the best there is, not a win.
+    expert_solves_every_task: ClassVar[bool] = False
     supports_snapshot: ClassVar[bool] = True
 
     def __init__(self, opponent_strength: float = 1.0, first_player: FirstPlayer = "random") -> None:
