@@ -167,3 +167,48 @@ def test_a_websocket_client_that_vanishes_leaves_no_session(live_server) -> None
             break
         asyncio.run(asyncio.sleep(0.05))
     assert httpx.get(f"{server.url}/health").json()["active_sessions"] == 0
+
+
+def test_openenv_task_api_shape(live_server) -> None:
+    """OpenEnv 0.10's Task API: splits, counts, tasks and ranges, at {base}/{env} and at {base} alike."""
+    server = live_server(["maze-v0", "code-tests-v0"])
+    maze, code = f"{server.url}/openenv/maze-v0", f"{server.url}/openenv/code-tests-v0"
+    assert httpx.get(f"{maze}/list_environments").json() == ["maze-v0"]
+    splits = httpx.get(f"{maze}/maze-v0/splits").json()
+    assert splits == httpx.get(f"{maze}/splits").json()
+    assert [(s["name"], s["type"], s["size"]) for s in splits] == [("train", "train", 1_000_000),
+                                                                   ("test", "test", None)]
+    assert httpx.get(f"{code}/code-tests-v0/splits").json()[0]["type"] == "validation"  # OpenEnv's default
+    # counts: a named split's size; a procedural split has none
+    count = httpx.post(f"{code}/code-tests-v0/num_tasks", json={"split": "problems"}).json()
+    assert count == {"num_tasks": 36}
+    assert httpx.post(f"{maze}/maze-v0/num_tasks", json={"split": "test"}).json() == {"num_tasks": None}
+    # one task, a range, a list: what Env.task says
+    local = agentgym.make("code-tests-v0")
+    task = httpx.post(f"{code}/code-tests-v0/task", json={"split": "problems", "index": 3}).json()
+    assert task == {"task": local.task("problems", 3)}
+    ranged = httpx.post(f"{code}/code-tests-v0/task_range", json={"split": "problems", "start": 34}).json()
+    assert ranged == {"tasks": [local.task("problems", 34), local.task("problems", 35)]}
+    listed = httpx.post(f"{code}/code-tests-v0/tasks", json={"split": "problems"}).json()
+    assert listed["env_name"] == "code-tests-v0" and len(listed["tasks"]) == 36
+    seeds = httpx.post(f"{maze}/maze-v0/task_range", json={"split": "test", "start": 2, "stop": 4}).json()
+    assert [t["seed"] for t in seeds["tasks"]] == [1_000_002, 1_000_003]
+    # bad input: an index past the end is OpenEnv's 400; an unbounded range without a stop, a bad split, 422
+    past = httpx.post(f"{code}/code-tests-v0/task", json={"split": "problems", "index": 36})
+    assert past.status_code == 400 and "problems" in past.json()["error"]["message"]
+    unbounded = httpx.post(f"{maze}/maze-v0/task_range", json={"split": "test", "start": 0})
+    assert unbounded.status_code == 422 and "give task_range a stop" in unbounded.json()["error"]["message"]
+    wrong = httpx.post(f"{maze}/maze-v0/num_tasks", json={"split": "nope"})
+    assert wrong.status_code == 422 and "'train', 'test'" in wrong.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/openenv/nope-v0/nope-v0/splits").status_code == 404
+
+
+def test_openenv_reset_starts_a_task_of_a_split(live_server) -> None:
+    server = live_server(["code-tests-v0"])
+    expected, _ = agentgym.make("code-tests-v0").reset(options={"split": "problems", "index": 5})
+    with GenericEnvClient(base_url=f"{server.url}/openenv/code-tests-v0").sync() as env:
+        result = env.reset(split="problems", index=5)
+        assert result.observation["text"] == expected
+        assert result.observation["info"]["task_ref"] == {"split": "problems", "index": 5}
+    reset = httpx.post(f"{server.url}/openenv/code-tests-v0/reset", json={"split": "problems", "index": 5})
+    assert reset.json()["observation"]["text"] == expected

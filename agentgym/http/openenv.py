@@ -13,6 +13,18 @@ others speak. Its clients take a base URL and open one WebSocket per episode str
     GET  /metadata   name, description, version
     GET  /health     {"status": "healthy"}
 
+OpenEnv's Task API, under the same base (and, as OpenEnv's servers name it, under ``{base}/{env_id}``:
+``/openenv/maze-v0/maze-v0/splits`` and ``/openenv/maze-v0/splits`` are the same route):
+
+    GET  /list_environments   [env_id]
+    GET  /splits              [{"name", "type", "size", "description"}]; type is train, test or validation
+    POST /num_tasks           {"split"} -> {"num_tasks": n}, null for a procedural (unbounded) split
+    POST /task                {"split", "index"} -> {"task": {...}} (``Env.task``); 400 for a bad index
+    POST /tasks               {"split"} -> {"tasks": [...], "env_name"}, at most ``MAX_LISTED_TASKS``
+    POST /task_range          {"split", "start", "stop"} -> {"tasks": [...]}; a procedural split needs a stop
+
+and a reset's ``data`` may name ``split`` and ``index`` to start that task.
+
 Messages (OpenEnv's shapes): reset ``data`` may hold ``seed``, ``episode_id`` and agentgym's
 ``options``; step ``data`` is the action, ``{"action": "<text>"}``. Answers are
 ``{"type": "observation", "data": {"observation": {...}, "reward": r, "done": bool}}``, where the
@@ -36,8 +48,14 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import agentgym
-from agentgym.errors import AgentGymError, EnvContractError, RemoteTimeout, SessionCapacityError
-from agentgym.http.responses import error_responses, json_response
+from agentgym.errors import (
+    AgentGymError,
+    ConfigError,
+    EnvContractError,
+    RemoteTimeout,
+    SessionCapacityError,
+)
+from agentgym.http.responses import error_payload, error_responses, json_response
 from agentgym.http.sessions import Session, SessionStore
 from agentgym.http.wire import MAX_ACTION_CHARS, JsonObject
 from agentgym.registry import spec as lookup_spec
@@ -51,12 +69,38 @@ class OpenEnvAction(BaseModel):
 
 
 class OpenEnvReset(BaseModel):
-    """``data`` of a reset message (OpenEnv's ``ResetRequest`` plus agentgym's ``options``)."""
+    """``data`` of a reset message (OpenEnv's ``ResetRequest`` plus agentgym's ``options``).
+
+    ``split`` and ``index`` (OpenEnv's ``reset(split=..., index=...)``) start task ``index`` of a task split.
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     episode_id: str | None = Field(default=None, max_length=256)
     options: JsonObject | None = None
+    split: str | None = Field(default=None, max_length=256)
+    index: int | None = Field(default=None, ge=0, lt=2**63)
+
+    def reset_options(self) -> dict[str, Any] | None:
+        """``options`` with ``split``/``index`` folded in (the env's Task API reads them there)."""
+        if self.split is None and self.index is None:
+            return self.options
+        return {**(self.options or {}), "split": self.split, "index": self.index}
+
+
+class TaskQuery(BaseModel):
+    """The body of OpenEnv's Task API requests: a split, and an index or a ``[start, stop)`` range."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    split: str = Field(max_length=256)
+    index: int | None = Field(default=None, ge=0, lt=2**63)
+    start: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: int | None = Field(default=None, ge=0, lt=2**63)
+
+
+#: At most this many tasks in one task list (OpenEnv lets a long or unbounded split answer with a preview;
+#: ``num_tasks`` still says how many there are).
+MAX_LISTED_TASKS = 1000
 
 
 class OpenEnvObservation(BaseModel):
@@ -75,6 +119,11 @@ class OpenEnvState(BaseModel):
     env_id: str
     episode_seed: int | None = None
     episode_over: bool = True
+
+
+def _split_type(name: str) -> str:
+    """OpenEnv's split type: ``train`` and ``test`` by name, every other split ``validation``."""
+    return name if name in ("train", "test") else "validation"
 
 
 def _observation(text: str, info: dict[str, Any], reward: float | None, terminated: bool, truncated: bool,
@@ -198,10 +247,96 @@ def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max
         try:
             async with session.lock:
                 obs, info = await store.run(
-                    session, lambda: session.env.reset(seed=body.seed, options=body.options))
+                    session, lambda: session.env.reset(seed=body.seed, options=body.reset_options()))
         finally:
             await store.delete(session.session_id)
         return json_response(_observation(obs, info, None, False, False, 0))
+
+    # --- OpenEnv's Task API ---------------------------------------------------------------------------
+
+    def task_env(path: str) -> str:
+        """The env id of a Task API route: ``{env_id}`` or OpenEnv's ``{env_id}/{env_name}`` (the same id)."""
+        half = (len(path) - 1) // 2
+        if len(path) % 2 == 1 and path[half] == "/" and path[:half].lower() == path[half + 1:].lower():
+            path = path[:half]
+        served(path)
+        return path
+
+    async def with_env(env_id: str, query: Any) -> Any:
+        """``query`` over a fresh env made with default arguments, off the event loop."""
+        def call() -> Any:
+            with agentgym.make(env_id) as env:
+                return query(env)
+
+        return await store.run(None, call)
+
+    def split_named(env: Any, name: str) -> Any:
+        for split in env.task_splits():
+            if split.name == name:
+                return split
+        valid = ", ".join(repr(s.name) for s in env.task_splits())
+        raise ConfigError(f"{env.spec.id if env.spec else 'the env'} has no task split {name!r}; "
+                          f"its splits: {valid}")
+
+    def tasks_of(env: Any, name: str, start: int | None, stop: int | None) -> list[dict[str, Any]]:
+        split = split_named(env, name)
+        start = start or 0
+        if stop is None:
+            if split.size is None:
+                raise ConfigError(f"split {name!r} is procedural (unbounded): give task_range a stop")
+            stop = split.size
+        stop = min(stop, split.size) if split.size is not None else stop
+        if stop - start > MAX_LISTED_TASKS:
+            stop = start + MAX_LISTED_TASKS
+        return [env.task(name, i) for i in range(start, max(start, stop))]
+
+    @app.get("/openenv/{env_id:path}/list_environments", tags=["openenv"],
+             responses=error_responses(401, 404))
+    async def openenv_list_environments(env_id: str) -> Response:
+        return json_response([task_env(env_id)])
+
+    @app.get("/openenv/{env_id:path}/splits", tags=["openenv"], responses=error_responses(401, 404, 503))
+    async def openenv_splits(env_id: str) -> Response:
+        env_id = task_env(env_id)
+        splits = await with_env(env_id, lambda env: env.task_splits())
+        return json_response([{"name": s.name, "type": _split_type(s.name), "size": s.size,
+                               "description": s.description} for s in splits])
+
+    @app.post("/openenv/{env_id:path}/num_tasks", tags=["openenv"],
+              responses=error_responses(401, 404, 422, 503))
+    async def openenv_num_tasks(env_id: str, body: TaskQuery) -> Response:
+        env_id = task_env(env_id)
+        split = await with_env(env_id, lambda env: split_named(env, body.split))
+        return json_response({"num_tasks": split.size})
+
+    @app.post("/openenv/{env_id:path}/task", tags=["openenv"],
+              responses=error_responses(400, 401, 404, 422, 503))
+    async def openenv_task(env_id: str, body: TaskQuery) -> Response:
+        env_id = task_env(env_id)
+        if body.index is None:
+            raise ConfigError("a task request needs an index: {\"split\": ..., \"index\": i}")
+        try:
+            task = await with_env(env_id, lambda env: env.task(body.split, body.index))
+        except ConfigError as exc:  # OpenEnv answers a bad index with 400
+            return json_response(error_payload("ConfigError", str(exc)), status=400)
+        return json_response({"task": task})
+
+    @app.post("/openenv/{env_id:path}/tasks", tags=["openenv"], responses=error_responses(401, 404, 422, 503))
+    async def openenv_tasks(env_id: str, body: TaskQuery) -> Response:
+        env_id = task_env(env_id)
+
+        def preview(env: Any) -> list[dict[str, Any]]:
+            split = split_named(env, body.split)
+            return tasks_of(env, body.split, 0, split.size if split.size is not None else MAX_LISTED_TASKS)
+
+        return json_response({"tasks": await with_env(env_id, preview), "env_name": env_id})
+
+    @app.post("/openenv/{env_id:path}/task_range", tags=["openenv"],
+              responses=error_responses(401, 404, 422, 503))
+    async def openenv_task_range(env_id: str, body: TaskQuery) -> Response:
+        env_id = task_env(env_id)
+        tasks = await with_env(env_id, lambda env: tasks_of(env, body.split, body.start, body.stop))
+        return json_response({"tasks": tasks})
 
     @app.post("/openenv/{env_id:path}/step", tags=["openenv"], responses=error_responses(401, 404, 409))
     async def openenv_step(env_id: str) -> Response:
@@ -271,7 +406,8 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: 
                 async with session.lock:
                     obs, info = await store.run(
                         session,
-                        lambda request=request: session.env.reset(seed=request.seed, options=request.options))
+                        lambda request=request: session.env.reset(seed=request.seed,
+                                                                  options=request.reset_options()))
                 episode_id = request.episode_id
                 answer = {"type": "observation", "data": _observation(obs, info, None, False, False, 0)}
             elif kind == "state":

@@ -35,6 +35,7 @@ TELEMETRY_OFF: dict[str, Any] = (
 
 #: What each error status means on agentgym's services (the OpenAPI description of the answer).
 ERROR_MEANINGS: dict[int, str] = {
+    400: "A task index out of its split's range (OpenEnv's Task API answers that with 400).",
     401: "Missing or wrong bearer token (the service was started with a token).",
     404: "Unknown env or session.",
     409: "The env contract refused the call: step before reset, or after the episode ended.",
