@@ -13,13 +13,16 @@ import agentgym
 import agentgym.envs  # noqa: F401  (registers the built-in envs)
 from agentgym.core import HELD_OUT_SEED_START, SEEDED_SPLITS, Env, TaskSplit
 from agentgym.errors import ConfigError
+from agentgym.harness.examples import arithmetic_tasks
 
-#: Built-in envs this file cannot make, and why.
-UNMAKEABLE = {
-    "harness-v0": "needs harness= (a user's agent) and tasks=; its tasks are the user's",
-    "mcp-v0": "needs an MCP server to talk to",
-    "webshop-v0": "needs a product catalogue",
-}
+#: The tasks the harness and MCP envs are made with: train and held-out parts, and named splits.
+HARNESS_TASKS = arithmetic_tasks(3, seed=1) + arithmetic_tasks(2, seed=2, split="test")
+MCP_TASKS = [{"id": "sum", "prompt": "What is 2.5 + 4?", "answer": 6.5, "split": "dev"},
+             {"id": "capital", "prompt": "What is the capital of Ostavia?", "answer": "Lumen",
+              "split": "dev"},
+             {"id": "quotient", "prompt": "What is 9 / 4?", "answer": 2.25, "split": "final"},
+             {"id": "brenmark", "prompt": "What is the capital of Brenmark?", "answer": "Harrow",
+              "split": "final"}]
 
 #: The smallest settings of the envs whose defaults are slow to make or reset here (the generated
 #: TextWorld/ALFWorld games also get a cache folder of their own: ``game_cache_dir``).
@@ -28,6 +31,9 @@ SMALL_KWARGS: dict[str, dict[str, Any]] = {
     "textworld-v0": {"challenge": "tw-coin_collector", "settings": {"level": 2}, "num_games": 2},
     "alfworld-v0": {"num_receptacles": 6, "num_distractors": 3, "num_games": 2,
                     "task_types": ["pick_and_place_simple"]},
+    "webshop-v0": {"num_products": 40},
+    "harness-v0": {"harness": "agentgym.harness.examples:tool_agent", "tasks": HARNESS_TASKS},
+    "mcp-v0": {"tasks": MCP_TASKS},  # and the server: make_small asks conftest's fixture for it
 }
 
 
@@ -41,10 +47,13 @@ def _no_official_alfworld_data(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
 
 
-def make_small(env_id: str, game_cache: Path, **kwargs: Any) -> agentgym.EpisodeGuard:
+def make_small(env_id: str, game_cache: Path, request: pytest.FixtureRequest | None = None,
+               **kwargs: Any) -> agentgym.EpisodeGuard:
     kwargs = {**SMALL_KWARGS.get(env_id, {}), **kwargs}
     if env_id in ("textworld-v0", "alfworld-v0"):
         kwargs.setdefault("game_cache_dir", str(game_cache / env_id))
+    if env_id == "mcp-v0" and request is not None:
+        kwargs.setdefault("server_url", request.getfixturevalue("mcp_facts_url"))
     return agentgym.make(env_id, **kwargs)
 
 
@@ -55,20 +64,19 @@ def builtin_env_ids() -> set[str]:
 
 
 def made_env_ids() -> list[str]:
-    return sorted(builtin_env_ids() - set(UNMAKEABLE))
+    return sorted(builtin_env_ids())
 
 
 @pytest.fixture
 def env(request: pytest.FixtureRequest, game_cache: Path) -> Iterator[agentgym.EpisodeGuard]:
-    made = make_small(request.param, game_cache)
+    made = make_small(request.param, game_cache, request)
     yield made
     made.close()
 
 
-def test_every_builtin_env_is_covered_or_excused() -> None:
-    ids = builtin_env_ids()
-    assert set(made_env_ids()) | (ids & set(UNMAKEABLE)) == ids
-    assert {"maze-v0", "wordle-v0", "search-qa-v0", "code-tests-v0", "tools-v0"} <= set(made_env_ids())
+def test_every_builtin_env_is_covered() -> None:
+    assert {"maze-v0", "wordle-v0", "search-qa-v0", "code-tests-v0", "tools-v0", "webshop-v0", "harness-v0",
+            "mcp-v0"} <= set(made_env_ids())
 
 
 @pytest.mark.parametrize("env", made_env_ids(), indirect=True)
@@ -300,3 +308,72 @@ def test_service_task_routes_and_remote_env(make_service: Any) -> None:
             remote.reset(options={"split": "nope", "index": 0})
         with pytest.raises(ConfigError, match=r"valid indices: 0\.\.35"):
             remote.task("problems", 99)
+
+
+def test_webshop_holds_out_the_first_goals_as_test() -> None:
+    env = agentgym.make("webshop-v0", num_products=40)
+    train, test = env.task_splits()
+    # a 40-goal catalog holds out a tenth: goals 0..3 are test, goals 4..39 train
+    assert [(s.name, s.size) for s in (train, test)] == [("train", 36), ("test", 4)]
+    assert env.task("test", 3)["task_id"] == "webshop/gen-s0-n40/3"
+    assert env.task("train", 0)["task_id"] == "webshop/gen-s0-n40/4"
+    assert env.task("train", 35)["task_id"] == "webshop/gen-s0-n40/39"
+    ids = [env.task(s.name, i)["task_id"] for s in (train, test) for i in range(s.size)]
+    assert len(set(ids)) == 40  # disjoint, and every goal is a task of one split
+    catalog = env.unwrapped.catalog
+    assert env.task("test", 1)["description"] == catalog.goals[1].instruction
+    obs, info = env.reset(options={"split": "train", "index": 2})
+    assert info["task_id"] == "webshop/gen-s0-n40/6" and catalog.goals[6].instruction in obs
+    while (action := env.expert_action()) is not None:  # the task started is the one that scores
+        _, reward, terminated, _, info = env.step(action)
+    assert (reward, terminated) == (1.0, True)
+    # WebShop's own count from 5,000 goals on; the default catalog (500 goals) holds out 50
+    assert [s.size for s in agentgym.make("webshop-v0").task_splits()] == [450, 50]
+    assert [s.name for s in agentgym.make("webshop-v0", num_products=1).task_splits()] == ["train"]
+
+
+def test_harness_splits_are_its_training_and_held_out_tasks(tmp_path: Path) -> None:
+    env = agentgym.make("harness-v0", **SMALL_KWARGS["harness-v0"])
+    try:
+        assert [(s.name, s.size) for s in env.task_splits()] == [("train", 3), ("test", 2)]
+        assert env.task("test", 1) == {"split": "test", "index": 1, "task_id": "arith-2-1"}
+        obs, info = env.reset(options={"split": "test", "index": 1})
+        assert info["task_id"] == "arith-2-1" and HARNESS_TASKS[4]["question"] in obs
+        assert env.reset(options={"split": "train", "index": 2})[1]["task_id"] == "arith-1-2"
+    finally:
+        env.close()
+    # held-out tasks from their own file are ids eval-<i>, apart from the training tasks' task-<i>
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"question": "What is 2 + 2?"}\n{"question": "What is 3 + 3?"}\n')
+    separate = agentgym.make("harness-v0", harness="agentgym.harness.examples:tool_agent",
+                             tasks=[{"question": "What is 1 + 1?"}], eval_tasks=str(held))
+    assert [separate.task("test", i)["task_id"] for i in range(2)] == ["eval-0", "eval-1"]
+    assert separate.task("train", 0)["task_id"] == "task-0"
+    alone = agentgym.make("harness-v0", harness="agentgym.harness.examples:tool_agent",
+                          tasks=arithmetic_tasks(2))
+    assert [s.name for s in alone.task_splits()] == ["train"]  # no held-out tasks: no test split
+    with pytest.raises(ConfigError, match="'a' names both a training task and a different held-out task"):
+        agentgym.make("harness-v0", harness="agentgym.harness.examples:tool_agent",
+                      tasks=[{"id": "a", "question": "1?"}], eval_tasks=[{"id": "a", "question": "2?"}])
+
+
+def test_mcp_splits_are_the_task_files_split_values(mcp_facts_url: str) -> None:
+    env = agentgym.make("mcp-v0", tasks=MCP_TASKS, server_url=mcp_facts_url)
+    try:
+        assert [(s.name, s.size) for s in env.task_splits()] == [("dev", 2), ("final", 2)]
+        assert env.task("final", 1) == {"split": "final", "index": 1, "task_id": "brenmark",
+                                        "description": "What is the capital of Brenmark?"}
+        obs, info = env.reset(options={"split": "final", "index": 0})
+        assert (obs, info["task_id"], info["answer"]) == ("What is 9 / 4?", "quotient", 2.25)
+    finally:
+        env.close()
+    plain = agentgym.make("mcp-v0", tasks=[{"prompt": "1?", "answer": 1}, {"prompt": "2?", "answer": 2}],
+                          server_url=mcp_facts_url)
+    try:
+        (split,) = plain.task_splits()
+        assert (split.name, split.size, plain.task("tasks", 1)["task_id"]) == ("tasks", 2, "task-1")
+    finally:
+        plain.close()
+    mixed = agentgym.make("mcp-v0", tasks=[{"prompt": "1?", "answer": 1, "split": "dev"},
+                                           {"prompt": "2?", "answer": 2}], server_url=mcp_facts_url)
+    assert [(s.name, s.size) for s in mixed.task_splits()] == [("dev", 1), ("tasks", 1)]

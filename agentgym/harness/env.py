@@ -4,7 +4,9 @@ its calls to the rollout proxy is one turn.
 The collector plays it like any env (``agentgym.rollout.collector``), so every algorithm and the
 evaluation drive a harness through the one engine:
 
-- ``reset(seed)`` picks the task (``TaskSet.pick``; ``options["task_id"]`` names one), opens a rollout
+- ``reset(seed)`` picks the task (``TaskSet.pick``; ``options["task_id"]`` names one, and
+  ``options={"split": ..., "index": ...}`` a task of the splits ``train`` and ``test``, the task set's
+  training and held-out tasks: ``TaskSet.splits``), opens a rollout
   on the proxy, starts the agent with the rollout's ``base_url``/``api_key``/``model`` and waits for its
   first call. The observation is the last message of the chat it sent; ``info["messages"]`` and
   ``info["tools"]`` are the chat itself, which the collector's renderer turns into the prompt ids exactly
@@ -32,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.errors import ConfigError
 from agentgym.harness.agent import AgentOutcome, Harness, HarnessError
 from agentgym.harness.proxy import DEFAULT_MODEL_NAME, Call, Finished, Reply, Rollout, RolloutProxy
@@ -138,6 +140,16 @@ class HarnessEnv(Env):
         raise HarnessError(f"harness {self.harness.name} finished task {self._task['id']!r} without "
                            "calling its endpoint; point the agent's client at the base_url (and api_key, "
                            "model) it is given")
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """``train`` (the training tasks) and, when there are held-out tasks, ``test``."""
+        described = {"train": "the training tasks, in order",
+                     "test": "the held-out tasks (eval_tasks, or the rows whose split is test/eval)"}
+        return tuple(TaskSplit(name, len(rows), described[name])
+                     for name, rows in self.tasks.splits().items())
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        return {"task_id": self.tasks.splits()[split.name][index]["id"]}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._over or self._call is None or self._rollout is None:

@@ -6,6 +6,9 @@ Each row is a JSON object handed to the harness as it is. Keys agentgym reads:
 - ``answer`` (optional): the privileged answer (``info["answer"]``), for algorithms that read one (IGPO)
   and for a reward function;
 - ``split`` (optional): ``"test"`` or ``"eval"`` marks a held-out task (see ``TaskSet.pick``).
+
+A ``TaskSet``'s training tasks and held-out tasks are the harness env's task splits ``train`` and
+``test`` (``TaskSet.splits``).
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym.core import HELD_OUT_SEED_START
 from agentgym.errors import ConfigError
-from agentgym.eval.source import HELD_OUT_SEED_START
 
 _HELD_OUT_SPLITS = ("test", "eval", "held_out")
 
 
 def load_tasks(source: str | Path | Sequence[Mapping[str, Any]], *,
-               what: str = "tasks") -> list[dict[str, Any]]:
+               what: str = "tasks", id_prefix: str = "task") -> list[dict[str, Any]]:
     """The task rows of a JSONL file (one JSON object per line; blank lines skipped) or of a list of dicts.
+
+    A row without an ``id`` gets ``{id_prefix}-{index}``.
 
     Raises:
         ConfigError: a missing file, a line that is not a JSON object (naming the line), or no tasks.
@@ -61,7 +66,7 @@ def load_tasks(source: str | Path | Sequence[Mapping[str, Any]], *,
     out = []
     for index, row in enumerate(rows):
         row = dict(row)
-        row["id"] = str(row.get("id", f"task-{index}"))
+        row["id"] = str(row.get("id", f"{id_prefix}-{index}"))
         out.append(row)
     return out
 
@@ -82,14 +87,39 @@ class TaskSet:
     @classmethod
     def of(cls, tasks: str | Path | Sequence[Mapping[str, Any]],
            eval_tasks: str | Path | Sequence[Mapping[str, Any]] | None = None) -> TaskSet:
-        """Held-out tasks are ``eval_tasks`` when given, else the rows whose ``split`` is test/eval; when
-        there are none, held-out seeds reuse the training tasks."""
+        """Held-out tasks are ``eval_tasks`` when given (ids default to ``eval-<index>``, apart from the
+        training tasks' ``task-<index>``), else the rows whose ``split`` is test/eval; when there are
+        none, held-out seeds reuse the training tasks.
+
+        Raises:
+            ConfigError: a training and a held-out task share an id but differ (an id names one task).
+        """
         rows = load_tasks(tasks)
         held = [r for r in rows if str(r.get("split", "")).lower() in _HELD_OUT_SPLITS]
         train = [r for r in rows if r not in held] or rows
         if eval_tasks is not None:
-            held = load_tasks(eval_tasks, what="eval_tasks")
+            held = load_tasks(eval_tasks, what="eval_tasks", id_prefix="eval")
+        by_id = {row["id"]: row for row in train}
+        clash = next((row["id"] for row in held if by_id.get(row["id"], row) != row), None)
+        if clash is not None:
+            raise ConfigError(f"task id {clash!r} names both a training task and a different held-out task; "
+                              "give the held-out task another id")
         return cls(tuple(train), tuple(held or train))
+
+    def splits(self) -> dict[str, tuple[dict[str, Any], ...]]:
+        """The task splits: ``train``, and ``test`` (the held-out tasks) when there are held-out tasks
+        apart from the training ones.
+
+        Example:
+            >>> {name: [row["id"] for row in rows]
+            ...  for name, rows in TaskSet.of([{"q": 1}, {"q": 2, "split": "eval"}]).splits().items()}
+            {'train': ['task-0'], 'test': ['task-1']}
+            >>> list(TaskSet.of([{"q": 1}]).splits())
+            ['train']
+        """
+        if self.held_out == self.train:
+            return {"train": self.train}
+        return {"train": self.train, "test": self.held_out}
 
     def pick(self, seed: int | None) -> dict[str, Any]:
         """Task for a seed: seeds below ``HELD_OUT_SEED_START`` cycle through the training tasks, the

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.mcp.connection import MCPConnection, MCPServer
 from agentgym.envs.mcp.reward import DEFAULT_TOLERANCE, reward_function, score
 from agentgym.envs.tools.tool_calls import parse_tool_calls, tool_spec
@@ -25,6 +25,9 @@ from agentgym.harness.tasks import load_tasks
 #: The tool that ends an episode with the final answer (the tool envs' convention).
 ANSWER_TOOL = tool_spec("answer", "Give the final answer; this ends the episode.",
                         {"answer": {"type": ["string", "number"], "description": "The final answer."}})
+#: The split of the tasks that name none (all of a task file without ``split`` fields).
+UNSPLIT = "tasks"
+_DESCRIPTION_CHARS = 120
 _INSTRUCTIONS = """\
 Solve the task with the tools below. Call a tool by writing
 <tool_call>{{"name": "<tool>", "arguments": {{...}}}}</tool_call>
@@ -53,7 +56,10 @@ class MCPEnv(Env):
     """Tasks solved with the tools of an MCP server (a stdio command or a streamable-HTTP URL).
 
     Reset picks a task (by seed, or ``options={"task_id": ...}``; ids are the task file's ``id`` fields,
-    else ``task-<line index>``), connecting on first use. The observation is the task's ``prompt``;
+    else ``task-<line index>``; or ``options={"split": ..., "index": ...}``), connecting on first use.
+    The task splits (``task_splits``) are the values of the tasks' ``split`` field, in the order they
+    first appear, each holding its tasks in file order (tasks without one form the split ``tasks``);
+    a file without ``split`` fields is one split, ``tasks``. The observation is the task's ``prompt``;
     ``info["tools"]`` and ``info["instructions"]`` list the server's tools and ``answer``. Each step
     runs the turn's tool calls (at most ``max_calls_per_turn``) in order on the server and shows one
     ``<tool_response>{"name": ..., "result"|"error": ...}</tool_response>`` per call; a tool that fails,
@@ -116,6 +122,9 @@ class MCPEnv(Env):
             if task["id"] in self._by_id:
                 raise ConfigError(f"two tasks have the id {task['id']!r}; task ids must be unique")
             self._by_id[task["id"]] = task
+        self._splits: dict[str, list[dict[str, Any]]] = {}
+        for task in self.tasks:
+            self._splits.setdefault(str(task.get("split", UNSPLIT)), []).append(task)
         self.reward_fn = reward_function(reward, tolerance)
         self.max_calls_per_turn, self.max_result_chars = max_calls_per_turn, max_result_chars
         self.restart_per_episode = bool(restart_per_episode)
@@ -148,6 +157,20 @@ class MCPEnv(Env):
         info = self._info(invalid=False, success=False)
         info.update(instructions=self.instructions, tools=self.tools)
         return task["prompt"], info
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """One split per ``split`` value of the task file (see the class docstring)."""
+        def described(name: str) -> str:
+            if name != UNSPLIT:
+                return f"tasks of the task file with split {name!r}, in file order"
+            return "the task file's tasks, in order" if len(self._splits) == 1 else \
+                "tasks of the task file without a split, in file order"
+
+        return tuple(TaskSplit(name, len(rows), described(name)) for name, rows in self._splits.items())
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        task = self._splits[split.name][index]
+        return {"task_id": task["id"], "description": " ".join(task["prompt"].split())[:_DESCRIPTION_CHARS]}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         task = self._task

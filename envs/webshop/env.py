@@ -6,7 +6,7 @@ import functools
 import re
 from typing import Any, ClassVar
 
-from agentgym.core import Env
+from agentgym.core import Env, TaskSplit
 from agentgym.envs.webshop.catalog import DEFAULT_NUM_PRODUCTS, Catalog, Goal, generate_catalog
 from agentgym.envs.webshop.data import load_webshop_catalog
 from agentgym.envs.webshop.reward import FUZZY_THRESHOLD, normalize_color, score_purchase, token_set_ratio
@@ -22,6 +22,9 @@ DESCRIPTION, FEATURES = "description", "features"
 BACK_TO_SEARCH, PREV, NEXT, BUY_NOW = "back to search", "< prev", "next >", "buy now"
 #: The search page's one admissible action, WebShop-style: the agent writes its own query.
 SEARCH_TEMPLATE = "search[<query>]"
+#: Goals held out for testing: WebShop tests on its first 500 goals and trains on the rest. A catalog of
+#: fewer than 5,000 goals holds out its first tenth instead (at least one goal), so both splits have tasks.
+MAX_TEST_GOALS = 500
 
 _ACTION_RE = re.compile(r"(search|click)\[(.*)\]", re.IGNORECASE | re.DOTALL)
 _TASK_RE = re.compile(r"webshop/([A-Za-z0-9.-]+)/(\d+)")
@@ -46,6 +49,18 @@ def format_task_id(catalog: Catalog, goal_index: int) -> str:
         'webshop/gen-s0-n20/3'
     """
     return f"webshop/{catalog.name}/{goal_index}"
+
+
+def num_test_goals(num_goals: int) -> int:
+    """How many of a catalog's first goals form its ``test`` split (the rest form ``train``).
+
+    Example:
+        >>> num_test_goals(12087), num_test_goals(500), num_test_goals(15), num_test_goals(1)
+        (500, 50, 1, 0)
+    """
+    if num_goals < 2:  # one goal cannot be both trained on and held out
+        return 0
+    return min(MAX_TEST_GOALS, max(1, num_goals // 10))
 
 
 def _shown(text: str) -> str:
@@ -76,10 +91,11 @@ def _expert_options(catalog: Catalog, goal_index: int, asin: str) -> tuple[tuple
 class WebShopEnv(Env):
     """WebShop (Yao et al. 2022) in text: search a catalog, open products, choose options, buy.
 
-    Reset picks a goal (by the seed, or ``options={"task_id": "webshop/gen-s0-n500/17"}``) and shows the
-    search page with the instruction ("i need a waterproof mascara, with color: black, and price lower than
-    40.00 dollars"). Actions are ``search[query]`` (search page only: BM25 over the catalog, at most 50
-    results) and ``click[button]`` for a button shown in brackets:
+    Reset picks a goal (by the seed, or ``options={"task_id": "webshop/gen-s0-n500/17"}``, or a task of a
+    split: ``options={"split": "test", "index": 3}``) and shows the search page with the instruction
+    ("i need a waterproof mascara, with color: black, and price lower than 40.00 dollars"). Actions are
+    ``search[query]`` (search page only: BM25 over the catalog, at most 50 results) and ``click[button]``
+    for a button shown in brackets:
 
     - results page: a product id (opens it), ``next >`` / ``< prev`` (10 results per page),
       ``back to search``;
@@ -98,6 +114,10 @@ class WebShopEnv(Env):
     The expert searches with the instruction's words (or, when no result of those can earn reward 1, the
     target's title), pages to the first result that can earn reward 1 (the target or an equally
     satisfying product), chooses the options that match, and buys.
+
+    Task splits (``task_splits``): ``test``, the catalog's first goals (``num_test_goals``: 500, as in
+    WebShop, or a tenth of a smaller catalog), and ``train``, the rest; task ``i`` of ``train`` is goal
+    ``num_test_goals + i``. A seeded reset draws from all goals.
 
     Args:
         catalog_seed: seed of the generated catalog.
@@ -154,6 +174,20 @@ class WebShopEnv(Env):
         info = self._info(invalid=False)
         info["instructions"] = _INSTRUCTIONS
         return self._observe(), info
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """``train`` and ``test``: disjoint goals of the catalog (see the class docstring)."""
+        total = len(self.catalog.goals)
+        held = num_test_goals(total)
+        name = self.catalog.name
+        splits = (TaskSplit("train", total - held, f"goals {held}..{total - 1} of catalog {name}"),
+                  TaskSplit("test", held, f"goals 0..{held - 1} of catalog {name}, held out"))
+        return tuple(split for split in splits if split.size)
+
+    def describe_task(self, split: TaskSplit, index: int) -> dict[str, Any]:
+        goal_index = index + (num_test_goals(len(self.catalog.goals)) if split.name == "train" else 0)
+        return {"task_id": format_task_id(self.catalog, goal_index),
+                "description": self.catalog.goals[goal_index].instruction}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         text = action.strip() if isinstance(action, str) else ""
