@@ -159,6 +159,57 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class CurriculumConfig:
+    """The learning-signal curriculum of ``rollout.task_sampler: curriculum``: how it scores the tasks of its
+    pool and draws each iteration's (``agentgym.training.run.task_sampling.CurriculumSampler``).
+
+    Example:
+        >>> CurriculumConfig(epsilon=1.5)
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: CurriculumConfig.epsilon must be in [0, 1], got 1.5
+    """
+
+    pool_size: int = 256
+    """Candidate training tasks: this many distinct seeds, drawn once from the run's seed below
+    ``eval.seed_offset``; at least ``rollout.num_tasks``."""
+    prior_episodes: float = 2.0
+    """Pseudo-episodes at success rate 1/2 added to each task's counts (> 0): an unseen task scores as a
+    half-solved one (optimistic, so it gets tried), and a few episodes cannot rule a task out."""
+    cost: Literal["turns", "tokens", "none"] = "turns"
+    """What a task's learnability is divided by: its mean turns per episode, its mean generated tokens per
+    episode, or nothing (``none``)."""
+    temperature: float = 1.0
+    """Scores are raised to the power 1/temperature before they become probabilities (> 0): below 1
+    sharpens the preference for the best-scored tasks, above 1 flattens it."""
+    epsilon: float = 0.1
+    """Share of the probability spread evenly over the pool, in [0, 1]: every task keeps at least
+    epsilon / pool_size, so none starves (1: uniform over the pool)."""
+    stale_groups: int = 3
+    """k: a task whose last k groups all had equal returns (no learning signal) is de-prioritised."""
+    stale_factor: float = 0.1
+    """What a de-prioritised task's score is multiplied by, in (0, 1] (1: no de-prioritising)."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("pool_size", not isinstance(self.pool_size, bool) and isinstance(self.pool_size, int)
+             and self.pool_size >= 1, "a positive integer"),
+            ("prior_episodes", 0 < self.prior_episodes < math.inf, "a positive number"),
+            ("temperature", 0 < self.temperature < math.inf, "a positive number"),
+            ("epsilon", 0 <= self.epsilon <= 1, "in [0, 1]"),
+            ("stale_groups", not isinstance(self.stale_groups, bool) and isinstance(self.stale_groups, int)
+             and self.stale_groups >= 1, "a positive integer"),
+            ("stale_factor", 0 < self.stale_factor <= 1, "in (0, 1]"),
+        ]
+        for name, ok, wanted in checks:
+            if not ok:
+                raise ConfigError(f"CurriculumConfig.{name} must be {wanted}, got {getattr(self, name)!r}")
+        if self.cost not in ("turns", "tokens", "none"):
+            raise ConfigError(f"CurriculumConfig.cost must be one of 'turns', 'tokens', 'none', "
+                              f"got {self.cost!r}")
+
+
+@dataclass(frozen=True)
 class RolloutConfig(PromptSettings):
     """How episodes are collected: the prompt settings (``agentgym.rollout.prompt.PromptSettings``, shared
     with `agentgym eval`, which reads them back from the run's config.json) and the fields below."""
@@ -176,6 +227,12 @@ class RolloutConfig(PromptSettings):
     require_tool_calls: bool = True
     """On an env with tools, stop the run with an error when an iteration's rollouts make no tool call
     at all (a format or prompt problem that would otherwise train on nothing)."""
+    task_sampler: Literal["uniform", "curriculum"] = "uniform"
+    """Which training tasks each iteration collects (``agentgym.training.run.task_sampling``): ``uniform``
+    draws seeds uniformly below ``eval.seed_offset``; ``curriculum`` prefers the tasks whose groups still
+    give a learning signal per unit of cost (``rollout.curriculum``)."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """The curriculum's parameters (``CurriculumConfig``), read when ``task_sampler`` is ``curriculum``."""
 
 
 @dataclass(frozen=True)
@@ -485,6 +542,17 @@ class TrainConfig:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:
             raise ConfigError("rollout.temperature and eval.temperature must be >= 0")
+        if self.rollout.task_sampler not in ("uniform", "curriculum"):
+            raise ConfigError(f"rollout.task_sampler must be 'uniform' or 'curriculum', "
+                              f"got {self.rollout.task_sampler!r}")
+        pool_size = self.rollout.curriculum.pool_size
+        if self.rollout.task_sampler == "curriculum" and pool_size < self.rollout.num_tasks:
+            raise ConfigError(f"rollout.curriculum.pool_size={pool_size} is below rollout.num_tasks="
+                              f"{self.rollout.num_tasks}: an iteration's tasks are distinct pool tasks; "
+                              f"raise pool_size")
+        if self.rollout.task_sampler == "curriculum" and pool_size > self.eval.seed_offset:
+            raise ConfigError(f"rollout.curriculum.pool_size={pool_size} distinct training seeds do not fit "
+                              f"below eval.seed_offset={self.eval.seed_offset}; lower pool_size")
         return self
 
 

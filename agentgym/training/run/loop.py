@@ -3,8 +3,10 @@
 ``Trainer.__init__`` builds every component of a run once (the plug-ins, the policy, the
 collector, the update step); ``Trainer.run`` reads top to bottom and is the same for every
 algorithm: what differs between algorithms lives in their plug-ins (``agentgym.training.api.algorithm``).
-Every iteration's task seeds, sampling seed and minibatch order derive from ``(cfg.seed,
-iteration)``, so a resumed run replays exactly what an uninterrupted one would have done. The run
+Every iteration's sampling seed and minibatch order derive from ``(cfg.seed, iteration)``, and its task
+seeds from those and the groups the task sampler observed (``agentgym.training.run.task_sampling``, its
+state checkpointed with the plug-ins'), so a resumed run replays exactly what an uninterrupted one would
+have done. The run
 folder (``RunFolder``), the response to Ctrl-C and SIGTERM (``StopSignals``: stop after the
 iteration, or at once where the iteration may be abandoned) and the progress display
 (``Progress``) are components the loop calls; none of them changes what is trained. So are the
@@ -35,6 +37,7 @@ from agentgym.eval.local import collect_episodes
 from agentgym.eval.summary import summarize
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
+from agentgym.rollout.hooks import HookChain
 from agentgym.rollout.policy import SamplingParams, capability
 from agentgym.rollout.records import EpisodeGroup
 from agentgym.run_folder import RunFolder
@@ -73,8 +76,9 @@ from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: 
     flatten,
     lr_schedule,
     seed_everything,
-    task_seeds,
+    task_sampler,
 )
+from agentgym.training.run.task_sampling import GroupFeed, zero_signal_share
 
 # Set-up helpers live in agentgym.training.run.setup; flatten is re-exported here.
 
@@ -125,6 +129,7 @@ class Trainer:
         self.extra: dict[str, Any] | None = None
         self.started = time.perf_counter()
         self.plugins = PluginSet.from_config(cfg)
+        self.task_sampler = task_sampler(cfg)
         for term in self.plugins.terms.values():
             term.begin_run(RunContext(iterations=cfg.iterations))
         seed_everything(cfg.seed)
@@ -225,7 +230,8 @@ class Trainer:
 
     def collect(self, iteration: int) -> tuple[list[EpisodeGroup], CollectStats, dict[str, float]]:
         """The iteration's groups. When hooks filter groups out (DAPO dynamic sampling), more tasks are
-        collected, up to the hooks' ``max_extra_rounds`` extra rounds, until the batch is full."""
+        collected, up to the hooks' ``max_extra_rounds`` extra rounds, until the batch is full. The task
+        sampler chooses each round's tasks and then observes every group collected, filtered out or not."""
         cfg, hooks = self.cfg, self.plugins.hooks
         sampling = self.plugins.sampling(self.sampling(cfg.rollout.temperature,
                                                        cfg.seed * 100_003 + iteration))
@@ -237,21 +243,27 @@ class Trainer:
         wanted = len(dist.shard(cfg.rollout.num_tasks))
         part = f"p{dist.rank}-" if dist.world_size > 1 else ""
         hooks.begin_iteration(iteration, self.collector.context(iteration))
+        feed = GroupFeed()  # first in the chain: it sees the groups before a hook filters them
         while True:
             prefix = f"it{iteration}-{part}g" if round_ == 0 else f"it{iteration}r{round_}-{part}g"
-            seeds = task_seeds(cfg, iteration, round_)
+            seeds = self.task_sampler.sample(iteration, round_, cfg.rollout.num_tasks)
             groups += self.collector.collect([seeds[i] for i in dist.shard(len(seeds))],
                                              cfg.rollout.group_size, sampling, group_prefix=prefix,
-                                             hooks=hooks, iteration=iteration)
+                                             hooks=HookChain([feed, hooks]), iteration=iteration)
             merge_stats(stats, self.collector.last_stats)
             if len(groups) >= wanted or round_ >= hooks.max_extra_rounds:
                 break
             round_ += 1
+        collected = feed.take()
         if dist.world_size > 1:
             groups, stats = gather_groups(dist, groups, stats)
+            collected, _ = gather_groups(dist, collected, CollectStats())  # every process's sampler sees all
+        self.task_sampler.observe(collected)
         metrics = dict(hooks.metrics())  # read once: what the hooks did over all of the iteration's rounds
         metrics.update({"rollout/groups": float(min(len(groups), cfg.rollout.num_tasks)),
-                        "rollout/extra_rounds": float(round_)})
+                        "rollout/extra_rounds": float(round_),
+                        "rollout/zero_signal_groups": zero_signal_share(collected)})
+        metrics.update(self.task_sampler.metrics())
         return groups[:cfg.rollout.num_tasks], stats, metrics
 
     def evaluate_phase(self, tag: str, title: str) -> dict[str, Any]:
@@ -311,15 +323,17 @@ class Trainer:
                                       f"{RunFolder(self.root).restart_command()}")
 
     def plugin_state(self) -> dict[str, Any]:
-        """State of the run's stateful plug-ins (hooks, plan, loss terms) for checkpoints."""
+        """State of the run's stateful plug-ins (hooks, plan, loss terms) and task sampler for checkpoints."""
         return {"hooks": self.plugins.hooks.state_dict(), "plan": self.plugins.plan.state_dict(),
-                "terms": {name: term.state_dict() for name, term in self.plugins.terms.items()}}
+                "terms": {name: term.state_dict() for name, term in self.plugins.terms.items()},
+                "task_sampler": self.task_sampler.state_dict()}
 
     def load_plugin_state(self, state: dict[str, Any]) -> None:
         self.plugins.hooks.load_state_dict(state.get("hooks", {}))
         self.plugins.plan.load_state_dict(state.get("plan", {}))
         for name, term in self.plugins.terms.items():
             term.load_state_dict(state.get("terms", {}).get(name, {}))
+        self.task_sampler.load_state_dict(state.get("task_sampler", {}))
 
     # --- saving and restoring -------------------------------------------------------------------
 

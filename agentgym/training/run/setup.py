@@ -1,4 +1,4 @@
-"""Set-up pieces of a training run: seeding, where envs come from, task seeds, turn order, LR schedule.
+"""Set-up pieces of a training run: seeding, where envs come from, task sampling, turn order, LR schedule.
 
 Pure functions of the config (and of collected groups), kept apart from the loop that calls them.
 """
@@ -18,6 +18,7 @@ from agentgym.judge import JudgedReward
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.config.schema import TrainConfig
+from agentgym.training.run.task_sampling import CurriculumSampler, TaskSampler, UniformSampler
 
 
 def seed_everything(seed: int) -> None:
@@ -60,10 +61,17 @@ def action_format(cfg: TrainConfig) -> str:
 
 
 def task_seeds(cfg: TrainConfig, iteration: int, round_: int = 0) -> list[int]:
-    """Training task seeds of an iteration's collection round: below ``eval.seed_offset``, so never an
-    eval task."""
-    rng = np.random.default_rng([cfg.seed, iteration] if round_ == 0 else [cfg.seed, iteration, round_])
-    return [int(s) for s in rng.integers(0, cfg.eval.seed_offset, size=cfg.rollout.num_tasks)]
+    """Uniform training task seeds of an iteration's collection round (``UniformSampler``): below
+    ``eval.seed_offset``, so never an eval task."""
+    return UniformSampler(cfg.seed, cfg.eval.seed_offset).sample(iteration, round_, cfg.rollout.num_tasks)
+
+
+def task_sampler(cfg: TrainConfig) -> TaskSampler:
+    """The run's task sampler, as ``rollout.task_sampler`` names it
+    (``agentgym.training.run.task_sampling``)."""
+    if cfg.rollout.task_sampler == "curriculum":
+        return CurriculumSampler(cfg.rollout.curriculum, cfg.seed, cfg.eval.seed_offset)
+    return UniformSampler(cfg.seed, cfg.eval.seed_offset)
 
 
 def flatten(groups: list[EpisodeGroup]) -> list[Turn]:
