@@ -15,7 +15,6 @@ from rich.table import Table
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.errors import AgentGymError, ConfigError
 from agentgym.eval.store import NO_SPACE, EvalStore
-from agentgym.registry import load_env_creator
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -44,6 +43,48 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_task_range(text: str) -> list[int]:
+    """``--task-range START:END``: the task indices START..END-1 of the split (END excluded, as in Python).
+
+    Raises:
+        ConfigError: not two whole numbers around a colon, a negative START, or END not above START.
+
+    Example:
+        >>> parse_task_range("0:5"), parse_task_range(" 10:12 ")
+        ([0, 1, 2, 3, 4], [10, 11])
+    """
+    low, sep, high = text.strip().partition(":")
+    try:
+        start, end = int(low), int(high)
+    except ValueError:
+        start = end = -1
+    if not sep or start < 0 or end <= start:
+        raise ConfigError(f"--task-range {text!r}: write START:END with 0 <= START < END, e.g. 0:50 for the "
+                          "split's tasks 0..49")
+    return list(range(start, end))
+
+
+def read_judge(path: str) -> dict[str, Any]:
+    """``--judge FILE``: judge settings from a JSON or YAML file, with ``JudgeConfig``'s field names
+    (``agentgym.eval.source.JUDGE_FIELDS``).
+
+    Raises:
+        ConfigError: the file is missing or unreadable, or its settings are not a judge's.
+    """
+    import yaml
+
+    from agentgym.eval.source import check_judge_settings
+
+    try:
+        data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--judge {path}: cannot read it ({exc.strerror or exc}); give a JSON or YAML file "
+                          "with base_url, model and rubric") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--judge {path}: not JSON or YAML ({str(exc).splitlines()[0]})") from None
+    return check_judge_settings(data, f"--judge {path}")
+
+
 def _yaml_value(text: str) -> Any:
     import yaml
 
@@ -55,25 +96,27 @@ def _yaml_value(text: str) -> Any:
 
 def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], split: str | None,
                 max_turns: int | None, policies: list[Any], harness: str | None = None,
-                tasks: str | None = None) -> list[Any]:
-    """The ``EnvEntry`` list of ``--envs``, ``--env-arg``, ``--env-url``, ``--split``, ``--max-turns`` and
-    ``--harness``/``--tasks`` (your agent on your tasks: ``harness-v0`` with those arguments).
+                tasks: str | None = None, judge: dict[str, Any] | None = None) -> list[Any]:
+    """The ``EnvEntry`` list of ``--envs``, ``--env-arg``, ``--env-url``, ``--split``, ``--max-turns``,
+    ``--judge`` and ``--harness``/``--tasks`` (your agent on your tasks: ``harness-v0`` with those
+    arguments).
 
-    With no ``--envs``, the envs of the run folders among the policies, with the kwargs and turn
-    budget they trained with. ``--envs all`` is every built-in env. ``--split`` goes to the envs
-    whose constructor takes a ``split`` (and to envs on services, which answer for themselves).
+    With no ``--envs``, the envs of the run folders among the policies, with the kwargs, turn budget
+    and judge (``env.judge``) they trained with. ``--envs all`` is every built-in env. ``--split``
+    (a task split, which every env plays its tasks of) and ``--judge`` (settings checked by
+    ``check_judge_settings``) go to every env.
 
     Raises:
-        ConfigError: no envs and no run folder, a malformed ``--env-arg``/``--env-url``, or a split
-            no env has.
+        ConfigError: no envs and no run folder, a malformed ``--env-arg``/``--env-url``, or a run's
+            ``env.judge`` that is not a judge's settings.
     """
-    import inspect
-
     import agentgym
     from agentgym.eval.plan import EnvEntry
+    from agentgym.eval.source import check_judge_settings
 
     runs = [p.run_config for p in policies if p.kind == "run"]
     defaults: dict[str, tuple[dict[str, Any], int | None]] = {}
+    judges: dict[str, dict[str, Any]] = {}
     if (harness is None) != (tasks is None):
         raise ConfigError("--harness and --tasks go together: the agent to run (module:function or a "
                           "command) and its JSONL tasks")
@@ -94,6 +137,9 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
             own = {key: run["env"][key] for key in ("harness", "tasks") if run["env"].get(key)}
             defaults.setdefault(run["env"]["id"],
                                 ({**(run["env"].get("kwargs") or {}), **own}, run["env"].get("max_turns")))
+            if run["env"].get("judge") is not None:  # judged in training: judged here too, so numbers compare
+                judges.setdefault(run["env"]["id"],
+                                  check_judge_settings(run["env"]["judge"], "the run's env.judge"))
     elif envs.strip() == "all":
         ids = [spec.id for spec in agentgym.list_envs() if str(spec.entry_point).startswith("agentgym.envs.")]
     else:
@@ -116,25 +162,37 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
             raise ConfigError(f"--env-url {item!r}: give URL or ENV_ID=URL with an http(s):// URL")
         for target in ([env_id] if eq else ids):
             urls[target] = url
-    if split is not None:
-        accepting = []
-        for env_id in ids:
-            if env_id in urls:
-                accepting.append(env_id)
-                continue
-            creator = load_env_creator(agentgym.spec(env_id))
-            try:
-                takes_split = "split" in inspect.signature(creator).parameters
-            except (TypeError, ValueError):
-                takes_split = False
-            if takes_split:
-                accepting.append(env_id)
-        if not accepting:
-            raise ConfigError(f"--split {split}: none of {', '.join(ids)} has splits (a 'split' argument)")
-        for env_id in accepting:
-            kwargs[env_id]["split"] = split
     return [EnvEntry(i, kwargs[i], max_turns if max_turns is not None else defaults.get(i, ({}, None))[1],
-                     urls.get(i)) for i in ids]
+                     urls.get(i), split, judge if judge is not None else judges.get(i)) for i in ids]
+
+
+def _task_seeds(specs: list[Any], seeds: str | None, episodes: int | None, split: str | None,
+                task_range: str | None) -> list[int]:
+    """The plan's tasks: indices of ``--split`` (``--task-range``, default ``0:--episodes``), else the
+    ``--seeds``, else ``--episodes`` seeds from the held-out start (a run folder's ``eval.seed_offset``)."""
+    from agentgym.eval.harness import DEFAULT_SEED_START
+
+    count = 20 if episodes is None else episodes
+    if split is not None:
+        if seeds:
+            raise ConfigError("--seeds picks reset seeds; with --split the tasks are indices of the split: "
+                              "give --task-range START:END instead")
+        chosen = parse_task_range(task_range) if task_range else list(range(count))
+        if task_range and episodes is not None and episodes != len(chosen):
+            raise ConfigError(f"--task-range gives {len(chosen)} tasks but --episodes says {episodes}; "
+                              "drop one")
+        return chosen
+    if task_range is not None:
+        raise ConfigError("--task-range picks tasks of a task split: give --split NAME too (`agentgym envs "
+                          "--tasks ENV_ID` lists an env's splits)")
+    # Run folders were evaluated from their own eval.seed_offset: start there, so numbers compare.
+    offsets = {int((s.run_config or {}).get("eval", {}).get("seed_offset", DEFAULT_SEED_START))
+               for s in specs if s.kind == "run"}
+    start = offsets.pop() if len(offsets) == 1 else DEFAULT_SEED_START
+    chosen = parse_seeds(seeds) if seeds else list(range(start, start + count))
+    if seeds and episodes is not None and episodes != len(chosen):
+        raise ConfigError(f"--seeds gives {len(chosen)} tasks but --episodes says {episodes}; drop one")
+    return chosen
 
 
 def _check_out(out: Path) -> None:
@@ -182,9 +240,10 @@ def say_missing(results: dict[str, Any], out: Path) -> bool:
     for row in short:
         seeds = ", ".join(str(m["seed"]) + (f" (sample {m['sample']})" if samples > 1 else "")
                           for m in row["missing"])
+        which = "task seeds" if row.get("split") is None else f"task indices of split {row['split']}"
         err_console.print(f"[bold red]incomplete:[/] {row['env']} × {row['policy']}: "
                           f"{len(row['missing'])} of "
-                          f"{len(results['seeds']) * samples} episodes missing, task seeds {seeds}; "
+                          f"{len(results['seeds']) * samples} episodes missing, {which} {seeds}; "
                           f"`agentgym eval --out {out} --resume` plays them", soft_wrap=True, highlight=False)
     return bool(short)
 
@@ -218,9 +277,12 @@ def evaluate(
                                         "per policy (default 20, or as many as --seeds lists)."),
     seeds: str | None = typer.Option(None, "--seeds", help="Task seeds, e.g. 0-19 or 1,5,9 (default: 1000000 "
                                      "onwards, the held-out range training's evaluations use, or a run "
-                                     "folder's eval.seed_offset)."),
-    split: str | None = typer.Option(None, "--split", help="Pass split=SPLIT to the envs that have splits "
-                                     "(alfworld-v0, tools-v0...)."),
+                                     "folder's eval.seed_offset); not with --split."),
+    split: str | None = typer.Option(None, "--split", help="Play the tasks of this task split of every env "
+                                     "(`agentgym envs --tasks ENV_ID` lists them), task i as reset(options="
+                                     "{split, index: i}); with --task-range."),
+    task_range: str | None = typer.Option(None, "--task-range", help="With --split: the task indices "
+                                          "START:END (END excluded; default 0:--episodes)."),
     samples: int = typer.Option(1, "--samples", help="Episodes per task and policy; K > 1 reports pass@k."),
     concurrency: int = typer.Option(32, "--concurrency", help="Episodes in flight at once."),
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature of model "
@@ -233,6 +295,10 @@ def evaluate(
                                        "a command line, run once per episode against each policy (with "
                                        "--tasks)."),
     tasks: str | None = typer.Option(None, "--tasks", help="With --harness: the JSONL tasks it runs on."),
+    judge: str | None = typer.Option(None, "--judge", help="Judge every episode: a JSON or YAML file of "
+                                     "judge settings (training's env.judge fields: base_url, model, rubric, "
+                                     "mode, ...); rewards are then the judge's scores. A run folder trained "
+                                     "with env.judge is judged the same way without it."),
     env_url: list[str] = typer.Option([], "--env-url", help="Play envs on an env service: URL (every env) or "
                                       "ENV_ID=URL (repeatable)."),
     env_token: str | None = typer.Option(None, "--env-token", envvar="AGENTGYM_TOKEN",
@@ -244,7 +310,7 @@ def evaluate(
     comparisons. Writes results.json, report.md, report.html and every trajectory as JSONL."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentgym.eval.harness import DEFAULT_SEED_START, Evaluation
+    from agentgym.eval.harness import Evaluation
     from agentgym.eval.plan import EvalPlan
     from agentgym.eval.policies import parse_policy
 
@@ -262,17 +328,10 @@ def evaluate(
             if not specs:
                 raise ConfigError("give at least one --policy (random, expert, a model directory, a run "
                                   "folder or an http://HOST:PORT/v1 endpoint)")
-            # Run folders were evaluated from their own eval.seed_offset: start there, so numbers compare.
-            offsets = {int((s.run_config or {}).get("eval", {}).get("seed_offset", DEFAULT_SEED_START))
-                       for s in specs if s.kind == "run"}
-            start = offsets.pop() if len(offsets) == 1 else DEFAULT_SEED_START
-            task_seeds = (parse_seeds(seeds) if seeds
-                          else list(range(start, start + (20 if episodes is None else episodes))))
-            if seeds and episodes is not None and episodes != len(task_seeds):
-                raise ConfigError(f"--seeds gives {len(task_seeds)} tasks but --episodes says {episodes}; "
-                                  "drop one")
+            task_seeds = _task_seeds(specs, seeds, episodes, split, task_range)
+            judge_settings = read_judge(judge) if judge is not None else None
             plan = EvalPlan(tuple(specs), tuple(env_entries(envs, env_arg, env_url, split, max_turns, specs,
-                                                                  harness, tasks)),
+                                                                  harness, tasks, judge_settings)),
                             tuple(task_seeds), samples, temperature if temperature is not None else
                             (0.0 if samples == 1 else 1.0), sampling_seed, concurrency)
         out_dir = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -1,14 +1,18 @@
-"""The evaluation harness: ``EvalPlan`` (policies × envs × task seeds × samples) and ``Evaluation``,
+"""The evaluation harness: ``EvalPlan`` (policies × envs × tasks × samples) and ``Evaluation``,
 which plays every episode, saves each as it finishes, resumes, and writes the reports.
 
 Every policy plays the *same* tasks: task ``i`` of every env is ``reset(seed=seeds[i])`` for every
-policy and sample, so policies compare task by task. Every policy plays through the ``Collector``,
-``concurrency`` episodes at a time, as the actor that fits it: token-level models (a model
-directory, a run folder or checkpoint, an endpoint's ``completions`` API with a local tokenizer)
-generate in one batch across the live episodes; a chat endpoint gets one concurrent request per
-live episode (``agentgym.eval.chat``); ``random`` and ``expert`` pick moves
-(``agentgym.rollout.actors``). Episodes are appended to the folder as each chunk of episodes
-finishes, so an interrupted or failed evaluation keeps them and ``resume=True`` plays only the rest.
+policy and sample (or, for an env evaluated on a task split, task ``seeds[i]`` of that split:
+``reset(options={"split": ..., "index": seeds[i]})``), so policies compare task by task. An env with
+judge settings is judged (``JudgedReward``): its episodes' rewards are the judge's scores.
+
+Every policy plays through the ``Collector``, ``concurrency`` episodes at a time, as the actor that
+fits it: token-level models (a model directory, a run folder or checkpoint, an endpoint's
+``completions`` API with a local tokenizer) generate in one batch across the live episodes; a chat
+endpoint gets one concurrent request per live episode (``agentgym.eval.chat``); ``random`` and
+``expert`` pick moves (``agentgym.rollout.actors``). Episodes are appended to the folder as each chunk
+of episodes finishes, so an interrupted or failed evaluation keeps them and ``resume=True`` plays only
+the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from agentgym.eval.local import collect_episodes
 from agentgym.eval.plan import EnvEntry, EnvInfo, EvalError, EvalPlan
 from agentgym.eval.policies import PolicySpec
 from agentgym.eval.report import build_results, markdown_report
-from agentgym.eval.source import HELD_OUT_SEED_START, EnvSource
+from agentgym.eval.source import HELD_OUT_SEED_START, EnvSource, make_judge
 from agentgym.eval.store import EvalStore, episode_record
 from agentgym.rollout.actors import Actor, ExpertActor, RandomActor
 from agentgym.rollout.collector import Collector
@@ -78,6 +82,8 @@ class Evaluation:
         self.on_progress = on_progress or (lambda *_: None)
         self.command = command
         self._clients: dict[str, Any] = {}
+        self._judges: dict[str, Any] = {}
+        """One judge per judged env, shared by its envs (one cache, one bound on requests)."""
 
     # --- set-up -------------------------------------------------------------------------------------
 
@@ -99,11 +105,11 @@ class Evaluation:
     def source(self, entry: EnvEntry) -> EnvSource:
         """``entry`` as an ``EnvSource`` (what training builds its envs from too)."""
         return EnvSource(entry.id, dict(entry.kwargs), entry.max_turns, (entry.url,) if entry.url else (),
-                         self.env_token)
+                         self.env_token, split=entry.split, judge=entry.judge)
 
     def env_factory(self, entry: EnvEntry) -> Callable[[], Env]:
         """Makes the env of ``entry``: in-process, or a session on its env service (one client per
-        service)."""
+        service); on its task split and judged when the entry says so (one judge per env)."""
         client = None
         if entry.url:
             from agentgym.http.client import EnvClient
@@ -111,7 +117,10 @@ class Evaluation:
             client = self._clients.get(entry.url)
             if client is None:
                 client = self._clients[entry.url] = EnvClient(entry.url, token=self.env_token)
-        return self.source(entry).factory(client)
+        source = self.source(entry)
+        if entry.judge is not None and entry.id not in self._judges:
+            self._judges[entry.id] = make_judge(source.judge or {})
+        return source.factory(client, self._judges.get(entry.id))
 
     def probe(self, entry: EnvEntry) -> EnvInfo:
         """Make the env and reset it on the first task: a bad id, argument or service fails here."""
@@ -126,8 +135,16 @@ class Evaluation:
                                 f"`agentgym serve {entry.id}` or fix --env-url") from None
             raise
         try:
+            if entry.split is not None:  # every index in range, before any episode: checked at both ends
+                for index in sorted({min(self.plan.seeds), max(self.plan.seeds)}):
+                    env.task(entry.split, index)
             _, info = env.reset(seed=self.plan.seeds[0])
             has_expert = bool(getattr(env, "has_expert", False))
+        except ConfigError as exc:
+            if entry.split is None:
+                raise
+            raise ConfigError(f"{exc} (--split {entry.split}; `agentgym envs --tasks {entry.id}` lists its "
+                              "splits)") from None
         finally:
             env.close()
         wanted = self.source(entry).action_format(self._clients.get(entry.url or ""))
@@ -168,6 +185,8 @@ class Evaluation:
                 policy.close()
             for client in self._clients.values():
                 client.close()
+            for judge in self._judges.values():
+                judge.close()
         return write_reports(self.plan, self.store, infos, command=self.command)
 
     def _run_pair(self, entry: EnvEntry, info: EnvInfo, spec: PolicySpec, policy: LoadedPolicy) -> None:
@@ -251,8 +270,9 @@ class Evaluation:
         except Exception as exc:
             failed = [plan.seeds[i] for i in todo[saved_tasks[0]:saved_tasks[0] + chunk]]
             samples = "sample 0" if plan.samples == 1 else f"samples 0..{plan.samples - 1}"
-            where = f"task seed {failed[0]}, {samples}" if len(failed) == 1 else \
-                f"tasks with seeds {failed[0]}..{failed[-1]}"
+            kind = "seed" if entry.split is None else f"index in split {entry.split}"
+            where = f"task {kind} {failed[0]}, {samples}" if len(failed) == 1 else \
+                f"tasks with {kind}s {failed[0]}..{failed[-1]}"
             raise self._fail(entry, spec, where, exc) from exc
         finally:
             collector.close()
@@ -277,6 +297,8 @@ class Evaluation:
         record = episode_record(entry.id, spec.name, task, sample, trajectory,
                                 observation=trajectory.first_observation, info=trajectory.first_info,
                                 turn_texts=texts, infos=[t.info for t in trajectory.turns])
+        if entry.split is not None:  # the reset seed was the task's index in the split
+            record["split"], record["index"] = entry.split, trajectory.seed
         if trajectory.note:
             record["note"] = trajectory.note
         return record

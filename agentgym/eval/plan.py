@@ -1,4 +1,4 @@
-"""What an evaluation plays: ``EvalPlan`` (policies × envs × task seeds × samples), its envs, and what
+"""What an evaluation plays: ``EvalPlan`` (policies × envs × tasks × samples), its envs, and what
 the harness learns about each env before the first episode. Pure data, saved as ``plan.json``."""
 
 from __future__ import annotations
@@ -22,11 +22,28 @@ class EnvEntry:
     id: str
     """Registered env id."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Constructor arguments (``--env-arg``, ``--split``)."""
+    """Constructor arguments (``--env-arg``)."""
     max_turns: int | None = None
     """Override of the spec's turn budget."""
     url: str | None = None
     """An env service holding this env (``--env-url``); None plays it in-process."""
+    split: str | None = None
+    """A task split of the env (``--split``): the plan's ``seeds`` are then task indices of it, task ``i``
+    played as ``reset(options={"split": split, "index": seeds[i]})``; None: they are reset seeds."""
+    judge: dict[str, Any] | None = None
+    """Judge settings (``agentgym.eval.source.JUDGE_FIELDS``; ``--judge`` or the run's ``env.judge``): the
+    episodes' rewards are the judge's scores; None: the env's own rewards."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as JSON-safe data, without ``split`` and ``judge`` when they are None (so a plan
+        without them reads as plans did before they existed).
+
+        Example:
+            >>> EnvEntry("maze-v0", split="test").to_json()
+            {'id': 'maze-v0', 'kwargs': {}, 'max_turns': None, 'url': None, 'split': 'test'}
+        """
+        return {key: value for key, value in asdict(self).items()
+                if value is not None or key not in ("split", "judge")}
 
 
 #: plan.json's fields and their JSON types (what ``EvalPlan.from_json`` needs).
@@ -45,7 +62,8 @@ class EvalPlan:
     envs: tuple[EnvEntry, ...]
     """The envs."""
     seeds: tuple[int, ...]
-    """Task seeds; task i is ``reset(seed=seeds[i])`` for every policy."""
+    """The tasks: task i is ``reset(seed=seeds[i])`` for every policy, or task ``seeds[i]`` of the split
+    of an env that names one (``EnvEntry.split``)."""
     samples: int = 1
     """Episodes per task and policy (pass@k needs more than one)."""
     temperature: float = 0.0
@@ -65,6 +83,9 @@ class EvalPlan:
             raise ConfigError("--episodes must be >= 1")
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("--seeds lists a seed twice; each task needs its own seed")
+        if any(entry.split is not None for entry in self.envs) and min(self.seeds) < 0:
+            raise ConfigError(f"task indices of a split start at 0, got {min(self.seeds)}; give --task-range "
+                              "START:END with 0 <= START < END")
         if self.samples < 1:
             raise ConfigError(f"--samples must be >= 1, got {self.samples}")
         if self.concurrency < 1:
@@ -79,7 +100,7 @@ class EvalPlan:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (``from_json`` reads it back)."""
-        return {"policies": [p.to_json() for p in self.policies], "envs": [asdict(e) for e in self.envs],
+        return {"policies": [p.to_json() for p in self.policies], "envs": [e.to_json() for e in self.envs],
                 "seeds": list(self.seeds), "samples": self.samples, "temperature": self.temperature,
                 "sampling_seed": self.sampling_seed, "concurrency": self.concurrency}
 

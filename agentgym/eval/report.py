@@ -42,7 +42,9 @@ def build_results(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *
 
     Each row counts only the episodes the plan asks for; ``complete`` says whether all of them are
     there and ``missing`` lists the rest (task index, seed, sample), so results never silently count
-    fewer episodes than planned.
+    fewer episodes than planned. ``split`` names the task split the env was played on (its ``seeds``
+    are then task indices of it) and ``judge_model`` the judge whose scores were the rewards (None:
+    the env's own rewards).
     """
     rows, comparisons = [], []
     for entry in plan.envs:
@@ -58,7 +60,8 @@ def build_results(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *
             reported = any("tool_calls" in (t.get("info") or {}) for r in records for t in r["turns"])
             missing = [{"task_index": task, "seed": plan.seeds[task], "sample": sample}
                        for task, sample in _missing(plan, records)]
-            rows.append({"env": entry.id, "policy": spec.name, **summary, "wall_s": wall,
+            rows.append({"env": entry.id, "policy": spec.name, "split": entry.split,
+                         "judge_model": (entry.judge or {}).get("model"), **summary, "wall_s": wall,
                          "episodes_per_s": summary["episodes"] / wall if wall > 0 else None,
                          "has_tools": infos[entry.id].has_tools if entry.id in infos else None,
                          "tool_calls_reported": reported,
@@ -129,11 +132,21 @@ def markdown_report(results: dict[str, Any]) -> str:
     seeds = results["seeds"]
     span = (f"{seeds[0]}..{seeds[-1]}" if seeds == list(range(seeds[0], seeds[0] + len(seeds)))
             else ", ".join(map(str, seeds)))
+    splits = {env.get("split") for env in config["envs"]}
+    if splits == {None}:
+        which = f"seeds {span}"
+    elif len(splits) == 1:
+        which = f"task indices {span} of split {splits.pop()!r}"
+    else:
+        which = f"seeds, or task indices of each env's split, {span}"
+    judged = [f"{env['id']} by {env['judge']['model']}" for env in config["envs"] if env.get("judge")]
     lines = ["# Evaluation report", "",
              (f"agentgym {results['agentgym_version']}, {results['created']}. "
-              f"{len(seeds)} tasks per env (seeds {span}), {config['samples']} episode(s) per task and "
+              f"{len(seeds)} tasks per env ({which}), {config['samples']} episode(s) per task and "
               f"policy, temperature {config['temperature']:g}, sampling seed {config['sampling_seed']}. "
               "Every policy plays the same tasks."), ""]
+    if judged:
+        lines += [f"Judged rewards (an LLM judge's score from a rubric): {'; '.join(judged)}.", ""]
     if results.get("command"):
         lines += [f"Command: `{results['command']}`", ""]
     lines += ["Policies: " + "; ".join(f"`{p['name']}` = `{p['text']}`" for p in config["policies"]), ""]
