@@ -26,6 +26,7 @@
     │   │                         (connect, read, write, pool), or HTTP 504 / 408 from the service
     │   ├── RequestRejected       the service refused the request as malformed (HTTP 413 / 422)
     │   └── AuthenticationError   missing or wrong bearer token (HTTP 401)
+    ├── JudgeError                a reward judge gave no usable score after its retries (``agentgym.judge``)
     └── ConfigError               a config or argument value is invalid; names the field to fix
 
 A remote env raises the same classes a local env does: the service sends ``{"error": {"type":
@@ -172,6 +173,21 @@ class AuthenticationError(RemoteEnvError):
     http_status = 401
 
 
+class JudgeError(AgentGymError):
+    """The judge gave no usable score: its endpoint failed or timed out after the retries, refused the
+    request, or never answered with a score line. The message is one line naming the fix.
+
+    Attributes:
+        raw: the judge's last answer, when one came (an answer without a valid score line).
+    """
+
+    http_status = 502
+
+    def __init__(self, message: str, raw: str | None = None) -> None:
+        super().__init__(message)
+        self.raw = raw
+
+
 #: Every public exception class by name, so the HTTP client can map ``error.type`` back.
 ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
     cls.__name__: cls
@@ -196,6 +212,7 @@ ERRORS_BY_NAME: dict[str, type[AgentGymError]] = {
         RemoteTimeout,
         RequestRejected,
         AuthenticationError,
+        JudgeError,
         ConfigError,
     )
 }

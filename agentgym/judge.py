@@ -24,7 +24,7 @@ import gymnasium
 import httpx
 
 from agentgym.core import Env
-from agentgym.errors import AgentGymError, ConfigError
+from agentgym.errors import ConfigError, JudgeError
 
 JudgeMode = Literal["replace", "add"]
 OnJudgeError = Literal["raise", "zero"]
@@ -50,21 +50,6 @@ _SCORE_LINE = re.compile(
     r"[\s*_`.]*$",
     re.IGNORECASE | re.MULTILINE,
 )
-
-
-class JudgeError(AgentGymError):
-    """The judge gave no usable score: its endpoint failed or timed out after the retries, refused the
-    request, or never answered with a score line. The message is one line naming the fix.
-
-    Attributes:
-        raw: the judge's last answer, when one came (an answer without a valid score line).
-    """
-
-    http_status = 502
-
-    def __init__(self, message: str, raw: str | None = None) -> None:
-        super().__init__(message)
-        self.raw = raw
 
 
 def parse_score(answer: str) -> float:
