@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentgym.core import Env
+from agentgym.core import HELD_OUT_SEED_START, Env
 from agentgym.errors import AgentGymError, AuthenticationError, ConfigError, RemoteEnvError, RequestRejected
 from agentgym.eval.html import html_report
 from agentgym.eval.loading import LoadedPolicy, load_policy
@@ -31,7 +31,7 @@ from agentgym.eval.local import collect_episodes
 from agentgym.eval.plan import EnvEntry, EnvInfo, EvalError, EvalPlan
 from agentgym.eval.policies import PolicySpec
 from agentgym.eval.report import build_results, markdown_report
-from agentgym.eval.source import HELD_OUT_SEED_START, EnvSource, make_judge
+from agentgym.eval.source import EnvSource, make_judge
 from agentgym.eval.store import EvalStore, episode_record
 from agentgym.rollout.actors import Actor, ExpertActor, RandomActor
 from agentgym.rollout.collector import Collector
