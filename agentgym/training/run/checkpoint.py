@@ -1,4 +1,4 @@
-"""Checkpoints for exact resume: model, optimiser, schedule, RNG states, counters and plug-in state."""
+"""Checkpoints for exact resume: model, optimiser, schedule, RNGs, counters, plug-in and sampler state."""
 
 from __future__ import annotations
 
