@@ -104,8 +104,8 @@ def test_eval_command_end_to_end(tmp_path: Path) -> None:
     (["--envs", "maze-v0"], "give at least one --policy"),
     (["--policy", "random", "--envs", "maze-v0", "--seeds", "0-4", "--episodes", "3"],
      "--seeds gives 5 tasks"),
-    (["--policy", "random", "--envs", "maze-v0", "--split", "test"],
-     "--split test: none of maze-v0 has splits"),
+    (["--policy", "random", "--envs", "maze-v0", "--split", "nope"],
+     "maze-v0 has no task split 'nope'; valid splits: train (0..999999), test (any integer >= 0)"),
     (["--policy", "random", "--envs", "maze-v0", "--env-arg", "sokoban-v0:size=3"], "write ENV_ID:KEY=VALUE"),
 ])
 def test_eval_command_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -223,12 +223,12 @@ def test_resume_needs_the_folder() -> None:
     assert result.exit_code == 2 and "--resume needs --out DIR" in result.output
 
 
-def test_split_goes_only_to_envs_that_have_splits(tmp_path: Path) -> None:
+def test_split_names_a_task_split_of_every_env(tmp_path: Path) -> None:
     from agentgym.cli.evaluation import env_entries
     from agentgym.eval.policies import parse_policy
 
     entries = env_entries("tools-v0,maze-v0", [], [], "test", None, [parse_policy("random")])
-    assert [(e.id, e.kwargs) for e in entries] == [("tools-v0", {"split": "test"}), ("maze-v0", {})]
+    assert [(e.id, e.kwargs, e.split) for e in entries] == [("tools-v0", {}, "test"), ("maze-v0", {}, "test")]
 
 
 def test_parse_seeds() -> None:

@@ -39,7 +39,8 @@ def envs(
     table.add_column("max turns", justify="right")
     table.add_column("description")
     for spec in agentgym.list_envs():
-        table.add_row(spec.id, "-" if spec.max_turns is None else str(spec.max_turns), spec.description)
+        turns = "-" if spec.max_turns is None else str(spec.max_turns)
+        table.add_row(spec.id, turns, escape(spec.description))
     console.print(table)
 
 

@@ -6,7 +6,7 @@ import functools
 import re
 from typing import Any, ClassVar
 
-from agentgym.core import Env, TaskSplit
+from agentgym.core import HELD_OUT_SEED_START, Env, TaskSplit
 from agentgym.envs.webshop.catalog import DEFAULT_NUM_PRODUCTS, Catalog, Goal, generate_catalog
 from agentgym.envs.webshop.data import load_webshop_catalog
 from agentgym.envs.webshop.reward import FUZZY_THRESHOLD, normalize_color, score_purchase, token_set_ratio
@@ -117,7 +117,8 @@ class WebShopEnv(Env):
 
     Task splits (``task_splits``): ``test``, the catalog's first goals (``num_test_goals``: 500, as in
     WebShop, or a tenth of a smaller catalog), and ``train``, the rest; task ``i`` of ``train`` is goal
-    ``num_test_goals + i``. A seeded reset draws from all goals.
+    ``num_test_goals + i``. A seeded reset draws a ``test`` goal for a held-out seed (``HELD_OUT_SEED_START``
+    and above, the seeds evaluations use) and a ``train`` goal for any other.
 
     Args:
         catalog_seed: seed of the generated catalog.
@@ -169,7 +170,13 @@ class WebShopEnv(Env):
         if task_id is not None:
             self._goal_index = self._parse_task_id(task_id)
         else:
-            self._goal_index = int(self.np_random.integers(len(self.catalog.goals)))
+            # Held-out seeds (the evaluations') draw held-out goals, training seeds the others: a run's
+            # evaluation never replays an instruction it trained on.
+            total = len(self.catalog.goals)
+            held = num_test_goals(total)
+            first, count = ((0, held) if seed is not None and seed >= HELD_OUT_SEED_START and held
+                            else (held, total - held) if total > held else (0, total))
+            self._goal_index = first + int(self.np_random.integers(count))
         self._go_to_search()
         info = self._info(invalid=False)
         info["instructions"] = _INSTRUCTIONS
