@@ -319,19 +319,28 @@ class RunFolder:
 
     # --- a resumed run ---------------------------------------------------------------------------
 
-    def check_resume(self, config: dict[str, Any], iteration: int | None = None) -> dict[str, dict[str, Any]]:
+    def check_resume(self, config: dict[str, Any], iteration: int | None = None, *,
+                     defaults: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
         """The changes ``config`` makes to the saved run's config, if a resumed run may make them.
 
         Args:
             config: the config to resume with (plain data).
             iteration: the checkpoint's iteration, when known: the run must not be finished already
                 (unless ``config`` extends it) nor have gone past ``config``'s iterations.
+            defaults: the default config (plain data). A field the saved config lacks (one added since the
+                run was written) that ``config`` leaves at its default is no change: the run ran as if
+                it had it.
 
         Raises:
             ConfigError: no run or no checkpoint here, changes outside ``RESUMABLE`` (all named), or
                 nothing left to run.
         """
-        changes = config_changes(self.saved_config(), config)
+        saved = self.saved_config()
+        changes = config_changes(saved, config)
+        if defaults is not None:
+            known, default = flatten(saved), flatten(defaults)
+            changes = {path: change for path, change in changes.items()
+                       if path in known or path not in default or default[path] != change["to"]}
         if not self.has_checkpoint():
             raise ConfigError(f"--resume {self.path}: no checkpoint there: the run stopped before its first "
                               f"one, so there is nothing to resume. Start it again with: "

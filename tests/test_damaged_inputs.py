@@ -4,6 +4,7 @@ write (a full disk) during a run."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -70,6 +71,21 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
 def test_the_untouched_run_resumes(stopped_run: Path, tmp_path: Path) -> None:
     # What the damaged copies below are compared with: the same folder, intact, resumes to the end.
     run = copy_of(stopped_run, tmp_path)
+    result = CliRunner().invoke(app, ["train", "--resume", str(run)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert (run / "report.json").is_file()
+
+
+def test_a_run_saved_before_a_config_field_existed_resumes(stopped_run: Path, tmp_path: Path) -> None:
+    # A field added since the run was written (here the task sampler) is absent from its config.json; left
+    # at its default it is no change. Set to something else, it is one, and resuming is refused.
+    run = copy_of(stopped_run, tmp_path)
+    config = json.loads((run / "config.json").read_text())
+    del config["rollout"]["task_sampler"]
+    (run / "config.json").write_text(json.dumps(config))
+    changed = ["train", "--resume", str(run), "--set", "rollout.task_sampler=curriculum"]
+    refused = CliRunner().invoke(app, changed, env={"COLUMNS": "400"})
+    assert refused.exit_code != 0 and "rollout.task_sampler (None → 'curriculum')" in refused.output
     result = CliRunner().invoke(app, ["train", "--resume", str(run)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert (run / "report.json").is_file()

@@ -104,7 +104,7 @@ def _config_and_folder(config: str | None, overrides: list[str], out: str | None
                        overwrite: bool, notes: list[str]) -> tuple[TrainConfig, RunFolder]:
     """The checked config and the run folder it may go into (nothing is written)."""
     from agentgym.training.config.loading import load_config
-    from agentgym.training.config.schema import config_to_dict
+    from agentgym.training.config.schema import TrainConfig, config_to_dict
     from agentgym.training.run.checkpoint import checkpoint_iteration
 
     if resume:
@@ -113,7 +113,8 @@ def _config_and_folder(config: str | None, overrides: list[str], out: str | None
         folder = RunFolder(resume)
         folder.saved_config()  # says so when there is no run
         cfg = load_config(config or folder.config, overrides, on_note=notes.append)
-        folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path))
+        folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path),
+                            defaults=config_to_dict(TrainConfig()))
         return cfg, folder
     cfg = load_config(config, overrides, on_note=notes.append)
     default = f"runs/{cfg.env.id.replace('/', '_')}-{cfg.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"

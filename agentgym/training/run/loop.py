@@ -365,7 +365,8 @@ class Trainer:
         iteration."""
         cfg, out = self.cfg, self.root
         folder = RunFolder(out)
-        changes = folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out))
+        changes = folder.check_resume(config_to_dict(cfg), checkpoint_iteration(out),
+                                     defaults=config_to_dict(TrainConfig()))
         state = load_checkpoint(out)
         iteration = state["iteration"]
         if self.dist.is_main:
@@ -627,7 +628,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwr
     """
     folder = RunFolder(out_dir)
     if resume:
-        folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path))
+        folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path),
+                            defaults=config_to_dict(TrainConfig()))
     else:
         folder.check_new(overwrite=overwrite)
     trainer = Trainer(cfg, out_dir)
