@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal, get_args
 import yaml
 
 from agentgym.backends.config import ModelConfig
+from agentgym.core import HELD_OUT_SEED_START
 from agentgym.errors import ConfigError
-from agentgym.eval.source import HELD_OUT_SEED_START
 from agentgym.rollout.prompt import PromptSettings
 from agentgym.training.config.coercion import to_plain
 
