@@ -110,6 +110,21 @@ def test_a_fleet_collects_what_local_envs_collect_forks_included(live_server) ->
     assert fleet.recovered == 0
 
 
+def test_a_fleet_lists_the_task_splits_of_its_env_with_its_kwargs(live_server) -> None:
+    # the catalog's size (a kwarg) sets webshop-v0's splits: 450/50 goals by default, 54/6 with 60 products
+    servers = [live_server(["webshop-v0"]), live_server(["webshop-v0"])]
+    fleet = EnvFleet([s.url for s in servers], "webshop-v0", kwargs={"num_products": 60})
+    local = agentgym.make("webshop-v0", num_products=60)
+    try:
+        assert fleet.task_splits() == local.task_splits()
+        assert [split.size for split in fleet.task_splits()] != [450, 50]
+        assert fleet.task("test", 5) == local.task("test", 5)
+        with pytest.raises(ConfigError, match="no task split 'nope'"):
+            fleet.task("nope", 0)
+    finally:
+        fleet.close()
+
+
 def test_sessions_go_to_the_least_loaded_service(live_server) -> None:
     servers = [live_server(["maze-v0"]), live_server(["maze-v0"])]
     busy = EnvFleet([servers[0].url], "maze-v0")

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym.core import TaskSplit
 from agentgym.errors import (
     AgentGymError,
     AuthenticationError,
@@ -329,6 +330,22 @@ class EnvFleet:
         """One stand-alone ``RemoteEnv`` session on the least-loaded live service."""
         replica = self._pick()
         return RemoteEnv(self.env_id, client=replica.client, max_turns=self.max_turns, **self.kwargs)
+
+    def task_splits(self) -> tuple[TaskSplit, ...]:
+        """The task splits of the fleet's env (made with its kwargs), as a live service's env says."""
+        return self._ask_env(lambda env: env.task_splits())
+
+    def task(self, split: str, index: int) -> dict[str, Any]:
+        """Task ``index`` of ``split`` of the fleet's env, described by a live service (``Env.task``)."""
+        return self._ask_env(lambda env: env.task(split, index))
+
+    def _ask_env(self, query: Callable[[RemoteEnv], Any]) -> Any:
+        """``query`` over a session of the fleet's env on the least-loaded live service, closed after."""
+        env = self()
+        try:
+            return query(env)
+        finally:
+            env.close()
 
     def open(self, count: int) -> list[FleetSlot]:
         slots = [FleetSlot() for _ in range(count)]
