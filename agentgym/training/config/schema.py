@@ -77,16 +77,6 @@ class JudgeConfig:
             raise ConfigError(f"JudgeConfig.success_threshold must be in [0, 1] or null, got "
                               f"{self.success_threshold}")
 
-    def make_judge(self) -> Any:
-        """The ``agentgym.judge.Judge`` this config describes (the caller closes it)."""
-        import os
-
-        from agentgym.judge import Judge
-
-        return Judge(self.base_url, self.model, self.rubric, api_key=os.environ.get(self.api_key_env) or None,
-                     timeout_s=self.timeout_s, retries=self.retries, max_concurrency=self.max_concurrency,
-                     max_tokens=self.max_tokens, temperature=self.temperature, cache_file=self.cache_file)
-
 
 @dataclass(frozen=True)
 class EnvConfig:

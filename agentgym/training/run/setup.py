@@ -14,9 +14,9 @@ import torch
 
 from agentgym.core import Env
 from agentgym.eval.source import EnvSource
-from agentgym.judge import JudgedReward
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
+from agentgym.training.config.coercion import to_plain
 from agentgym.training.config.schema import TrainConfig
 from agentgym.training.run.task_sampling import CurriculumSampler, TaskSampler, UniformSampler
 
@@ -36,21 +36,16 @@ def env_source(cfg: TrainConfig) -> EnvSource:
     """The run's envs as an ``EnvSource``, the description `agentgym eval` builds its envs from too."""
     e = cfg.env
     harness = {"harness": e.harness, "tasks": e.tasks} if e.harness else {}
+    judge = to_plain(e.judge) if e.judge is not None else None
     return EnvSource(e.id, {**dict(e.kwargs), **harness}, e.max_turns, tuple(env_urls(cfg)), e.token,
-                     e.timeout_s, e.backend, e.ray_address, e.ray_workers)
+                     e.timeout_s, e.backend, e.ray_address, e.ray_workers, judge=judge)
 
 
 def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
     """Where the run's envs come from (``EnvSource.pool``); every answer is also a zero-argument env
-    factory. With ``env.judge``, each in-process env is wrapped in ``JudgedReward``, all sharing one judge
-    (one cache, one bound on concurrent requests)."""
-    source = env_source(cfg).pool()
-    judged = cfg.env.judge
-    if judged is None or isinstance(source, EnvPool):  # EnvConfig refuses a judge on remote or Ray envs
-        return source
-    judge = judged.make_judge()
-    return lambda: JudgedReward(source(), judge, mode=judged.mode, on_error=judged.on_error,
-                                success_threshold=judged.success_threshold)
+    factory. With ``env.judge``, each env is wrapped in ``JudgedReward``, all sharing one judge (one cache,
+    one bound on concurrent requests), as `agentgym eval` wraps them."""
+    return env_source(cfg).pool()
 
 
 def action_format(cfg: TrainConfig) -> str:
