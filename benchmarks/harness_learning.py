@@ -36,11 +36,14 @@ def train_command(preset: str, seed: int, out: Path) -> list[str]:
 
 def _train(preset: str, seed: int, out: Path, argv: list[str]) -> dict[str, Any]:
     command = train_command(preset, seed, out)
+    # the commit the run starts from (the checkout may move on while it trains)
+    record = {**provenance(argv, script=__file__),
+              "train_command": "OMP_NUM_THREADS=1 " + shlex.join(command)}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(out.parent / f"seed{seed}.log", "w") as log:
         subprocess.run([sys.executable, "-m", *command], cwd=REPO, env=env, stdout=log,
                        stderr=subprocess.STDOUT, check=True)
-    return {**provenance(argv, script=__file__), "train_command": "OMP_NUM_THREADS=1 " + shlex.join(command)}
+    return record
 
 
 def row_of(preset: str, seed: int, out: Path, record: dict[str, Any] | None) -> dict[str, Any]:
