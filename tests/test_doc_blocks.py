@@ -52,6 +52,8 @@ SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
                                                "tests/test_distributed.py runs over gloo)",
     ("docs/training.md", "--num_machines 2"): "needs two GPU machines",
     ("docs/training.md", "vllm serve"): "needs vLLM on a GPU and model weights",
+    ("docs/evaluation.md", "--judge judge.yaml"): "needs a trained run folder (RUN) and a judge endpoint; "
+                                                  "tests/test_eval_splits.py evaluates with a judge server",
 }
 
 # (page, a string only that block contains) -> why it is slow even shortened. Run with -m slow.
@@ -211,7 +213,9 @@ def shorten(line: str) -> str:
         code = re.sub(r"--episodes \d+", f"--episodes {SHORT_EPISODES}", code)
         code = re.sub(r"--samples \d+", "--samples 2", code)
         code = re.sub(r"--seeds (\d+)-\d+", lambda m: f"--seeds {m.group(1)}-{int(m.group(1)) + 1}", code)
-        if "--resume" not in words and "--episodes" not in words and "--seeds" not in words:
+        code = re.sub(r"--task-range (\d+):\d+", lambda m: f"--task-range {m.group(1)}:{int(m.group(1)) + 2}",
+                      code)
+        if not {"--resume", "--episodes", "--seeds", "--task-range"} & set(words):
             code += f" --episodes {SHORT_EPISODES}"
         return code
     return code

@@ -17,7 +17,7 @@ from agentgym.guard import EpisodeGuard
 from agentgym.registry import Registry, RegistrySpec, load_env_creator
 from agentgym.spec import ACTION_FORMATS, EnvSpec, parse_env_id
 
-TOOL_ENVS = ("search-qa-v0", "code-math-v0", "code-tests-v0", "tools-v0")
+TOOL_ENVS = ("search-qa-v0", "code-math-v0", "code-tests-v0", "tools-v0", "mcp-v0")
 
 
 def test_parse_env_id() -> None:

@@ -62,6 +62,9 @@ def _list_task_splits() -> None:
         except AgentGymError as exc:  # e.g. an env that needs arguments (harness-v0 needs harness=)
             table.add_row(spec.id, "-", "-", escape(f"not made with default arguments: {exc}"))
             continue
+        except Exception as exc:  # noqa: BLE001 - a broken registered env gets its row, not the whole listing
+            table.add_row(spec.id, "-", "-", escape(f"making it raised {type(exc).__name__}: {exc}"))
+            continue
         for split in splits:
             table.add_row(spec.id, split.name, _split_size(split), escape(split.description))
     console.print(table)
