@@ -94,6 +94,18 @@ def _yaml_value(text: str) -> Any:
         return text
 
 
+def _made_with_defaults(env_id: str) -> bool:
+    """The env can be made without arguments (``--envs all`` leaves out those that need some: mcp-v0's
+    server and tasks)."""
+    import agentgym
+
+    try:
+        agentgym.make(env_id).close()
+    except ConfigError:
+        return False
+    return True
+
+
 def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], split: str | None,
                 max_turns: int | None, policies: list[Any], harness: str | None = None,
                 tasks: str | None = None, judge: dict[str, Any] | None = None) -> list[Any]:
@@ -141,7 +153,8 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
                 judges.setdefault(run["env"]["id"],
                                   check_judge_settings(run["env"]["judge"], "the run's env.judge"))
     elif envs.strip() == "all":
-        ids = [spec.id for spec in agentgym.list_envs() if str(spec.entry_point).startswith("agentgym.envs.")]
+        ids = [spec.id for spec in agentgym.list_envs()
+               if str(spec.entry_point).startswith("agentgym.envs.") and _made_with_defaults(spec.id)]
     else:
         ids = [e.strip() for e in envs.split(",") if e.strip()]
     kwargs: dict[str, dict[str, Any]] = {i: dict(defaults.get(i, ({}, None))[0]) for i in ids}
