@@ -179,6 +179,13 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
                      urls.get(i), split, judge if judge is not None else judges.get(i)) for i in ids]
 
 
+def _runs_held_out_split(specs: list[Any]) -> str | None:
+    """The ``eval.split`` the run folders among ``specs`` were evaluated on, when they share one: their
+    envs are then played on its tasks, so numbers compare with report.json's; else None."""
+    splits = {(s.run_config or {}).get("eval", {}).get("split") for s in specs if s.kind == "run"}
+    return splits.pop() if len(splits) == 1 and None not in splits else None
+
+
 def _task_seeds(specs: list[Any], seeds: str | None, episodes: int | None, split: str | None,
                 task_range: str | None) -> list[int]:
     """The plan's tasks: indices of ``--split`` (``--task-range``, default ``0:--episodes``), else the
@@ -285,7 +292,8 @@ def evaluate(
                                      "http://HOST:PORT/v1[,model=NAME][,api=chat|completions] (repeatable; "
                                      "options ,name=LABEL,max_new_tokens=N,...)."),
     envs: str | None = typer.Option(None, "--envs", help="Env ids, comma-separated, or 'all' (default: "
-                                    "the env of the run folders given as policies)."),
+                                    "the env of the run folders given as policies, on their eval.split "
+                                    "if they name one)."),
     episodes: int | None = typer.Option(None, "--episodes", help="Tasks per env, each played --samples times "
                                         "per policy (default 20, or as many as --seeds lists)."),
     seeds: str | None = typer.Option(None, "--seeds", help="Task seeds, e.g. 0-19 or 1,5,9 (default: 1000000 "
@@ -341,6 +349,8 @@ def evaluate(
             if not specs:
                 raise ConfigError("give at least one --policy (random, expert, a model directory, a run "
                                   "folder or an http://HOST:PORT/v1 endpoint)")
+            if split is None and envs is None and seeds is None:
+                split = _runs_held_out_split(specs)
             task_seeds = _task_seeds(specs, seeds, episodes, split, task_range)
             judge_settings = read_judge(judge) if judge is not None else None
             plan = EvalPlan(tuple(specs), tuple(env_entries(envs, env_arg, env_url, split, max_turns, specs,

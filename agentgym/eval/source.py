@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import agentgym
 from agentgym.core import HELD_OUT_SEED_START, Env
 from agentgym.errors import ConfigError
+from agentgym.eval.task_split import TaskRoute
 from agentgym.rollout.pool import EnvPool
 
 if TYPE_CHECKING:
@@ -144,11 +145,16 @@ class EnvSource:
     judge: dict[str, Any] | None = None
     """Judge settings (``JUDGE_FIELDS``): every env is wrapped in ``JudgedReward``; None: the env's own
     rewards."""
+    routes: tuple[TaskRoute, ...] = ()
+    """Seed ranges that name tasks of splits (``RoutedTaskEnv``; a training run's ``env.train_split`` and
+    ``eval.split``); empty: none. Not with ``split``."""
 
     def __post_init__(self) -> None:
         if self.split is not None and (not isinstance(self.split, str) or not self.split):
             raise ConfigError(f"env {self.id}: a task split is a non-empty name such as 'test', got "
                               f"{self.split!r}")
+        if self.split is not None and self.routes:
+            raise ConfigError(f"env {self.id}: give a task split or task routes, not both")
         if self.judge is not None:
             check_judge_settings(self.judge, f"env {self.id} judge")
 
@@ -167,7 +173,8 @@ class EnvSource:
     def factory(self, client: EnvClient | None = None, judge: Judge | None = None) -> Callable[[], Env]:
         """Stand-alone envs, one per call: in-process, or sessions on the first service (through
         ``client`` when given, so many sessions share its connections); with ``split``, each in a
-        ``TaskSplitEnv``; with ``judge`` settings, each in a ``JudgedReward``.
+        ``TaskSplitEnv`` (with ``routes``, a ``RoutedTaskEnv``); with ``judge`` settings, each in a
+        ``JudgedReward``.
 
         Args:
             client: the service client to share.
@@ -186,8 +193,10 @@ class EnvSource:
                 return agentgym.make(self.id, max_turns=self.max_turns, **self.kwargs)
 
         def of_split() -> Env:
-            from agentgym.eval.task_split import TaskSplitEnv
+            from agentgym.eval.task_split import RoutedTaskEnv, TaskSplitEnv
 
+            if self.routes:
+                return RoutedTaskEnv(plain(), self.routes)
             return TaskSplitEnv(plain(), self.split) if self.split is not None else plain()
 
         if self.judge is None:
@@ -207,15 +216,16 @@ class EnvSource:
         - else in-process envs (``agentgym.make``).
 
         A source with a ``split`` or a ``judge`` wraps each env in this process, so it answers
-        ``factory()`` (sessions on its services, or in-process envs).
+        ``factory()`` (sessions on its services, or in-process envs). So does a source with ``routes``.
 
         Raises:
-            ConfigError: ``split`` or ``judge`` with ``backend: ray`` (its envs live in other processes).
+            ConfigError: ``split``, ``routes`` or ``judge`` with ``backend: ray`` (its envs live in other
+                processes).
         """
-        if self.split is not None or self.judge is not None:
+        if self.split is not None or self.routes or self.judge is not None:
             if self.backend == "ray":
-                raise ConfigError(f"env {self.id}: a task split or a judge wraps envs in this process; it "
-                                  "cannot be combined with backend: ray (drop one of them)")
+                raise ConfigError(f"env {self.id}: a task split, task routes or a judge wrap envs in this "
+                                  "process; they cannot be combined with backend: ray (drop one of them)")
             return self.factory()
         if self.urls:
             from agentgym.http.fleet import EnvFleet

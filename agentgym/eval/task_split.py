@@ -1,12 +1,15 @@
-"""``TaskSplitEnv``: an env whose ``reset(seed=i)`` starts task ``i`` of one task split.
+"""Envs whose reset seed names a task of a split: ``TaskSplitEnv`` (one split) and ``RoutedTaskEnv`` (the
+seed's range picks the split: training, held-out and demonstration tasks of one run).
 
-Evaluations (and any collector, which resets envs by task seed) play the tasks of a split through it:
-task index ``i`` travels as the reset seed and reaches the env as ``options={"split": s, "index": i}``,
-which the env (or its env service) turns into the task (``agentgym.core.Env.task``).
+Evaluations and training runs (whose collector resets envs by task seed) play the tasks of a split through
+them: task index ``i`` travels as the reset seed and reaches the env as ``options={"split": s, "index":
+i}``, which the env (or its env service) turns into the task (``agentgym.core.Env.task``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium
@@ -78,3 +81,87 @@ class TaskSplitEnv(gymnasium.Wrapper[str, str, str, str], Env):
         if fork is None:
             raise ConfigError(f"{type(self.env).__name__} cannot fork; make envs with agentgym.make()")
         return TaskSplitEnv(fork(), self.split)
+
+
+@dataclass(frozen=True)
+class TaskRoute:
+    """Seeds from ``start`` (up to the next route's start) name tasks of ``split``: seed ``s`` is task
+    ``s - start``; ``split`` None passes the seed through unchanged (the env's own seeded tasks)."""
+
+    start: int
+    """The first seed of the range."""
+    split: str | None
+    """The split its seeds index; None: seeds stay seeds."""
+    wrap: bool = False
+    """Wrap indices past a finite split's size round to its start (demonstrations that outnumber the
+    split's tasks); False: such an index fails as out of range."""
+
+
+class RoutedTaskEnv(TaskSplitEnv):
+    """Wraps any agentgym env: ``reset(seed=s)`` starts task ``s - start`` of the split of the route whose
+    range holds ``s`` (the route with the largest ``start`` at or below ``s``).
+
+    A training run routes its three seed ranges this way (``env.train_split``, ``eval.split``): sampled
+    task seeds below ``eval.seed_offset``, held-out seeds from it, demonstration seeds from
+    ``sft.seed_offset``.
+
+    Args:
+        env: the env to wrap.
+        routes: at least one route; the first must start at 0 (every seed has a route).
+
+    Raises:
+        ConfigError: no routes, the first not at 0, two at one start, or a route's split is not a
+            non-empty name or None.
+
+    Example:
+        >>> import agentgym
+        >>> routes = [TaskRoute(0, "problems"), TaskRoute(100, None), TaskRoute(200, "problems", wrap=True)]
+        >>> env = RoutedTaskEnv(agentgym.make("code-tests-v0"), routes)
+        >>> [env.reset(seed=s)[1].get("task_ref") for s in (3, 100, 236)]
+        [{'split': 'problems', 'index': 3}, None, {'split': 'problems', 'index': 0}]
+    """
+
+    def __init__(self, env: Env, routes: Sequence[TaskRoute]) -> None:
+        ordered = sorted(routes, key=lambda route: route.start)
+        if not ordered or ordered[0].start != 0:
+            raise ConfigError(f"task routes must cover every seed from 0, got starts "
+                              f"{[route.start for route in ordered]}")
+        if len({route.start for route in ordered}) != len(ordered):
+            raise ConfigError(f"two task routes start at the same seed: {[route.start for route in ordered]}")
+        for route in ordered:
+            if route.split is not None and (not isinstance(route.split, str) or not route.split):
+                raise ConfigError(f"a task split is a non-empty name such as 'test', got {route.split!r}")
+        super().__init__(env, next((r.split for r in ordered if r.split), "routed"))
+        self.routes = tuple(ordered)
+        self._sizes: dict[str, int | None] | None = None
+
+    def route(self, seed: int) -> tuple[str | None, int]:
+        """The split and index seed ``seed`` names (``(None, seed)`` on a pass-through route)."""
+        route = next(r for r in reversed(self.routes) if r.start <= seed)
+        if route.split is None:
+            return None, seed
+        index = seed - route.start
+        if route.wrap:
+            if self._sizes is None:
+                self._sizes = {split.name: split.size for split in self.env.task_splits()}
+            size = self._sizes.get(route.split)
+            if size:
+                index %= size
+        return route.split, index
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[str, dict[str, Any]]:
+        if seed is None:
+            raise ConfigError("reset of a RoutedTaskEnv needs a seed: its range names the split, its offset "
+                              "the task")
+        split, index = self.route(int(seed))
+        if split is None:
+            return self.env.reset(seed=index, options=options)
+        return self.env.reset(options={**(options or {}), "split": split, "index": index})
+
+    def fork(self) -> RoutedTaskEnv:
+        """A new env in the same state (the wrapped env must have ``fork``)."""
+        fork = getattr(self.env, "fork", None)
+        if fork is None:
+            raise ConfigError(f"{type(self.env).__name__} cannot fork; make envs with agentgym.make()")
+        return RoutedTaskEnv(fork(), self.routes)

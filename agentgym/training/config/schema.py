@@ -116,6 +116,11 @@ class EnvConfig:
     judge: JudgeConfig | None = None
     """Reward each episode with an LLM judge's score from a rubric (in-process envs only: ``JudgeConfig``
     and docs/envs.md, "Judged rewards"); None keeps the env's reward."""
+    train_split: str | None = None
+    """Train on the tasks of this named split (``agentgym envs --tasks ID`` lists an env's splits): the
+    task sampler draws task indices below its size (below ``eval.seed_offset`` for a procedural split)
+    and SFT demonstrations play its tasks from index 0 (round again when they outnumber them). None:
+    tasks are seeds below ``eval.seed_offset``, which every env maps to its training tasks."""
 
     def __post_init__(self) -> None:
         if self.harness is not None or self.tasks is not None:
@@ -415,6 +420,9 @@ class EvalConfig:
     """Sampling temperature at evaluation (0 = greedy)."""
     every: int = 0
     """Also evaluate every N iterations (0: only before and after)."""
+    split: str | None = None
+    """Evaluate on tasks ``0..`` of this named split: ``num_episodes`` of them, or all of a smaller split.
+    None: seeds from ``seed_offset``, which every env maps to its held-out tasks."""
 
 
 #: The extra that installs the trackers (``pyproject.toml``).
@@ -543,7 +551,29 @@ class TrainConfig:
         if self.rollout.task_sampler == "curriculum" and pool_size > self.eval.seed_offset:
             raise ConfigError(f"rollout.curriculum.pool_size={pool_size} distinct training seeds do not fit "
                               f"below eval.seed_offset={self.eval.seed_offset}; lower pool_size")
+        self._check_splits()
         return self
+
+    def _check_splits(self) -> None:
+        """Named splits route seed ranges to tasks (``RoutedTaskEnv``): training seeds below
+        ``eval.seed_offset``, held-out seeds from it, demonstrations from ``sft.seed_offset`` above it."""
+        train, held_out = self.env.train_split, self.eval.split
+        for name, split in (("env.train_split", train), ("eval.split", held_out)):
+            if split is not None and (not isinstance(split, str) or not split.strip()):
+                raise ConfigError(f"{name} must name a task split (`agentgym envs --tasks {self.env.id}`), "
+                                  f"got {split!r}")
+        if train is None and held_out is None:
+            return
+        if train is not None and train == held_out:
+            raise ConfigError(f"env.train_split and eval.split are both {train!r}: the held-out evaluation "
+                              f"would score training tasks; pick another eval.split")
+        if self.env.backend == "ray":
+            raise ConfigError("env.train_split / eval.split wrap envs in the trainer's process; they cannot "
+                              "be combined with env.backend: ray")
+        if self.sft.seed_offset <= self.eval.seed_offset:
+            raise ConfigError(f"with named splits, demonstration seeds (sft.seed_offset="
+                              f"{self.sft.seed_offset}) must start above the held-out ones (eval.seed_offset="
+                              f"{self.eval.seed_offset}); raise sft.seed_offset")
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

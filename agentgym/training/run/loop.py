@@ -76,6 +76,7 @@ from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: 
     flatten,
     lr_schedule,
     seed_everything,
+    split_sizes,
     task_sampler,
 )
 from agentgym.training.run.task_sampling import GroupFeed, zero_signal_share
@@ -129,7 +130,6 @@ class Trainer:
         self.extra: dict[str, Any] | None = None
         self.started = time.perf_counter()
         self.plugins = PluginSet.from_config(cfg)
-        self.task_sampler = task_sampler(cfg)
         for term in self.plugins.terms.values():
             term.begin_run(RunContext(iterations=cfg.iterations))
         seed_everything(cfg.seed)
@@ -142,6 +142,7 @@ class Trainer:
         self.renderer = r.renderer(self.tokenizer, fmt)  # type: ignore[arg-type]
         self.make_env = env_factory(cfg)
         self.has_tools = self._check_env()
+        self.task_sampler = task_sampler(cfg, self.train_tasks)
         self.generator = self.generating_policy()
         self.collector = Collector(self.make_env, self.generator, self.renderer, action_format=fmt,
                                    max_prompt_tokens=r.max_prompt_tokens)
@@ -204,6 +205,8 @@ class Trainer:
         algorithm whose needs the env or backend cannot meet. Returns whether the env has tools."""
         env = self.make_env()
         try:
+            # How many tasks the named splits hold (before a reset, whose error would not name the key).
+            self.train_tasks, self.held_out_episodes = split_sizes(self.cfg, env)
             _, info = env.reset(seed=self.cfg.eval.seed_offset)
             has_expert = bool(getattr(env, "has_expert", False))
         finally:
@@ -220,10 +223,11 @@ class Trainer:
         return self.cfg.rollout.sampling(temperature, seed)
 
     def evaluate(self, tag: str) -> dict[str, Any]:
-        """Held-out episodes (seeds from ``eval.seed_offset``), one per task, at ``eval.temperature``, played
-        and summarised by the evaluation harness's own functions, so report.json and `agentgym eval` agree."""
+        """Held-out episodes (seeds from ``eval.seed_offset``; tasks ``0..`` of ``eval.split`` when named),
+        one per task, at ``eval.temperature``, played and summarised by the evaluation harness's own
+        functions, so report.json and `agentgym eval` agree."""
         e = self.cfg.eval
-        seeds = [e.seed_offset + i for i in range(e.num_episodes)]
+        seeds = [e.seed_offset + i for i in range(self.held_out_episodes)]
         groups = collect_episodes(self.collector, seeds, 1, self.sampling(e.temperature, self.cfg.seed + 7),
                                   group_prefix=f"eval-{tag}-")
         return summarize(groups)
@@ -268,7 +272,7 @@ class Trainer:
 
     def evaluate_phase(self, tag: str, title: str) -> dict[str, Any]:
         """``evaluate`` shown as a phase of the run's progress."""
-        self.progress.start(f"{title} ({self.cfg.eval.num_episodes} episodes)")
+        self.progress.start(f"{title} ({self.held_out_episodes} episodes)")
         summary = self.evaluate(tag)
         self.progress.finish(f"success {summary['success_rate']:.0%}")
         return summary

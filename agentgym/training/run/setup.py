@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from agentgym.core import Env
+from agentgym.errors import ConfigError
 from agentgym.eval.source import EnvSource
+from agentgym.eval.task_split import TaskRoute
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.config.coercion import to_plain
@@ -38,7 +40,20 @@ def env_source(cfg: TrainConfig) -> EnvSource:
     harness = {"harness": e.harness, "tasks": e.tasks} if e.harness else {}
     judge = to_plain(e.judge) if e.judge is not None else None
     return EnvSource(e.id, {**dict(e.kwargs), **harness}, e.max_turns, tuple(env_urls(cfg)), e.token,
-                     e.timeout_s, e.backend, e.ray_address, e.ray_workers, judge=judge)
+                     e.timeout_s, e.backend, e.ray_address, e.ray_workers, judge=judge,
+                     routes=task_routes(cfg))
+
+
+def task_routes(cfg: TrainConfig) -> tuple[TaskRoute, ...]:
+    """How the run's seeds name tasks when it names splits (``env.train_split``, ``eval.split``): sampled
+    seeds below ``eval.seed_offset`` are training task indices, held-out seeds from it held-out task
+    indices, demonstration seeds from ``sft.seed_offset`` training task indices again (round when they
+    outnumber the split). None named: no routes, seeds stay seeds."""
+    train, held_out = cfg.env.train_split, cfg.eval.split
+    if train is None and held_out is None:
+        return ()
+    return (TaskRoute(0, train), TaskRoute(cfg.eval.seed_offset, held_out),
+            TaskRoute(cfg.sft.seed_offset, train, wrap=True))
 
 
 def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
@@ -61,12 +76,38 @@ def task_seeds(cfg: TrainConfig, iteration: int, round_: int = 0) -> list[int]:
     return UniformSampler(cfg.seed, cfg.eval.seed_offset).sample(iteration, round_, cfg.rollout.num_tasks)
 
 
-def task_sampler(cfg: TrainConfig) -> TaskSampler:
+def split_sizes(cfg: TrainConfig, env: Env) -> tuple[int, int]:
+    """How many training tasks the sampler draws from and how many held-out episodes an evaluation plays:
+    ``eval.seed_offset`` and ``eval.num_episodes``, or fewer where ``env.train_split`` / ``eval.split``
+    name finite splits of ``env`` (held-out: all of a split smaller than ``eval.num_episodes``).
+
+    Raises:
+        ConfigError: a named split is not one of the env's (the message lists them).
+    """
+    def size(key: str, split: str) -> int | None:
+        try:
+            return env.find_task_split(split, 0).size
+        except ConfigError as exc:
+            raise ConfigError(f"{key}: {exc} (`agentgym envs --tasks {cfg.env.id}` lists them)") from None
+
+    train_tasks, held_out = cfg.eval.seed_offset, cfg.eval.num_episodes
+    if cfg.env.train_split is not None:
+        train_size = size("env.train_split", cfg.env.train_split)
+        train_tasks = min(train_tasks, train_size) if train_size is not None else train_tasks
+    if cfg.eval.split is not None:
+        held_out_size = size("eval.split", cfg.eval.split)
+        held_out = min(held_out, held_out_size) if held_out_size is not None else held_out
+    return train_tasks, held_out
+
+
+def task_sampler(cfg: TrainConfig, train_tasks: int | None = None) -> TaskSampler:
     """The run's task sampler, as ``rollout.task_sampler`` names it
-    (``agentgym.training.run.task_sampling``)."""
+    (``agentgym.training.run.task_sampling``), drawing below ``train_tasks`` (``split_sizes``; default
+    ``eval.seed_offset``)."""
+    limit = cfg.eval.seed_offset if train_tasks is None else train_tasks
     if cfg.rollout.task_sampler == "curriculum":
-        return CurriculumSampler(cfg.rollout.curriculum, cfg.seed, cfg.eval.seed_offset)
-    return UniformSampler(cfg.seed, cfg.eval.seed_offset)
+        return CurriculumSampler(cfg.rollout.curriculum, cfg.seed, limit)
+    return UniformSampler(cfg.seed, limit)
 
 
 def flatten(groups: list[EpisodeGroup]) -> list[Turn]:

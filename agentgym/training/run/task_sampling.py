@@ -161,7 +161,8 @@ class CurriculumSampler:
     def __init__(self, config: CurriculumConfig, seed: int, seed_offset: int) -> None:
         if config.pool_size > seed_offset:
             raise ConfigError(f"rollout.curriculum.pool_size={config.pool_size} distinct tasks cannot be "
-                              f"drawn below eval.seed_offset={seed_offset}; lower pool_size")
+                              f"drawn from {seed_offset} training tasks (below eval.seed_offset, or the "
+                              f"size of env.train_split); lower pool_size")
         self.config = config
         self.seed = seed
         pool_rng = np.random.default_rng([seed, 0x5EED])  # a stream apart from every iteration's draws
