@@ -5,7 +5,8 @@
     python benchmarks/algorithms.py --update-cost --variants grpo seeupo   # the update step alone
 
 A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, ``rloo``, ``gigpo``,
-``hgpo``, ``seeupo``, and the options on top of GRPO: ``gspo``, ``dapo``, ``epo``, ``llds``); a
+``hgpo``, ``graphgpo``, ``ppo`` (a learned critic), ``seeupo``, and the options on top of GRPO:
+``gspo``, ``dapo``, ``epo``, ``llds``); a
 *task* changes only the env (``maze``: the quickstart as is; ``maze3``: 3×3-cell mazes with 20 turns,
 a longer horizon), except the tool tasks ``search-qa`` and ``code-math`` (the arithmetic drill:
 run the expression in the Python tool, answer its value), whose presets are
@@ -53,8 +54,8 @@ from agentgym.run_folder import RunFolder
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 RESULTS_FILE = RESULTS / "algorithms.json"
-VARIANTS = ["grpo", "rloo", "gigpo", "hgpo", "graphgpo", "seeupo", "gspo", "dapo", "epo", "llds", "igpo",
-            "arpo"]
+VARIANTS = ["grpo", "rloo", "gigpo", "hgpo", "graphgpo", "ppo", "seeupo", "gspo", "dapo", "epo", "llds",
+            "igpo", "arpo"]
 #: task name → (overrides on top of the variant's preset, training-success threshold)
 TASKS: dict[str, tuple[list[str], float]] = {
     "maze": ([], 0.8),

@@ -3,4 +3,17 @@
 
 # Importing registers them. Every module imports without torch (the loss terms import it where they
 # compute), so an env-only install can list every plug-in and check any config.
-from agentgym.trainers import arpo, dapo, epo, gigpo, graphgpo, grpo, hgpo, igpo, llds, rloo, seeupo  # noqa: F401
+from agentgym.trainers import (  # noqa: F401
+    arpo,
+    dapo,
+    epo,
+    gigpo,
+    graphgpo,
+    grpo,
+    hgpo,
+    igpo,
+    llds,
+    ppo,
+    rloo,
+    seeupo,
+)
