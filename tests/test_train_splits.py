@@ -18,8 +18,8 @@ from agentgym.training.config.loading import load_config
 from agentgym.training.run.loop import Trainer, train
 from agentgym.training.run.setup import env_factory
 
-WEBSHOP = ["env.id=webshop-v0", "env.kwargs={num_products: 60}", "env.max_turns=3", "rollout.max_new_tokens=8",
-           "sft.enabled=false"]
+WEBSHOP = ["env.id=webshop-v0", "env.kwargs={num_products: 60}", "env.max_turns=3",
+           "rollout.max_new_tokens=8", "sft.enabled=false"]
 """A small catalog: 60 products, whose goals split 54 train / 6 test (WebShop's tenth held out)."""
 
 
@@ -96,7 +96,8 @@ def test_sft_demonstrations_play_the_training_split(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["env.train_split=validation"], "env.train_split: webshop-v0 has no task split 'validation'; valid splits:"),
+    (["env.train_split=validation"],
+     "env.train_split: webshop-v0 has no task split 'validation'; valid splits:"),
     (["eval.split=dev"], "eval.split: webshop-v0 has no task split 'dev'"),
 ])
 def test_an_unknown_split_is_a_one_line_error_naming_the_key(tmp_path: Path, overrides: list[str],
