@@ -69,7 +69,7 @@ def test_training_draws_training_tasks_and_evaluates_the_held_out_split(tmp_path
     assert held_out["episodes"] == 6
 
 
-def test_the_curriculum_pool_is_drawn_from_the_split(tmp_path: Path) -> None:
+def test_the_curriculum_pool_is_drawn_from_the_split_and_holds_all_of_a_small_one(tmp_path: Path) -> None:
     overrides = small(*WEBSHOP, "env.train_split=train", "rollout.task_sampler=curriculum",
                       "rollout.curriculum.pool_size=54")
     run = Trainer(load_config(None, overrides), tmp_path / "fits")
@@ -77,22 +77,15 @@ def test_the_curriculum_pool_is_drawn_from_the_split(tmp_path: Path) -> None:
         assert run.task_sampler.pool.tolist() == list(range(54))
     finally:
         run.close()
-    with pytest.raises(ConfigError, match="cannot be drawn from 54 training tasks"):
-        Trainer(load_config(None, small(*overrides, "rollout.curriculum.pool_size=55")), tmp_path / "too-big")
-
-
-def test_sft_demonstrations_play_the_training_split(tmp_path: Path) -> None:
-    cfg = load_config(None, small("env.id=code-tests-v0", "env.train_split=problems", "sft.enabled=true",
-                                  "sft.num_episodes=3", "sft.num_epochs=1", "iterations=1",
-                                  "rollout.num_tasks=2", "eval.num_episodes=2"))
-    run = Trainer(cfg, tmp_path)
+    # A pool larger than the split pools all of it.
+    run = Trainer(load_config(None, small(*overrides, "rollout.curriculum.pool_size=256")), tmp_path / "all")
     try:
-        env = run.make_env()
-        ids = [env.reset(seed=cfg.sft.seed_offset + i)[1]["task_id"] for i in range(3)]
-        plain = agentgym.make("code-tests-v0")
-        assert ids == [plain.task("problems", i)["task_id"] for i in range(3)]
+        assert run.task_sampler.pool.tolist() == list(range(54))
     finally:
         run.close()
+    few = small("env.train_split=test", *WEBSHOP, "rollout.task_sampler=curriculum", "rollout.num_tasks=8")
+    with pytest.raises(ConfigError, match="env.train_split 'test' has 6 tasks, fewer than the"):
+        Trainer(load_config(None, few), tmp_path / "few")
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -167,7 +167,8 @@ class CurriculumConfig:
 
     pool_size: int = 256
     """Candidate training tasks: this many distinct seeds, drawn once from the run's seed below
-    ``eval.seed_offset``; at least ``rollout.num_tasks``."""
+    ``eval.seed_offset`` (task indices of ``env.train_split``: all of them when it has fewer); at least
+    ``rollout.num_tasks``."""
     prior_episodes: float = 2.0
     """Pseudo-episodes at success rate 1/2 added to each task's counts (> 0): an unseen task scores as a
     half-solved one (optimistic, so it gets tried), and a few episodes cannot rule a task out."""

@@ -106,6 +106,10 @@ def task_sampler(cfg: TrainConfig, train_tasks: int | None = None) -> TaskSample
     ``eval.seed_offset``)."""
     limit = cfg.eval.seed_offset if train_tasks is None else train_tasks
     if cfg.rollout.task_sampler == "curriculum":
+        if limit < cfg.rollout.num_tasks:
+            raise ConfigError(f"env.train_split {cfg.env.train_split!r} has {limit} tasks, fewer than the "
+                              f"rollout.num_tasks={cfg.rollout.num_tasks} distinct ones the curriculum draws "
+                              f"per iteration; lower rollout.num_tasks or use task_sampler: uniform")
         return CurriculumSampler(cfg.rollout.curriculum, cfg.seed, limit)
     return UniformSampler(cfg.seed, limit)
 

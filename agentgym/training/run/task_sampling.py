@@ -119,7 +119,8 @@ class CurriculumSampler:
     Design:
 
     * **Pool.** ``pool_size`` distinct candidate seeds, drawn once below ``seed_offset`` from the run's
-      seed; every iteration's tasks come from it.
+      seed (all of them when there are fewer: a small ``env.train_split``); every iteration's tasks
+      come from it.
     * **Statistics.** Per task: groups and episodes observed, successes (``Trajectory.success``), the
       summed cost of its episodes (turns, or generated tokens, ``cost``) and ``streak``, how many of its
       most recent groups in a row gave no signal (``zero_signal``).
@@ -140,10 +141,8 @@ class CurriculumSampler:
     Args:
         config: the curriculum's parameters (``rollout.curriculum``).
         seed: the run's seed.
-        seed_offset: the first eval seed (``eval.seed_offset``); the pool stays below it.
-
-    Raises:
-        ConfigError: the pool cannot be drawn (``pool_size`` above ``seed_offset``).
+        seed_offset: the first eval seed (``eval.seed_offset``), or the size of a training split: the
+            pool stays below it.
 
     Example:
         >>> from agentgym.rollout.records import Trajectory, Turn
@@ -159,17 +158,14 @@ class CurriculumSampler:
     """
 
     def __init__(self, config: CurriculumConfig, seed: int, seed_offset: int) -> None:
-        if config.pool_size > seed_offset:
-            raise ConfigError(f"rollout.curriculum.pool_size={config.pool_size} distinct tasks cannot be "
-                              f"drawn from {seed_offset} training tasks (below eval.seed_offset, or the "
-                              f"size of env.train_split); lower pool_size")
         self.config = config
         self.seed = seed
+        # A training split smaller than the pool (env.train_split) is pooled whole.
+        size = min(config.pool_size, seed_offset)
         pool_rng = np.random.default_rng([seed, 0x5EED])  # a stream apart from every iteration's draws
-        drawn = pool_rng.choice(seed_offset, size=config.pool_size, replace=False)
+        drawn = pool_rng.choice(seed_offset, size=size, replace=False)
         self.pool = np.sort(drawn).astype(np.int64)
         self._index = {int(s): i for i, s in enumerate(self.pool)}
-        size = config.pool_size
         self.groups = np.zeros(size, dtype=np.int64)
         self.episodes = np.zeros(size)
         self.successes = np.zeros(size)
