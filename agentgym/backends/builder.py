@@ -38,7 +38,8 @@ def make_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
     """Build the policy ``cfg`` describes.
 
     Args:
-        cfg: which model, backend, dtype and device.
+        cfg: which model, backend, dtype and device, and torch's CPU threads (``num_threads``: set for
+            the whole process).
         seed: seeds the sampler and, for a tiny model, the weight initialisation.
 
     Raises:
@@ -52,7 +53,12 @@ def make_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
         >>> type(policy).__name__, policy.tokenizer.eos_token
         ('TransformersPolicy', '<|im_end|>')
     """
-    return _BACKENDS.get(cfg.backend)(cfg, seed)
+    builder = _BACKENDS.get(cfg.backend)
+    if cfg.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.num_threads)
+    return builder(cfg, seed)
 
 
 def resolve_device(name: str) -> Any:

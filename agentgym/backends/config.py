@@ -156,3 +156,14 @@ class ModelConfig:
     """Settings of the ``vllm`` backends (``agentgym.backends.vllm_backend.VLLMSettings`` fields):
     e.g. ``{gpu_memory_utilization: 0.4, sleep: true}`` for ``vllm``, ``{url: http://host:8000/v1}``
     for ``vllm-server``."""
+    num_threads: int | None = None
+    """torch's CPU threads in this process (``torch.set_num_threads``), set when the policy is built;
+    None leaves torch's default (one per core, or ``OMP_NUM_THREADS``). On a small CPU shared with other
+    work (env services, a second run) one thread can beat two by a wide margin
+    (``python benchmarks/threads.py``)."""
+
+    def __post_init__(self) -> None:
+        threads = self.num_threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ConfigError(f"model.num_threads must be a positive integer or null (torch's default), "
+                              f"got {threads!r}")
