@@ -373,3 +373,35 @@ def test_invalid_prompts_raise_config_error(policy: TransformersPolicy) -> None:
         policy.score([[1]], [[2], [3]])
     with pytest.raises(ConfigError, match="temperature"):
         policy.score([[1]], [[2]], temperature=0)
+
+
+# --- torch's CPU threads ---------------------------------------------------------------------------------
+
+
+def test_num_threads_is_set_when_the_policy_is_built_and_left_alone_by_default() -> None:
+    from agentgym.backends.builder import make_policy
+    from agentgym.backends.config import ModelConfig
+
+    before = torch.get_num_threads()
+    try:
+        make_policy(ModelConfig(tiny=TinyModelConfig(num_layers=1), device="cpu", num_threads=1))
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        make_policy(ModelConfig(tiny=TinyModelConfig(num_layers=1), device="cpu"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0", "model.num_threads must be a positive integer or null"),
+    ("-2", "model.num_threads must be a positive integer or null"),
+    ("true", "model.num_threads must be an integer"),
+    ("1.5", "model.num_threads must be an integer"),
+])
+def test_a_bad_thread_count_is_a_one_line_error(value: str, message: str) -> None:
+    from agentgym.training.config.loading import load_config
+
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_config(None, [f"model.num_threads={value}"])
+    assert "\n" not in str(raised.value)
