@@ -193,8 +193,9 @@ def make_service() -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture
 def service(make_service: Callable[..., Any]) -> Any:
-    """A TestClient of a service with small limits that suit the error tests."""
-    return make_service(max_sessions=6, max_body_bytes=4096, step_timeout_s=0.3)
+    """A TestClient of a service with small limits that suit the error tests. The step timeout (1 s) also
+    bounds session creation: shorter ones have failed creating a session on a loaded 2-core machine."""
+    return make_service(max_sessions=6, max_body_bytes=4096, step_timeout_s=1.0)
 
 
 class LiveServer:

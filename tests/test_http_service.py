@@ -366,10 +366,10 @@ def test_a_crashing_env_fails_only_its_own_session(service: Any) -> None:
 
 def test_a_step_past_the_timeout_is_504_and_poisons_only_that_session(service: Any) -> None:
     healthy = Healthy(service)
-    sid = new_session(service, "test/http-slow-v0", kwargs={"delay_s": 2.0})
+    sid = new_session(service, "test/http-slow-v0", kwargs={"delay_s": 2.5})
     response = service.post(f"/sessions/{sid}/step", json={"action": "sleep"})
-    assert_error(response, 504, "RemoteTimeout", "0.3 s")
-    # Answered at the deadline, not when the env returned: the 2 s step is still running in its thread.
+    assert_error(response, 504, "RemoteTimeout", "of 1 s")
+    # Answered at the deadline, not when the env returned: the 2.5 s step is still running in its thread.
     assert service.get("/health").json()["stuck_workers"] == 1
     healthy.check()
     for follow_up in (service.post(f"/sessions/{sid}/step", json={"action": "inc"}),
@@ -428,7 +428,7 @@ def test_batch_items_fail_alone(service: Any) -> None:
 def test_a_batch_past_the_timeout_poisons_only_the_stuck_session(service: Any) -> None:
     healthy = Healthy(service)
     a, b = new_session(service), new_session(service)
-    slow = new_session(service, "test/http-slow-v0", kwargs={"delay_s": 0.8})
+    slow = new_session(service, "test/http-slow-v0", kwargs={"delay_s": 2.0})
     response = service.post("/batch/step", json={"steps": [
         {"session_id": a, "action": "inc"}, {"session_id": slow, "action": "sleep"},
         {"session_id": b, "action": "inc"}]})
