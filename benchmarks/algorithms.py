@@ -40,14 +40,13 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from provenance import provenance
+from provenance import provenance, run_child
 
 from agentgym.run_folder import RunFolder
 
@@ -253,11 +252,7 @@ def save(path: Path, run: dict) -> None:
 
 def launch(spec: dict) -> dict:
     """Run ``spec`` in a child process (fresh memory accounting, one thread)."""
-    done = subprocess.run([sys.executable, __file__, "--run-one", json.dumps(spec)], capture_output=True,
-                          text=True, cwd=ROOT, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"run {spec} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(__file__, spec)
 
 
 def mean_std(values: list[float]) -> str:

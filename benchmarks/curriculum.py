@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from provenance import REPO, provenance
+from provenance import REPO, provenance, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results" / "curriculum.json"
 SAMPLERS = ("uniform", "curriculum")
@@ -99,11 +97,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
 def launch(spec: dict[str, Any]) -> dict[str, Any]:
     """``run_one`` in a child process (one torch thread, its own memory)."""
-    done = subprocess.run([sys.executable, __file__, "--run-one", json.dumps(spec)], capture_output=True,
-                          text=True, cwd=REPO, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if done.returncode != 0:
-        raise RuntimeError(f"run {spec} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(__file__, spec, omp_threads="1")
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

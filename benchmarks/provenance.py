@@ -8,6 +8,7 @@ to the code and hardware that produced it.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -87,3 +88,25 @@ def provenance(args: list[str] | None = None, *, script: str | None = None) -> d
 def stamp(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
     """``rows`` each carrying ``record`` under ``provenance`` (for files that keep rows of earlier runs)."""
     return [{**row, "provenance": record} for row in rows]
+
+
+def run_child(script: str | Path, spec: dict[str, Any], *, omp_threads: str | None = None) -> dict[str, Any]:
+    """``python SCRIPT --run-one SPEC`` in a child process (its own torch, threads and memory accounting),
+    from the repository root; returns the JSON of its last line of output.
+
+    Args:
+        omp_threads: ``OMP_NUM_THREADS`` for the child: a number, ``""`` to leave it unset, None to inherit.
+
+    Raises:
+        RuntimeError: the child failed (with the end of its stderr).
+    """
+    env = dict(os.environ)
+    if omp_threads == "":
+        env.pop("OMP_NUM_THREADS", None)
+    elif omp_threads is not None:
+        env["OMP_NUM_THREADS"] = omp_threads
+    done = subprocess.run([sys.executable, str(script), "--run-one", json.dumps(spec)], capture_output=True,
+                          text=True, cwd=REPO, check=False, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"run {spec} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -21,14 +21,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from provenance import REPO, provenance
+from provenance import REPO, provenance, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results" / "threads.json"
 
@@ -53,12 +52,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
 def launch(spec: dict[str, Any]) -> dict[str, Any]:
     """``run_one`` in a child process (its own torch, nothing inherited from this one)."""
-    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
-    done = subprocess.run([sys.executable, __file__, "--run-one", json.dumps(spec)], capture_output=True,
-                          text=True, cwd=REPO, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"run {spec} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(__file__, spec, omp_threads="")
 
 
 def main(argv: list[str] | None = None) -> None:

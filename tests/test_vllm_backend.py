@@ -262,8 +262,10 @@ def test_server_mode_trains_and_hot_loads_the_adapter(base_server: LiveServer, t
     report = train(load_config(None, overrides), tmp_path / "run")
     assert len(report["history"]) == 2
     served = [m["id"] for m in httpx.get(f"{url}/models").json()["data"]]
-    assert served == ["base", "agentgym-step2"]  # the first adapter was unloaded when the second came
-    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["agentgym-step2"]
+    # One adapter before the newest stays loaded (requests sent before a sync may still run on it); the
+    # one before that is unloaded and deleted at the next sync.
+    assert served == ["base", "agentgym-step1", "agentgym-step2"]
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["agentgym-step1", "agentgym-step2"]
     # The served adapter computes what the trained policy computes.
     trained, tokenizer = load_model_and_tokenizer(str(tmp_path / "run" / "model"))
     prompt = tokenizer.encode("find the exit", add_special_tokens=False)
@@ -334,5 +336,10 @@ def test_only_the_writing_process_sends_the_adapter(base_server: LiveServer, tmp
     assert [m["id"] for m in httpx.get(f"{url}/models").json()["data"]] == ["base", "agentgym-step1"]
     [reply] = other.generate([[104, 105]], SamplingParams(max_new_tokens=3, temperature=0))
     assert len(reply.token_ids) == 3  # served by the adapter the main process loaded
+    main.sync_weights(main.model)
+    main.sync_weights(main.model)  # the third sync retires the first adapter: two stay loaded
+    assert [m["id"] for m in httpx.get(f"{url}/models").json()["data"]] == ["base", "agentgym-step2",
+                                                                            "agentgym-step3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agentgym-step2", "agentgym-step3"]
     other.close()
     main.close()

@@ -40,6 +40,10 @@ class VLLMServerPolicy(PolicyBase):
     """Entropies are not available over the OpenAI API."""
     shared_by_processes = True
     """Every training process generates on the one server; the main process sends the weights."""
+    takes_weights_in_flight = True
+    """The server loads an update's weights while requests are in flight (asynchronous rollouts): requests
+    made after the load use them, and the adapter in use before it stays loaded until the next sync, so
+    requests still running finish on it."""
 
     def __init__(self, trainer: Any, endpoint: OpenAIEndpoint, settings: VLLMSettings) -> None:
         self.trainer = trainer
@@ -50,6 +54,8 @@ class VLLMServerPolicy(PolicyBase):
         self.base_model = endpoint.model
         self.adapter: str | None = None
         """Name of the adapter requests use (None: the base model)."""
+        self.previous_adapter: str | None = None
+        """The adapter before it, kept loaded until the next sync."""
         self.syncs = 0
         self.writer = True
         """Whether this process sends the weights; under several training processes only the main one
@@ -83,15 +89,20 @@ class VLLMServerPolicy(PolicyBase):
     def _sync_adapter(self, model: Any) -> None:
         folder = Path(self.settings.adapter_dir or self._temp_dir())
         name = f"agentgym-step{self.syncs}"
-        previous, self.adapter = self.adapter, name
-        self.endpoint.use_model(name)  # requests now name the adapter
+        # The adapter two syncs old goes: requests sent before the last sync may still be running on the
+        # previous one (asynchronous rollouts generate while weights are synced).
+        retired, self.previous_adapter = self.previous_adapter, self.adapter
         if not self.writer:
+            self.adapter = name
+            self.endpoint.use_model(name)  # requests now name the adapter
             return
         model.save_pretrained(folder / name)
         self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str((folder / name).resolve())})
-        if previous is not None:
-            self._post("/v1/unload_lora_adapter", {"lora_name": previous})
-            shutil.rmtree(folder / previous, ignore_errors=True)
+        self.adapter = name
+        self.endpoint.use_model(name)  # loaded: requests now name the adapter
+        if retired is not None:
+            self._post("/v1/unload_lora_adapter", {"lora_name": retired})
+            shutil.rmtree(folder / retired, ignore_errors=True)
 
     def _sync_full(self, model: Any) -> None:
         from agentgym.backends.lora import is_lora, merged_state_dict

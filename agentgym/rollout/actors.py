@@ -124,6 +124,8 @@ class TokenActor:
                                           for position in generation.top_logprobs]
             if "forced_positions" in generation.extras:
                 extras["forced_positions"] = list(generation.extras["forced_positions"])
+            if "policy_version" in generation.extras:  # asynchronous rollouts: which weights sampled it
+                extras["policy_version"] = int(generation.extras["policy_version"])
             turns.append(ActorTurn(parsed.action, list(generation.token_ids), list(generation.logprobs),
                                    parsed.valid, extras))
         return turns

@@ -113,6 +113,9 @@ class PolicyBase:
     pauses_for_updates: bool = False
     """A colocated engine that gives the accelerator back during updates (``offload`` before each): it
     cannot generate while an update runs, so asynchronous rollouts cannot use it."""
+    takes_weights_in_flight: bool = False
+    """``sync_weights`` may run while ``generate`` runs in another thread (a server swaps weights between
+    requests): asynchronous rollouts send it each update's weights at once, mid-collection."""
     shared_by_processes: bool = False
     """One generator serves every training process (a server): only the main process sends it weights
     (its ``writer`` attribute says whether this process does)."""

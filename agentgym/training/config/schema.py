@@ -205,6 +205,10 @@ class CurriculumConfig:
                               f"got {self.cost!r}")
 
 
+#: Most iterations asynchronous rollouts may run ahead (each holds a batch of episodes in memory).
+MAX_STALENESS = 8
+
+
 @dataclass(frozen=True)
 class RolloutConfig(PromptSettings):
     """How episodes are collected: the prompt settings (``agentgym.rollout.prompt.PromptSettings``, shared
@@ -216,10 +220,17 @@ class RolloutConfig(PromptSettings):
     """G: episodes per task (same seed), the group of group-relative estimators."""
     temperature: float = 1.0
     """Sampling temperature during training rollouts."""
-    max_staleness: Literal[0, 1] = 0
-    """Asynchronous rollouts: 1 generates iteration i+1's episodes while iteration i's update runs (with
-    the weights from before that update; the stale batch is importance-corrected); 0 (the default)
-    alternates, and is exactly synchronous training."""
+    max_staleness: int = 0
+    """Asynchronous rollouts: K >= 1 collects up to K iterations ahead while updates run, so a batch was
+    sampled by weights at most K updates old (each token is importance-corrected against the log-probs
+    of the weights that sampled it); 0 (the default) alternates, and is exactly synchronous training."""
+    partial_rollouts: bool = False
+    """Asynchronous rollouts on a copy of the weights: episodes in flight take the newest weights at their
+    next turn (each turn records the version that sampled it), instead of at the next collection. A
+    server generator always takes them in flight."""
+    weight_sync_timeout_s: float = 300.0
+    """Deadline of every weight sync to the generator; a sync past it ends the run with
+    ``WeightSyncTimeout`` instead of hanging."""
     require_tool_calls: bool = True
     """On an env with tools, stop the run with an error when an iteration's rollouts make no tool call
     at all (a format or prompt problem that would otherwise train on nothing)."""
@@ -229,6 +240,18 @@ class RolloutConfig(PromptSettings):
     give a learning signal per unit of cost (``rollout.curriculum``)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     """The curriculum's parameters (``CurriculumConfig``), read when ``task_sampler`` is ``curriculum``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) \
+                or not 0 <= self.max_staleness <= MAX_STALENESS:
+            raise ConfigError(f"RolloutConfig.max_staleness must be an integer in 0..{MAX_STALENESS} (0: "
+                              f"synchronous), got {self.max_staleness!r}")
+        if not 0 < self.weight_sync_timeout_s < math.inf:
+            raise ConfigError(f"RolloutConfig.weight_sync_timeout_s must be a positive number of seconds, "
+                              f"got {self.weight_sync_timeout_s!r}")
+        if self.partial_rollouts and not self.max_staleness:
+            raise ConfigError("RolloutConfig.partial_rollouts is for asynchronous rollouts: set "
+                              "rollout.max_staleness to 1 or more, or drop partial_rollouts")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ iteration, or at once where the iteration may be abandoned) and the progress dis
 (``Progress``) are components the loop calls; none of them changes what is trained. So are the
 run's processes (``Distributed``: one, or several under ``accelerate launch``, each collecting its
 share of the tasks and training on its share of the rows) and the ``RolloutPipeline`` (episodes
-collected between updates, or during them with ``rollout.max_staleness: 1``).
+collected between updates, or during them with ``rollout.max_staleness: K``).
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: 
     task_sampler,
 )
 from agentgym.training.run.task_sampling import GroupFeed, zero_signal_share
+from agentgym.training.run.weight_sync import InFlightWeights, VersionedPolicy, bounded, version_metrics
 
 # Set-up helpers live in agentgym.training.run.setup; flatten is re-exported here.
 
@@ -149,7 +150,8 @@ class Trainer:
         # Long phases ask before each of their steps whether to stop (``StopSignals.poll``): the collector
         # before every turn (in a background thread too), the update between its chunks and minibatches.
         self.collector.stop_check = self.poll_stop
-        self.pipeline = RolloutPipeline(self.collect, r.max_staleness)
+        self.pipeline = RolloutPipeline(self.collect, r.max_staleness,
+                                        before_collect=self.weights.take if self.weights else None)
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr,
@@ -174,31 +176,46 @@ class Trainer:
         self.stop.poll()
 
     def generating_policy(self) -> Any:
-        """What rollouts sample from: the policy, or, for asynchronous rollouts on the trained model itself,
-        a copy of its weights (the update changes the model while the next episodes are collected)."""
-        if not self.cfg.rollout.max_staleness:
+        """What rollouts sample from: the policy, or, for asynchronous rollouts, a ``VersionedPolicy`` over a
+        copy of the trained model's weights (the update changes the model while episodes are collected) or
+        over a server that takes weights in flight (``agentgym.training.run.weight_sync``)."""
+        r = self.cfg.rollout
+        self.weights: InFlightWeights | None = None
+        if not r.max_staleness:
             return self.policy
         if self.dist.world_size > 1:
-            raise ConfigError("rollout.max_staleness=1 is for one training process (its background "
+            raise ConfigError("rollout.max_staleness > 0 is for one training process (its background "
                               "collection would interleave collective calls with the update's); set "
                               "rollout.max_staleness=0")
         if capability(self.policy, "pauses_for_updates"):
-            raise ConfigError("rollout.max_staleness=1 generates during updates, but model.vllm.sleep puts "
-                              "the colocated engine to sleep for them: set model.vllm.sleep=false or use "
-                              "vllm-server")
-        if not capability(self.policy, "is_trained_model"):
-            return self.policy  # generates with weights of its own, synced when the loop says
-        return self.policy.detached_copy(self.cfg.seed)
+            raise ConfigError("rollout.max_staleness > 0 generates during updates, but model.vllm.sleep puts "
+                              "the colocated engine to sleep for them: use model.backend=vllm-server")
+        if capability(self.policy, "is_trained_model"):
+            generator = self.policy.detached_copy(self.cfg.seed)
+        elif capability(self.policy, "takes_weights_in_flight"):
+            generator = self.policy
+        else:
+            raise ConfigError(f"rollout.max_staleness > 0 generates while the trainer updates, but "
+                              f"{type(self.policy).__name__} can take new weights neither as a copy nor "
+                              f"while it generates: use model.backend=vllm-server or rollout.max_staleness=0")
+        self.weights = InFlightWeights(generator, self.model, partial_rollouts=r.partial_rollouts,
+                                       timeout_s=r.weight_sync_timeout_s)
+        return VersionedPolicy(self.weights)
 
     def sync_generator(self) -> None:
-        """The trained weights to what generates. A generator shared by every process (a vLLM server) is
-        sent them by the main process only, and the others wait until it has them."""
+        """The trained weights to what generates, now (asynchronous: nothing may be collecting), under the
+        ``rollout.weight_sync_timeout_s`` deadline. A generator shared by every process (a vLLM server)
+        is sent them by the main process only, and the others wait until it has them."""
+        if self.weights is not None:
+            self.weights.sync_now(self.pipeline.version)
+            return
+        timeout, what = self.cfg.rollout.weight_sync_timeout_s, type(self.generator).__name__
         if capability(self.generator, "shared_by_processes"):
             self.generator.writer = self.dist.is_main
-            self.generator.sync_weights(self.model)
+            bounded(lambda: self.generator.sync_weights(self.model), timeout, what)
             self.dist.barrier()
         else:
-            self.generator.sync_weights(self.model)
+            bounded(lambda: self.generator.sync_weights(self.model), timeout, what)
 
     def _check_env(self) -> bool:
         """Reset one env before anything else: a bad env id or argument fails here, and so does an
@@ -298,6 +315,8 @@ class Trainer:
             progress.finish()
         if cfg.sft.enabled:  # every process continues from the main one's weights
             self.dist.broadcast_parameters(self.model)
+            if self.weights is not None:  # the evaluation before RL and the first collection play them
+                self.sync_generator()
         save_reference(self.model, self.reference_file, sft_ran=cfg.sft.enabled,
                        needed=self.plugins.needs_reference, write=self.dist.is_main)
         self.dist.barrier()
@@ -385,6 +404,7 @@ class Trainer:
         for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
             group["lr"] = base_lr * factor
         self.load_plugin_state(state.get("plugins", {}))
+        self.pipeline.version = iteration  # one update per iteration: turns' versions count from the start
         self.pipeline.load_pending_state(state.get("pending_rollout"))
         if self.pipeline.asynchronous:
             self.sync_generator()
@@ -423,15 +443,17 @@ class Trainer:
         """The iteration's groups, their stats and hook metrics, and the rollout record (staleness).
 
         A stop abandons the collection: nothing has changed since the last iteration. Asynchronous: the
-        groups were collected during the last update, and the generator now catches up with it before it
-        collects the next iteration."""
+        groups were collected during earlier updates. When collections of later iterations are under way
+        (``max_staleness`` > 1), a stop resumes from the last checkpoint instead of waiting for them."""
         self.resume_point = self.saved_point(history)  # a background collection may be half done
-        self.pipeline.wait()  # a background collection must not change plug-in state while it is captured
-        self.resume_point = self.capture(iteration - 1, history)
+        if not self.pipeline.queued_beyond(iteration):
+            self.pipeline.wait()  # a background collection must not change plug-in state while it is captured
+            self.resume_point = self.capture(iteration - 1, history)
         with self.stop.region("abandonable"):
             (groups, stats, hook_metrics), rollout = self.pipeline.get(iteration)
-        if self.pipeline.asynchronous:
-            self.sync_generator()
+        if self.weights is not None:  # the age of the weights that sampled each turn
+            rollout.detail = version_metrics(groups, self.pipeline.version)
+            rollout.staleness = int(rollout.detail.get("rollout/staleness", rollout.staleness))
         return groups, stats, hook_metrics, rollout
 
     def update_iteration(self, iteration: int, groups: list[EpisodeGroup], advantages: Any, rollout: Any,
@@ -443,7 +465,7 @@ class Trainer:
         last iteration; after it, only the last checkpoint is left to resume from."""
         asynchronous = self.pipeline.asynchronous
         if asynchronous and iteration < self.cfg.iterations:
-            self.pipeline.prefetch(iteration + 1)
+            self.pipeline.prefetch(min(iteration + self.cfg.rollout.max_staleness, self.cfg.iterations))
         started = time.perf_counter()
         if not asynchronous and capability(self.policy, "pauses_for_updates"):
             self.policy.offload()  # a colocated engine frees the accelerator for the update
@@ -464,7 +486,9 @@ class Trainer:
             metrics.update(term.end_iteration())
         self.scheduler.step()
         self.pipeline.updated(started, time.perf_counter())
-        if not asynchronous:
+        if self.weights is not None:
+            self.weights.publish(self.pipeline.version)
+        else:
             self.sync_generator()
         return metrics
 
