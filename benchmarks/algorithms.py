@@ -46,7 +46,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from provenance import provenance, run_child
+from provenance import child_run, provenance, run_child
 
 from agentgym.run_folder import RunFolder
 
@@ -349,10 +349,8 @@ def main() -> None:
     parser.add_argument("--update-cost", action="store_true",
                         help="only time the update step of each variant on one shared batch (grpo first)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each timed update (--update-cost)")
-    parser.add_argument("--run-one", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.run_one:
-        print(json.dumps(run_one(json.loads(args.run_one))))
+    args = child_run(parser, None, run_one)
+    if args is None:
         return
     if args.update_cost:
         print(update_cost(args.variants, args.repeats))

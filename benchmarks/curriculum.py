@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from provenance import REPO, provenance, run_child
+from provenance import REPO, child_run, provenance, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results" / "curriculum.json"
 SAMPLERS = ("uniform", "curriculum")
@@ -162,10 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     parser.add_argument("--results", default=str(RESULTS), help="JSON file the rows accumulate in")
     parser.add_argument("--table", action="store_true", help="only print the recorded rows")
-    parser.add_argument("--run-one", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.run_one:
-        print(json.dumps(run_one(json.loads(args.run_one))))
+    args = child_run(parser, argv, run_one)
+    if args is None:
         return
     argv = sys.argv[1:] if argv is None else argv
     results = Path(args.results)

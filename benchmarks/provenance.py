@@ -7,6 +7,7 @@ to the code and hardware that produced it.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -88,6 +89,17 @@ def provenance(args: list[str] | None = None, *, script: str | None = None) -> d
 def stamp(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
     """``rows`` each carrying ``record`` under ``provenance`` (for files that keep rows of earlier runs)."""
     return [{**row, "provenance": record} for row in rows]
+
+
+def child_run(parser: Any, argv: list[str] | None, run_one: Any) -> Any:
+    """Parse ``argv`` with ``parser`` (which gains the hidden ``--run-one SPEC``). In a child started by
+    ``run_child``, run ``run_one(SPEC)``, print its JSON and return None; otherwise return the arguments."""
+    parser.add_argument("--run-one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run_one:
+        print(json.dumps(run_one(json.loads(args.run_one))))
+        return None
+    return args
 
 
 def run_child(script: str | Path, spec: dict[str, Any], *, omp_threads: str | None = None) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import REPO, provenance, run_child
+from provenance import REPO, child_run, provenance, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results" / "threads.json"
 
@@ -64,10 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per thread count, interleaved")
     parser.add_argument("--set", action="append", default=[], help="extra override (key=value)")
     parser.add_argument("--note", default="", help="what else ran on the machine, recorded with the rows")
-    parser.add_argument("--run-one", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.run_one:
-        print(json.dumps(run_one(json.loads(args.run_one))))
+    args = child_run(parser, argv, run_one)
+    if args is None:
         return
     argv = sys.argv[1:] if argv is None else argv
     rows = []

@@ -321,6 +321,24 @@ def test_real_vllm_engine_generates_and_syncs(tmp_path: Path) -> None:
     assert len(before.token_ids) == 8 and after.token_ids[:2] == direct.token_ids[:2]
 
 
+def test_server_mode_asynchronous_run_loads_adapters_while_generating(base_server: LiveServer,
+                                                                      tmp_path: Path) -> None:
+    """max_staleness 2: the trainer's thread loads each update's adapter while the rollout thread's requests
+    are in flight; every turn names the version that sampled it, within 2 updates of its use."""
+    url = f"{base_server.url}/v1"
+    overrides = [*SMALL, "iterations=4", "model.backend=vllm-server", "model.lora.r=4", "optim.lr=0.01",
+                 "rollout.max_staleness=2", f"model.vllm={{url: '{url}', adapter_dir: '{tmp_path / 'a'}'}}"]
+    report = train(load_config(None, overrides), tmp_path / "run")
+    history = report["history"]
+    assert [m["iteration"] for m in history] == [1, 2, 3, 4]
+    for m in history:
+        assert 0 <= m["rollout/staleness"] <= 2
+    assert history[0]["rollout/staleness"] == 0
+    served = [m["id"] for m in httpx.get(f"{url}/models").json()["data"]]
+    # one load per update and one before the final evaluation; the newest two stay loaded
+    assert served == ["base", "agentgym-step4", "agentgym-step5"]
+
+
 def test_only_the_writing_process_sends_the_adapter(base_server: LiveServer, tmp_path: Path) -> None:
     url = f"{base_server.url}/v1"
     cfg = load_config(None, SMALL)
