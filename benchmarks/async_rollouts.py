@@ -13,7 +13,8 @@ iterations plus one that warms up (left out), in a process of its own:
 - ``sync2t``: the same with two torch threads (what the asynchronous modes use between them);
 - ``async1``: ``rollout.max_staleness: 1``, the next iteration is collected during the update;
 - ``async2p``: ``rollout.max_staleness: 2`` with ``rollout.partial_rollouts``: up to two iterations
-  ahead, and episodes in flight take each update's weights at their next turn.
+  ahead, and episodes in flight take each update's weights at their next turn;
+- ``async2p2t``: the same with two torch threads each for generation and the update (four on two cores).
 
 The env is ``search-qa-v0`` behind a wrapper that sleeps ``--latency`` seconds in every step, standing
 for a tool call that waits on something else (a web request, a sandbox, a judge): the collector steps
@@ -46,6 +47,7 @@ MODES = {
     "sync2t": ["rollout.max_staleness=0", "model.num_threads=2"],
     "async1": ["rollout.max_staleness=1"],
     "async2p": ["rollout.max_staleness=2", "rollout.partial_rollouts=true"],
+    "async2p2t": ["rollout.max_staleness=2", "rollout.partial_rollouts=true", "model.num_threads=2"],
 }
 MODELS = {
     "smollm2": ["model={path: smollm2, num_threads: 1}", "optim.lr=1.0e-5", "optim.response_logits=true",
