@@ -36,7 +36,13 @@ import numpy as np
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext, RolloutHooks
 from agentgym.rollout.records import EpisodeGroup, Trajectory
-from agentgym.training.api import AlgorithmNeeds, TurnTable, discounted_returns, register_algorithm
+from agentgym.training.api import (
+    AlgorithmNeeds,
+    TurnTable,
+    discounted_returns,
+    last_turns,
+    register_algorithm,
+)
 
 #: ``Turn.extras`` key of the teacher-forced answer value v(c_t) of the turn's prompt.
 VALUE_KEY = "igpo_value"
@@ -129,7 +135,7 @@ def turn_rewards(groups: Sequence[EpisodeGroup], args: IGPOArgs) -> tuple[TurnTa
     if args.info_gain_type == "prob_diff":
         values = np.exp(values)
     n = table.num_turns
-    last = np.r_[table.trajectory[1:] != table.trajectory[:-1], True] if n else np.zeros(0, dtype=bool)
+    last = last_turns(table)
     following = np.r_[values[1:], math.nan] if n else values
     with np.errstate(invalid="ignore"):
         gain = following - values
@@ -162,7 +168,7 @@ def igpo_advantages(groups: Sequence[EpisodeGroup], args: IGPOArgs) -> np.ndarra
     n = table.num_turns
     if n == 0:
         return np.zeros(0)
-    last = np.r_[table.trajectory[1:] != table.trajectory[:-1], True]
+    last = last_turns(table)
     member = last | is_ig
     if args.norm_mode == "joint":
         ids, num_ids = table.group, int(table.group.max()) + 1

@@ -37,7 +37,7 @@ import numpy as np
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext, RolloutHooks
 from agentgym.rollout.records import EpisodeGroup
-from agentgym.training.api import TurnTable, discounted_returns, register_algorithm
+from agentgym.training.api import TurnTable, discounted_returns, last_turns, register_algorithm
 
 #: ``Turn.extras`` key of the critic's value of the turn's prompt (written by ``ValueCritic``).
 VALUE_KEY = "critic_value"
@@ -108,8 +108,7 @@ def gae(table: TurnTable, values: np.ndarray, gamma: float, lam: float,
     n = table.num_turns
     if n == 0:
         return np.zeros(0)
-    last = np.r_[table.trajectory[1:] != table.trajectory[:-1], True]  # turns are contiguous per trajectory
-    following = np.where(last, 0.0, np.r_[values[1:], 0.0])
+    following = np.where(last_turns(table), 0.0, np.r_[values[1:], 0.0])
     rewards = table.reward - invalid_action_penalty * table.invalid
     delta = rewards + gamma * following - values
     return discounted_returns(replace(table, reward=delta), gamma * lam)

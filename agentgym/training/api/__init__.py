@@ -46,6 +46,7 @@ from agentgym.training.api.turn_table import (
     discounted_returns,
     episode_advantages,
     group_mean_std,
+    last_turns,
     normalize,
 )
 
@@ -56,7 +57,7 @@ __all__ = [
     "LossTerm",
     "NormMode", "Phase", "PluginSet", "PolicyLoss", "RunContext", "TurnTable", "UpdatePlan",
     "discounted_returns", "episode_advantages", "get_algorithm", "get_hook_option", "get_loss_term",
-    "group_mean_std", "list_algorithms", "list_hook_options", "list_loss_terms", "normalize",
+    "group_mean_std", "last_turns", "list_algorithms", "list_hook_options", "list_loss_terms", "normalize",
     "register_algorithm", "register_hook_option", "register_loss_term", "register_policy_loss",
 ]
 

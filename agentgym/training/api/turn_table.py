@@ -157,6 +157,20 @@ def normalize(values: np.ndarray, mean: np.ndarray, std: np.ndarray, mode: NormM
     raise ValueError(f"unknown normalisation mode {mode!r}; use 'mean_norm' or 'mean_std_norm'")
 
 
+def last_turns(table: TurnTable) -> np.ndarray:
+    """Whether each turn is its trajectory's last, shape (num_turns,) (turns are stored contiguously per
+    trajectory, in order).
+
+    Example:
+        >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
+        >>> runs = [Trajectory([Turn([], [], [], 0.0, "s")] * k, "t", 0) for k in (2, 1)]
+        >>> last_turns(TurnTable.from_groups([EpisodeGroup("g", "t", 0, runs)])).tolist()
+        [False, True, True]
+    """
+    return np.r_[table.trajectory[1:] != table.trajectory[:-1], True] if table.num_turns else \
+        np.zeros(0, dtype=bool)
+
+
 def discounted_returns(table: TurnTable, gamma: float) -> np.ndarray:
     """G_t = r_t + γ G_{t+1} within each trajectory, shape (num_turns,), computed exactly.
 
@@ -178,9 +192,7 @@ def discounted_returns(table: TurnTable, gamma: float) -> np.ndarray:
         return returns
     # The next turn of the same trajectory (turns are stored contiguously, in order), or -1.
     following = np.arange(1, n + 1)
-    following[-1] = -1
-    last = np.r_[table.trajectory[1:] != table.trajectory[:-1], True]
-    following[last] = -1
+    following[last_turns(table)] = -1
     by_step = np.argsort(table.step, kind="stable")
     bounds = np.cumsum(np.bincount(table.step))
     starts = np.r_[0, bounds[:-1]]
