@@ -109,7 +109,45 @@ def _transformers(cfg: ModelConfig, seed: int) -> Policy:
 
         torch.manual_seed(seed)  # the adapter's random half (lora_A) is part of the run's seeded state
         model = apply_lora(model, cfg.lora)
+    if cfg.train_top_layers is not None:
+        train_only_top_layers(model, cfg.train_top_layers)
     return TransformersPolicy(model, tokenizer, seed=seed)
+
+
+def train_only_top_layers(model: Any, count: int) -> None:
+    """Leave ``requires_grad`` on the top ``count`` decoder layers, the final norm and an untied output head
+    only. With the embeddings frozen nothing below those layers needs a gradient, so autograd's backward
+    pass ends at the lowest of them.
+
+    Raises:
+        ConfigError: the model has no ``layers`` list in its decoder, or fewer than ``count`` layers.
+
+    Example:
+        >>> from agentgym.backends.tiny import load_model_and_tokenizer
+        >>> from agentgym.backends.config import TinyModelConfig
+        >>> model, _ = load_model_and_tokenizer(TinyModelConfig(num_layers=3))
+        >>> train_only_top_layers(model, 1)
+        >>> trained = [name for name, p in model.named_parameters() if p.requires_grad]
+        >>> sorted({name.split(".")[2] for name in trained if ".layers." in name})
+        ['2']
+        >>> "model.norm.weight" in trained, "model.embed_tokens.weight" in trained
+        (True, False)
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ConfigError(f"model.train_top_layers needs a decoder with a list of layers; "
+                          f"{type(model).__name__} has none: set model.train_top_layers=null")
+    if count > len(layers):
+        raise ConfigError(f"model.train_top_layers is {count} but the model has {len(layers)} layers; "
+                          f"use 1..{len(layers)}")
+    model.requires_grad_(False)
+    for module in [*layers[len(layers) - count:], getattr(decoder, "norm", None)]:
+        if module is not None:
+            module.requires_grad_(True)
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not embeddings.weight:
+        head.requires_grad_(True)
 
 
 register_backend("transformers", _transformers)

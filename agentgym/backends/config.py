@@ -150,6 +150,11 @@ class ModelConfig:
     lora: LoraConfig | None = None
     """Train a LoRA adapter instead of the full model (``LoraConfig``; needs the ``lora`` extra); None
     trains every weight."""
+    train_top_layers: int | None = None
+    """Train only the top N decoder layers, the final norm, and the output head unless it is tied to the
+    input embeddings: the backward pass stops at layer N from the top, so an update costs less
+    (``python benchmarks/async_rollouts.py --modes sync2t --set model.train_top_layers=N``). None trains
+    every weight. Not with ``lora``."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
     vllm: dict[str, Any] = field(default_factory=dict)
@@ -163,6 +168,13 @@ class ModelConfig:
     (``python benchmarks/threads.py``)."""
 
     def __post_init__(self) -> None:
+        top = self.train_top_layers
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+            raise ConfigError(f"model.train_top_layers must be a positive integer or null (train every "
+                              f"weight), got {top!r}")
+        if top is not None and self.lora is not None:
+            raise ConfigError("model.train_top_layers and model.lora both choose what trains: set one of "
+                              "them")
         threads = self.num_threads
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ConfigError(f"model.num_threads must be a positive integer or null (torch's default), "
