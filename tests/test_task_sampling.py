@@ -187,7 +187,8 @@ def test_curriculum_state_round_trips_through_plain_data() -> None:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("rollout.task_sampler=bogus", "rollout.task_sampler must be one of"),
+    ("rollout.task_sampler=curiculum", "rollout.task_sampler 'curiculum' is not a registered task sampler. "
+                                       "Did you mean 'curriculum'?"),
     ("rollout.curriculum.epsilon=1.5", "rollout.curriculum.epsilon must be in [0, 1], got 1.5"),
     ("rollout.curriculum.temperature=0", "rollout.curriculum.temperature must be a positive number"),
     ("rollout.curriculum.pool_size=0", "rollout.curriculum.pool_size must be a positive integer"),

@@ -234,7 +234,7 @@ class RolloutConfig(PromptSettings):
     require_tool_calls: bool = True
     """On an env with tools, stop the run with an error when an iteration's rollouts make no tool call
     at all (a format or prompt problem that would otherwise train on nothing)."""
-    task_sampler: Literal["uniform", "curriculum"] = "uniform"
+    task_sampler: str = "uniform"
     """Which training tasks each iteration collects (``agentgym.training.run.task_sampling``): ``uniform``
     draws seeds uniformly below ``eval.seed_offset``; ``curriculum`` prefers the tasks whose groups still
     give a learning signal per unit of cost (``rollout.curriculum``)."""
@@ -564,17 +564,11 @@ class TrainConfig:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:
             raise ConfigError("rollout.temperature and eval.temperature must be >= 0")
-        if self.rollout.task_sampler not in ("uniform", "curriculum"):
-            raise ConfigError(f"rollout.task_sampler must be 'uniform' or 'curriculum', "
-                              f"got {self.rollout.task_sampler!r}")
-        pool_size = self.rollout.curriculum.pool_size
-        if self.rollout.task_sampler == "curriculum" and pool_size < self.rollout.num_tasks:
-            raise ConfigError(f"rollout.curriculum.pool_size={pool_size} is below rollout.num_tasks="
-                              f"{self.rollout.num_tasks}: an iteration's tasks are distinct pool tasks; "
-                              f"raise pool_size")
-        if self.rollout.task_sampler == "curriculum" and pool_size > self.eval.seed_offset:
-            raise ConfigError(f"rollout.curriculum.pool_size={pool_size} distinct training seeds do not fit "
-                              f"below eval.seed_offset={self.eval.seed_offset}; lower pool_size")
+        from agentgym.training.run.task_sampling import TASK_SAMPLERS  # it imports this module
+
+        sampler = TASK_SAMPLERS.get(self.rollout.task_sampler)
+        if sampler.check is not None:
+            sampler.check(self)
         self._check_splits()
         return self
 

@@ -20,7 +20,7 @@ from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.config.coercion import to_plain
 from agentgym.training.config.schema import TrainConfig
-from agentgym.training.run.task_sampling import CurriculumSampler, TaskSampler, UniformSampler
+from agentgym.training.run.task_sampling import TASK_SAMPLERS, TaskSampler, UniformSampler
 
 
 def seed_everything(seed: int) -> None:
@@ -105,13 +105,7 @@ def task_sampler(cfg: TrainConfig, train_tasks: int | None = None) -> TaskSample
     (``agentgym.training.run.task_sampling``), drawing below ``train_tasks`` (``split_sizes``; default
     ``eval.seed_offset``)."""
     limit = cfg.eval.seed_offset if train_tasks is None else train_tasks
-    if cfg.rollout.task_sampler == "curriculum":
-        if limit < cfg.rollout.num_tasks:
-            raise ConfigError(f"env.train_split {cfg.env.train_split!r} has {limit} tasks, fewer than the "
-                              f"rollout.num_tasks={cfg.rollout.num_tasks} distinct ones the curriculum draws "
-                              f"per iteration; lower rollout.num_tasks or use task_sampler: uniform")
-        return CurriculumSampler(cfg.rollout.curriculum, cfg.seed, limit)
-    return UniformSampler(cfg.seed, limit)
+    return TASK_SAMPLERS.get(cfg.rollout.task_sampler).build(cfg, limit)
 
 
 def flatten(groups: list[EpisodeGroup]) -> list[Turn]:

@@ -13,12 +13,14 @@ iteration, whatever the sampler.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from agentgym.errors import ConfigError
+from agentgym.errors import ConfigError, UnknownPlugin
+from agentgym.plugins import PluginRegistry
 from agentgym.rollout.hooks import CollectContext, RolloutHooks
 from agentgym.rollout.records import EpisodeGroup, Trajectory
 from agentgym.training.config.schema import CurriculumConfig
@@ -236,6 +238,66 @@ class CurriculumSampler:
         for name in _COUNTERS:
             current = getattr(self, name)
             setattr(self, name, np.asarray(state[name], dtype=current.dtype))
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """A registered task sampler: how to build it and which settings it refuses."""
+
+    build: Callable[[Any, int], TaskSampler]
+    """``build(cfg, train_tasks)``: the sampler of the run ``cfg`` (a ``TrainConfig``), drawing below
+    ``train_tasks`` (the training split's size, or ``eval.seed_offset``)."""
+    check: Callable[[Any], None] | None = None
+    """``check(cfg)`` raises a ``ConfigError`` naming the setting when ``cfg`` cannot use the sampler
+    (run when the config is loaded)."""
+
+
+#: The samplers ``rollout.task_sampler`` names (``register_task_sampler`` adds one).
+TASK_SAMPLERS: PluginRegistry[SamplerSpec] = PluginRegistry("task sampler", field="rollout.task_sampler",
+                                                            unknown_error=UnknownPlugin)
+
+
+def register_task_sampler(name: str, build: Callable[[Any, int], TaskSampler], *,
+                          check: Callable[[Any], None] | None = None, override: bool = False) -> SamplerSpec:
+    """Make ``rollout.task_sampler: name`` build its sampler with ``build(cfg, train_tasks)`` (see
+    ``SamplerSpec``; the sampler keeps the ``TaskSampler`` contract).
+
+    Example:
+        >>> class Fixed(UniformSampler):   # the same tasks every iteration
+        ...     def sample(self, iteration, round_, count):
+        ...         return super().sample(0, 0, count)
+        >>> spec = register_task_sampler("doc-fixed", lambda cfg, limit: Fixed(cfg.seed, limit))
+        >>> from agentgym.training.config.loading import load_config
+        >>> cfg = load_config(None, ["rollout.task_sampler=doc-fixed"])
+        >>> sampler = TASK_SAMPLERS.get("doc-fixed").build(cfg, 100)
+        >>> sampler.sample(1, 0, 3) == sampler.sample(2, 0, 3)
+        True
+        >>> TASK_SAMPLERS.unregister("doc-fixed")
+    """
+    return TASK_SAMPLERS.register(name, SamplerSpec(build, check), override=override)
+
+
+def _check_curriculum(cfg: Any) -> None:
+    pool_size, num_tasks = cfg.rollout.curriculum.pool_size, cfg.rollout.num_tasks
+    offset = cfg.eval.seed_offset
+    if pool_size < num_tasks:
+        raise ConfigError(f"rollout.curriculum.pool_size={pool_size} is below rollout.num_tasks="
+                          f"{num_tasks}: an iteration's tasks are distinct pool tasks; raise pool_size")
+    if pool_size > offset:
+        raise ConfigError(f"rollout.curriculum.pool_size={pool_size} distinct training seeds do not fit "
+                          f"below eval.seed_offset={offset}; lower pool_size")
+
+
+def _curriculum(cfg: Any, train_tasks: int) -> CurriculumSampler:
+    if train_tasks < cfg.rollout.num_tasks:
+        raise ConfigError(f"env.train_split {cfg.env.train_split!r} has {train_tasks} tasks, fewer than the "
+                          f"rollout.num_tasks={cfg.rollout.num_tasks} distinct ones the curriculum draws "
+                          f"per iteration; lower rollout.num_tasks or use task_sampler: uniform")
+    return CurriculumSampler(cfg.rollout.curriculum, cfg.seed, train_tasks)
+
+
+register_task_sampler("uniform", lambda cfg, train_tasks: UniformSampler(cfg.seed, train_tasks))
+register_task_sampler("curriculum", _curriculum, check=_check_curriculum)
 
 
 class GroupFeed(RolloutHooks):
