@@ -564,7 +564,7 @@ class TrainConfig:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:
             raise ConfigError("rollout.temperature and eval.temperature must be >= 0")
-        from agentgym.training.run.task_sampling import TASK_SAMPLERS  # it imports this module
+        from agentgym.training.run.sampler_registry import TASK_SAMPLERS
 
         sampler = TASK_SAMPLERS.get(self.rollout.task_sampler)
         if sampler.check is not None:

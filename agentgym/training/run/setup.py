@@ -20,7 +20,8 @@ from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.config.coercion import to_plain
 from agentgym.training.config.schema import TrainConfig
-from agentgym.training.run.task_sampling import TASK_SAMPLERS, TaskSampler, UniformSampler
+from agentgym.training.run.sampler_registry import TASK_SAMPLERS
+from agentgym.training.run.task_sampling import TaskSampler, UniformSampler
 
 
 def seed_everything(seed: int) -> None:

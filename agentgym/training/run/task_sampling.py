@@ -1,5 +1,5 @@
 """Which training tasks an iteration collects: the ``TaskSampler`` plug point, ``UniformSampler`` and the
-learning-signal ``CurriculumSampler``.
+learning-signal ``CurriculumSampler`` (registered as ``uniform`` and ``curriculum``: ``sampler_registry``).
 
 A task is a seed (every env picks its task from the seed). The training loop asks its sampler for each
 collection round's seeds (``sample``), shows it every group the iteration collected (``observe``, before
@@ -13,17 +13,16 @@ iteration, whatever the sampler.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from agentgym.errors import ConfigError, UnknownPlugin
-from agentgym.plugins import PluginRegistry
+from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext, RolloutHooks
 from agentgym.rollout.records import EpisodeGroup, Trajectory
 from agentgym.training.config.schema import CurriculumConfig
+from agentgym.training.run.sampler_registry import register_task_sampler
 
 #: Returns closer than this count as equal (float sums of equal rewards may differ in the last bits).
 RETURN_TOLERANCE = 1e-9
@@ -238,43 +237,6 @@ class CurriculumSampler:
         for name in _COUNTERS:
             current = getattr(self, name)
             setattr(self, name, np.asarray(state[name], dtype=current.dtype))
-
-
-@dataclass(frozen=True)
-class SamplerSpec:
-    """A registered task sampler: how to build it and which settings it refuses."""
-
-    build: Callable[[Any, int], TaskSampler]
-    """``build(cfg, train_tasks)``: the sampler of the run ``cfg`` (a ``TrainConfig``), drawing below
-    ``train_tasks`` (the training split's size, or ``eval.seed_offset``)."""
-    check: Callable[[Any], None] | None = None
-    """``check(cfg)`` raises a ``ConfigError`` naming the setting when ``cfg`` cannot use the sampler
-    (run when the config is loaded)."""
-
-
-#: The samplers ``rollout.task_sampler`` names (``register_task_sampler`` adds one).
-TASK_SAMPLERS: PluginRegistry[SamplerSpec] = PluginRegistry("task sampler", field="rollout.task_sampler",
-                                                            unknown_error=UnknownPlugin)
-
-
-def register_task_sampler(name: str, build: Callable[[Any, int], TaskSampler], *,
-                          check: Callable[[Any], None] | None = None, override: bool = False) -> SamplerSpec:
-    """Make ``rollout.task_sampler: name`` build its sampler with ``build(cfg, train_tasks)`` (see
-    ``SamplerSpec``; the sampler keeps the ``TaskSampler`` contract).
-
-    Example:
-        >>> class Fixed(UniformSampler):   # the same tasks every iteration
-        ...     def sample(self, iteration, round_, count):
-        ...         return super().sample(0, 0, count)
-        >>> spec = register_task_sampler("doc-fixed", lambda cfg, limit: Fixed(cfg.seed, limit))
-        >>> from agentgym.training.config.loading import load_config
-        >>> cfg = load_config(None, ["rollout.task_sampler=doc-fixed"])
-        >>> sampler = TASK_SAMPLERS.get("doc-fixed").build(cfg, 100)
-        >>> sampler.sample(1, 0, 3) == sampler.sample(2, 0, 3)
-        True
-        >>> TASK_SAMPLERS.unregister("doc-fixed")
-    """
-    return TASK_SAMPLERS.register(name, SamplerSpec(build, check), override=override)
 
 
 def _check_curriculum(cfg: Any) -> None:
