@@ -209,13 +209,13 @@ class Trainer:
         if self.weights is not None:
             self.weights.sync_now(self.pipeline.version)
             return
-        timeout, what = self.cfg.rollout.weight_sync_timeout_s, type(self.generator).__name__
-        if capability(self.generator, "shared_by_processes"):
+        shared = capability(self.generator, "shared_by_processes")
+        if shared:
             self.generator.writer = self.dist.is_main
-            bounded(lambda: self.generator.sync_weights(self.model), timeout, what)
+        bounded(lambda: self.generator.sync_weights(self.model), self.cfg.rollout.weight_sync_timeout_s,
+                type(self.generator).__name__)
+        if shared:
             self.dist.barrier()
-        else:
-            bounded(lambda: self.generator.sync_weights(self.model), timeout, what)
 
     def _check_env(self) -> bool:
         """Reset one env before anything else: a bad env id or argument fails here, and so does an

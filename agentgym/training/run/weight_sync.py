@@ -140,9 +140,6 @@ class VersionedPolicy:
         return [replace(g, extras={**g.extras, "policy_version": version})
                 for g in self.policy.generate(prompts, params)]
 
-    def sync_weights(self, state_dict: Any) -> None:
-        self.policy.sync_weights(state_dict)
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
 
