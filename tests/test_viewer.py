@@ -45,6 +45,18 @@ def page(browser: Any) -> Iterator[Any]:
     context.close()
 
 
+def wait_for_rows(page: Any, count: int) -> None:
+    """Wait until the episode list shows `count` rows; on a timeout, say what the list shows instead."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(f"document.querySelectorAll('.episode-row').length === {count}")
+    except PlaywrightTimeout:
+        shown = page.locator(".episode-row").count()
+        raise AssertionError(f"expected {count} episode rows, the page shows {shown}; "
+                             f"list status: {page.inner_text('#list-count')!r}") from None
+
+
 def open_viewer(page: Any, folder: Path) -> LiveServer:
     server = LiveServer(create_viewer_app(folder))
     page.goto(server.url + "/")
@@ -61,7 +73,7 @@ def test_replay_filter_and_compare_an_evaluation(tmp_path: Path, page: Any) -> N
     try:
         assert page.locator(".episode-row").count() == 8
         page.select_option("#f-policy", "expert")
-        page.wait_for_function("document.querySelectorAll('.episode-row').length === 4")
+        wait_for_rows(page, 4)
         page.locator(".episode-row").first.click()
         page.wait_for_selector("#episode:not([hidden])")
         head = page.inner_text("#episode-head")
@@ -100,6 +112,41 @@ def test_replay_filter_and_compare_an_evaluation(tmp_path: Path, page: Any) -> N
         server.stop()
 
 
+def test_overlapping_filter_changes_show_the_latest_and_a_failed_load_says_why(tmp_path: Path,
+                                                                            page: Any) -> None:
+    plan = EvalPlan((parse_policy("random"), parse_policy("expert")), (EnvEntry("maze-v0", {"size": 2}),),
+                    tuple(range(3)))
+    Evaluation(plan, tmp_path).run()
+    server = open_viewer(page, tmp_path)
+    held: list[Any] = []
+    try:
+        # The answer for "expert" is held back until the answer for "random" has filled the list.
+        def hold(route: Any) -> None:
+            held.append(route)
+
+        page.route("**/api/episodes?policy=expert*", hold)
+        page.select_option("#f-policy", "expert")
+        for _ in range(100):
+            if held:
+                break
+            page.wait_for_timeout(50)
+        page.select_option("#f-policy", "random")
+        wait_for_rows(page, 3)
+        assert len(held) == 1
+        held[0].continue_()
+        page.wait_for_timeout(500)
+        assert all("random" in text for text in page.locator(".episode-row").all_inner_texts())
+
+        page.route("**/api/episodes?*success=*", lambda route: route.fulfill(
+            status=500, content_type="application/json",
+            body=json.dumps({"error": {"message": "the store is unreadable"}})))
+        page.select_option("#f-success", "true")
+        page.wait_for_function("document.querySelector('#list-count').textContent.includes('unreadable')")
+        assert "could not load the episodes" in page.inner_text("#list-count")
+    finally:
+        server.stop()
+
+
 def test_training_run_iterations_advantages_and_learning_curves(tmp_path: Path, page: Any) -> None:
     overrides = ["iterations=2", "checkpoint_every=0", "rollout.num_tasks=2", "rollout.group_size=2",
                  "eval.num_episodes=2", "sft.num_episodes=2", "sft.num_epochs=1", "env.max_turns=3"]
@@ -114,7 +161,7 @@ def test_training_run_iterations_advantages_and_learning_curves(tmp_path: Path, 
         assert "training run" in page.inner_text("#subtitle")
         assert page.locator(".episode-row").count() == 8  # 2 iterations × 2 tasks × 2 episodes
         page.select_option("#f-iteration", "2")
-        page.wait_for_function("document.querySelectorAll('.episode-row').length === 4")
+        wait_for_rows(page, 4)
         assert all("it 2" in t for t in page.locator(".episode-row").all_inner_texts())
         page.select_option("#f-iteration", "1")
         page.wait_for_function("document.querySelector('.episode-row').textContent.includes('it 1')")
@@ -162,9 +209,9 @@ def test_long_lists_and_long_episodes_come_in_pages(tmp_path: Path, page: Any) -
         assert page.inner_text("#list-count") == "260 episodes (100 shown)"
         assert page.locator(".episode-row").count() == 100
         page.click("#list-more")
-        page.wait_for_function("document.querySelectorAll('.episode-row').length === 200")
+        wait_for_rows(page, 200)
         page.click("#list-more")
-        page.wait_for_function("document.querySelectorAll('.episode-row').length === 260")
+        wait_for_rows(page, 260)
         assert page.locator("#list-more").is_hidden() and page.inner_text("#list-count") == "260 episodes"
         assert len({row.get_attribute("data-id") for row in page.locator(".episode-row").all()}) == 260
 
