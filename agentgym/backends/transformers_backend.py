@@ -153,7 +153,7 @@ def _logits_to_keep_name(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _cache_argument_name(model: torch.nn.Module) -> str:
+def cache_argument_name(model: torch.nn.Module) -> str:
     """Name under which ``forward`` takes and returns the KV cache.
 
     transformers 5.x renamed ``past_key_values`` to ``cache`` and warns on every call that uses the
@@ -255,7 +255,7 @@ class TransformersPolicy(PolicyBase):
         self.pad_token_id: int = int(pad)
         """Id written into padding (always masked out)."""
         self._logits_to_keep = _logits_to_keep_name(model)
-        self._cache_name = _cache_argument_name(model)
+        self._cache_name = cache_argument_name(model)
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
         self._pieces: dict[int, str] | None = None  # token texts, for constrained decoding

@@ -297,6 +297,12 @@ class OptimConfig:
     with a large vocabulary and long prompts (a real model on a tool task) it cuts the update's time and
     memory (``benchmarks/response_logits.py``: 39 -> 26 s, 17.8 -> 13.7 GB on SmolLM2). The values are the
     same up to float rounding, so a run is not bit-identical to one without it."""
+    share_prefixes: bool = False
+    """Compute the prompt that a group's rows share (and the history an episode's later turns repeat) once per
+    forward pass instead of once per row: rows are sorted so that common prefixes are neighbours and cut into
+    segments whose prefix runs once, every row continuing its key/value cache
+    (``agentgym.training.engine.prefix``). Values and gradients are the plain pass's up to float rounding; in
+    one process, without gradient checkpointing."""
     mixed_precision: Literal["no", "bf16"] = "no"
     """``bf16``: forward passes under bfloat16 autocast with float32 weights and optimiser (through
     accelerate); ``model.dtype: bfloat16`` instead keeps the weights themselves in bfloat16."""
@@ -562,6 +568,10 @@ class TrainConfig:
                               f"got {self.optim.micro_batch_tokens}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
+        if self.optim.share_prefixes and self.model.gradient_checkpointing:
+            raise ConfigError("optim.share_prefixes continues each prefix's key/value cache, which gradient "
+                              "checkpointing turns off: set one of optim.share_prefixes and "
+                              "model.gradient_checkpointing to false")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:
             raise ConfigError("rollout.temperature and eval.temperature must be >= 0")
         from agentgym.training.run.sampler_registry import TASK_SAMPLERS

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from agentgym.backends.transformers_backend import cache_argument_name
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import Turn
 
@@ -421,20 +422,38 @@ def sequence_logprobs(
     device = _model_device(model)
     input_ids = batch.input_ids.to(device)
     attention_mask = batch.attention_mask.to(device)
+    # Right padding: real tokens sit at 0..len-1 already; counting from the mask keeps it explicit.
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return row_logprobs(model, input_ids, attention_mask, position_ids, batch.response_mask.to(device),
+                        temperature=temperature, return_entropy=return_entropy, chunk_rows=chunk_rows,
+                        all_positions=all_positions)
+
+
+def row_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 position_ids: torch.Tensor, response_mask: torch.Tensor, *, temperature: float,
+                 return_entropy: bool, chunk_rows: int | None, all_positions: bool,
+                 past_key_values: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``sequence_logprobs`` on tensors already on the model's device, optionally continuing a cache.
+
+    With ``past_key_values`` (a prefix's cache, one row per row here), ``input_ids`` are the rows'
+    continuations: ``attention_mask`` covers prefix and continuation, ``position_ids`` count on from the
+    prefix, and position 0 of the result (the continuation's first token, whose logits belong to the
+    prefix pass) holds 0 like the other positions that are not computed. ``response_mask`` is aligned
+    with ``input_ids``.
+    """
     rows, seq = input_ids.shape
+    device = input_ids.device
     if seq < 2:
         zeros = torch.zeros((rows, seq), dtype=torch.float32, device=device)
         return zeros, (zeros.clone() if return_entropy else None)
-    # Right padding: real tokens sit at 0..len-1 already; counting from the mask keeps it explicit.
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-              "use_cache": False}
+              "use_cache": past_key_values is not None}
     targets = input_ids[:, 1:]
-    head = None if all_positions else _response_head(model, inputs)
+    head = None if all_positions else _response_head(model, inputs, probe=past_key_values is None)
     if head is not None:
         decoder, layer = head
-        hidden = decoder(**inputs).last_hidden_state
-        where = batch.response_mask[:, 1:].to(device).bool()
+        hidden = decoder(**inputs, **_with_cache(decoder, past_key_values)).last_hidden_state
+        where = response_mask[:, 1:].bool()
         logits = layer(hidden[:, :-1][where])  # (response tokens, vocab)
         chosen, entropy = _chunked_stats(logits, targets[where], temperature, return_entropy,
                                          chunk_rows * (seq - 1) if chunk_rows else None)
@@ -445,7 +464,7 @@ def sequence_logprobs(
             return logprobs, None
         entropies = torch.zeros((rows, seq - 1), dtype=entropy.dtype, device=device)
         return logprobs, F.pad(entropies.masked_scatter(where, entropy), (1, 0))
-    logits = model(**inputs).logits[:, :-1, :]
+    logits = model(**inputs, **_with_cache(model, past_key_values)).logits[:, :-1, :]
     vocab = logits.shape[-1]
     step = chunk_rows or max(1, MAX_CHUNK_ELEMENTS // max((seq - 1) * vocab, 1))
     recompute = torch.is_grad_enabled() and logits.requires_grad
@@ -463,6 +482,11 @@ def sequence_logprobs(
     if not return_entropy:
         return logprobs, None
     return logprobs, F.pad(torch.cat(entropy_parts, 0), (1, 0))
+
+
+def _with_cache(module: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword that hands ``cache`` to ``module``'s forward (its name changed in transformers 5)."""
+    return {} if cache is None else {cache_argument_name(module): cache}
 
 
 def _chunked_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
@@ -484,15 +508,16 @@ def _chunked_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return torch.cat(chosen_parts), torch.cat(entropy_parts)
 
 
-def _response_head(model: Any, inputs: dict[str, Any]) -> tuple[Any, Any] | None:
+def _response_head(model: Any, inputs: dict[str, Any], *, probe: bool = True) -> tuple[Any, Any] | None:
     """``(decoder, output layer)`` when the model's logits are exactly the output layer applied to its
     decoder's last hidden state, so logits can be computed at chosen positions only; None otherwise.
 
     Checked once per model, on its first batch (``inputs``), against the model's own logits of the last
-    position; a model whose config scales or soft-caps logits after the layer is not tried.
+    position; a model whose config scales or soft-caps logits after the layer is not tried. ``probe=False``
+    (inputs that continue a cache, which a probe pass would extend): a model not checked yet gets None.
     """
     ok = getattr(model, "_agentgym_head_ok", None)
-    if ok is False:
+    if ok is False or (ok is None and not probe):
         return None
     get_decoder = getattr(model, "get_decoder", None)
     get_layer = getattr(model, "get_output_embeddings", None)

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from agentgym.errors import ConfigError
 from agentgym.rollout.records import Turn
 from agentgym.training.api.terms import ForwardOutputs, total_loss
 from agentgym.training.api.turn_table import TurnTable
@@ -36,6 +38,7 @@ from agentgym.training.engine.packing import (
     sequence_logprobs,
     token_minibatches,
 )
+from agentgym.training.engine.prefix import prefix_order, shared_prefix_logprobs
 from agentgym.training.run.distributed import Distributed
 
 if TYPE_CHECKING:
@@ -77,7 +80,7 @@ class PolicyUpdate:
                  pad_token_id: int, seed: int, drop_zero_advantage_turns: bool = False,
                  ref_model: torch.nn.Module | None = None,
                  dist: Distributed | None = None, micro_batch_tokens: int | None = None,
-                 response_logits: bool = False,
+                 response_logits: bool = False, share_prefixes: bool = False,
                  tis_cap: float | None = None, poll: Callable[[], None] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -95,6 +98,10 @@ class PolicyUpdate:
         self.dist = dist or Distributed()
         self.micro_batch_tokens = micro_batch_tokens
         self.all_positions = not response_logits
+        if share_prefixes and self.dist.world_size > 1:
+            raise ConfigError("optim.share_prefixes runs in one process (two passes per segment do not fit "
+                              "the gradient synchronisation of several); set it to false to run distributed")
+        self.share_prefixes = share_prefixes
         self.tis_cap = tis_cap
         self.poll = poll
         self.stepped = False
@@ -169,17 +176,25 @@ class PolicyUpdate:
         computes its share of the rows and the shares are gathered."""
         self.model.eval()
         mine = batch.select(self.dist.shard(batch.num_rows))
+        order = prefix_order(mine) if self.share_prefixes else torch.arange(mine.num_rows)
         with torch.no_grad(), self.dist.autocast():
             chunks = []
             for i in range(0, mine.num_rows, LOGPROB_CHUNK_ROWS):
                 self._poll()
-                end = min(i + LOGPROB_CHUNK_ROWS, mine.num_rows)
-                rows = mine.select(torch.arange(i, end)).to(self.device)
-                logprobs, _ = sequence_logprobs(self.model, rows, temperature=self.temperature,
-                                                all_positions=self.all_positions)
-                chunks.append(logprobs.float().cpu())
-        local = torch.cat(chunks) if chunks else torch.zeros((0, batch.seq_len))
+                rows = mine.select(order[i : i + LOGPROB_CHUNK_ROWS]).to(self.device)
+                logprobs, _ = self._sequence_logprobs(self.model, rows)
+                chunks.append(F.pad(logprobs.float().cpu(), (0, batch.seq_len - rows.seq_len)))
+        local = torch.zeros((mine.num_rows, batch.seq_len))
+        if chunks:
+            local[order] = torch.cat(chunks)
         return self.dist.gather_rows(local, batch.num_rows)
+
+    def _sequence_logprobs(self, model: torch.nn.Module, part: TokenBatch,
+                           return_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``sequence_logprobs`` of ``part``, or its shared-prefix form (``optim.share_prefixes``)."""
+        compute = shared_prefix_logprobs if self.share_prefixes else sequence_logprobs
+        return compute(model, part, temperature=self.temperature, return_entropy=return_entropy,
+                       all_positions=self.all_positions)
 
     def micro_batches(self, mb: TokenBatch) -> list[tuple[TokenBatch, float]]:
         """This process's micro-batches of minibatch ``mb``, each with its loss weight
@@ -189,6 +204,8 @@ class PolicyUpdate:
         run a backward pass for the gradient all-reduce)."""
         rows = self.dist.shard(mb.num_rows)
         mine = mb.select(rows or [0]).trim()
+        if self.share_prefixes:  # rows with common prefixes side by side, so that passes share them
+            mine = mine.select(prefix_order(mine))
         if self.micro_batch_tokens is None:
             parts = [mine]
         else:
@@ -211,15 +228,11 @@ class PolicyUpdate:
             sync = dist.no_sync(self.model) if index < len(parts) - 1 else contextlib.nullcontext()
             with sync:
                 with dist.autocast():
-                    logprobs, entropy = sequence_logprobs(self.model, part, temperature=self.temperature,
-                                                          return_entropy=plugins.needs_entropy,
-                                                          all_positions=self.all_positions)
+                    logprobs, entropy = self._sequence_logprobs(self.model, part, plugins.needs_entropy)
                     ref_logprobs = None
                     if plugins.needs_reference:
                         with torch.no_grad():
-                            ref_logprobs, _ = sequence_logprobs(self.ref_model, part,
-                                                                temperature=self.temperature,
-                                                                all_positions=self.all_positions)
+                            ref_logprobs, _ = self._sequence_logprobs(self.ref_model, part)
                 outputs = ForwardOutputs(logprobs.float(), None if entropy is None else entropy.float(),
                                          None if ref_logprobs is None else ref_logprobs.float(), agg=agg)
                 loss, metrics = total_loss(plugins.policy_loss, plugins.terms, part, outputs, self.loss_cfg)

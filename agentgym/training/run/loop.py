@@ -166,6 +166,7 @@ class Trainer:
                                    drop_zero_advantage_turns=cfg.algorithm.drop_zero_advantage_turns,
                                    dist=self.dist, micro_batch_tokens=cfg.optim.micro_batch_tokens,
                                    response_logits=cfg.optim.response_logits,
+                                   share_prefixes=cfg.optim.share_prefixes,
                                    tis_cap=cfg.loss.tis_cap,
                                    # several processes would leave the collectives at different steps
                                    poll=self.poll_stop if self.dist.world_size == 1 else None)
