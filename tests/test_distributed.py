@@ -168,9 +168,9 @@ def test_an_update_never_replaces_the_loss_config() -> None:
         steps: list[tuple[int, list]] = []  # per optimiser step: the minibatch's width, the calls it made
         step = update._step
 
-        def recording_step(mb):
+        def recording_step(mb, **options):
             start = len(seen)
-            out = step(mb)
+            out = step(mb, **options)
             steps.append((mb.seq_len, seen[start:]))
             return out
 

@@ -23,9 +23,11 @@ from agentgym.training.engine.update import PolicyUpdate
 from agentgym.training.run.distributed import Distributed
 
 
-def group_turns(rng: random.Random, *, tasks: int, group: int, turns: int, vocab: int = 250) -> list[Turn]:
+def group_turns(rng: random.Random, *, tasks: int, group: int, turns: int, vocab: int = 250,
+                logprob: float = -0.5) -> list[Turn]:
     """Turns shaped like an update's: per task a prompt that its ``group`` episodes share, and each
-    episode's later turns repeat its own history (earlier responses and observations)."""
+    episode's later turns repeat its own history (earlier responses and observations). Sampler
+    log-probs are ``logprob`` plus noise of 0.5."""
     out = []
     for _ in range(tasks):
         prompt = [rng.randrange(4, vocab) for _ in range(rng.randint(20, 90))]
@@ -33,7 +35,8 @@ def group_turns(rng: random.Random, *, tasks: int, group: int, turns: int, vocab
             history = list(prompt)
             for _ in range(rng.randint(1, turns)):
                 response = [rng.randrange(4, vocab) for _ in range(rng.randint(1, 12))]
-                out.append(Turn(list(history), response, [-0.5] * len(response), 0.0, "a"))
+                behaviour = [logprob + rng.gauss(0, 0.5) for _ in response]
+                out.append(Turn(list(history), response, behaviour, 0.0, "a"))
                 history += response + [rng.randrange(4, vocab) for _ in range(rng.randint(1, 15))]
     rng.shuffle(out)
     return out
@@ -149,3 +152,42 @@ def test_shared_prefixes_refuse_gradient_checkpointing_and_several_processes() -
         PolicyUpdate(torch.nn.Linear(1, 1), None, PluginSet.from_config(cfg), cfg.loss, cfg.optim,
                      temperature=1.0, max_length=64, pad_token_id=256, seed=0, dist=TwoProcesses(),
                      share_prefixes=True)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_old_log_probs_from_the_update_pass_move_the_weights_as_a_separate_pass(staleness: int) -> None:
+    """``optim.old_logprobs_from_update`` (one optimiser step per phase): the same weights as with the
+    separate old pass, including a stale batch's importance weights (sampler log-probs differ from the
+    trainer's here), alone and with shared prefixes."""
+    rng = random.Random(4)
+    turns = group_turns(rng, tasks=2, group=3, turns=2, logprob=-5.5)  # about the random model's own
+    advantages = np.random.default_rng(1).normal(0, 1, len(turns))
+    table = plan_table([f"t{i}" for i in range(len(turns))], np.zeros(len(turns), dtype=np.int64),
+                       np.arange(len(turns), dtype=np.int64) // 3)
+    tiny = ModelConfig(tiny=TinyModelConfig(num_layers=2), device="cpu")
+    weights, metrics = {}, {}
+    for reuse, share in ((False, False), (True, False), (True, True)):
+        cfg = load_config(None, ["optim.num_minibatches=1", "optim.lr=0.5", "algorithm.name=grpo",
+                                 "loss.kl_coef=0", f"optim.old_logprobs_from_update={str(reuse).lower()}"])
+        model = make_policy(tiny, seed=1).model
+        update = PolicyUpdate(model, torch.optim.SGD(model.parameters(), lr=cfg.optim.lr),
+                              PluginSet.from_config(cfg), cfg.loss, cfg.optim, temperature=1.0,
+                              max_length=512, pad_token_id=256, seed=0, micro_batch_tokens=700,
+                              share_prefixes=share)
+        metrics[reuse, share] = update(turns, advantages, table, 1, staleness=staleness)
+        weights[reuse, share] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    start = make_policy(tiny, seed=1).model.state_dict()
+    assert max((weights[False, False][k] - start[k]).abs().max().item() for k in start) > 1e-3
+    for key in ((True, False), (True, True)):
+        gap = max((weights[False, False][k] - weights[key][k]).abs().max().item() for k in start)
+        assert gap < 1e-5, (key, gap)
+    if staleness:
+        expected = metrics[False, False]["offpolicy/is_weight_mean"]
+        assert expected != pytest.approx(1.0)
+        assert metrics[True, False]["offpolicy/is_weight_mean"] == pytest.approx(expected, rel=0.05)
+
+
+def test_old_log_probs_from_the_update_pass_need_one_step_per_phase() -> None:
+    with pytest.raises(ConfigError, match="one optimiser step per update phase"):
+        load_config(None, ["optim.old_logprobs_from_update=true", "optim.num_minibatches=2"])
+    load_config(None, ["optim.old_logprobs_from_update=true", "optim.num_minibatches=1"])

@@ -297,6 +297,13 @@ class OptimConfig:
     with a large vocabulary and long prompts (a real model on a tool task) it cuts the update's time and
     memory (``benchmarks/response_logits.py``: 39 -> 26 s, 17.8 -> 13.7 GB on SmolLM2). The values are the
     same up to float rounding, so a run is not bit-identical to one without it."""
+    old_logprobs_from_update: bool = False
+    """Take the PPO ratio's old log-probs (and the importance weights of asynchronous or engine-sampled
+    batches) from the update's own forward pass, detached, instead of a separate no-grad pass over the batch
+    before it: with one optimiser step per update phase (``num_epochs: 1``, ``num_minibatches: 1``) both see
+    the same weights, so the values agree up to float rounding (the model in training mode: exactly so
+    without dropout) and one forward pass of the batch is saved. An update plan that reads log-probs after
+    each phase still gets the separate pass."""
     share_prefixes: bool = False
     """Compute the prompt that a group's rows share (and the history an episode's later turns repeat) once per
     forward pass instead of once per row: rows are sorted so that common prefixes are neighbours and cut into
@@ -568,6 +575,12 @@ class TrainConfig:
                               f"got {self.optim.micro_batch_tokens}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {self.optim.lr}")
+        steps = (self.optim.num_epochs, self.optim.num_minibatches)
+        if self.optim.old_logprobs_from_update and steps != (1, 1):
+            raise ConfigError(f"optim.old_logprobs_from_update needs one optimiser step per update phase "
+                              f"(optim.num_epochs: 1, optim.num_minibatches: 1), got {self.optim.num_epochs} "
+                              f"and {self.optim.num_minibatches}: later steps see other weights than the "
+                              f"old log-probs' (set it to false, or both to 1)")
         if self.optim.share_prefixes and self.model.gradient_checkpointing:
             raise ConfigError("optim.share_prefixes continues each prefix's key/value cache, which gradient "
                               "checkpointing turns off: set one of optim.share_prefixes and "

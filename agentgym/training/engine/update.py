@@ -144,16 +144,19 @@ class PolicyUpdate:
             batch = pack_turns([turns[i] for i in rows], phase_advantages, pad_token_id=self.pad_token_id,
                                max_length=self.max_length, skip_forced=self.loss_cfg.skip_forced_tokens,
                                turn_step=table.step[rows])
-            old = self.logprobs(batch)
-            if cap is not None:
-                batch = importance_corrected(batch, old, cap, collected)
-            batch = dataclasses.replace(batch, old_logprobs=old)
+            # One optimiser step on the phase's rows: its forward pass sees the old weights itself.
+            reuse = self.optim.old_logprobs_from_update and not plan.wants_logprobs_after
+            if not reuse:
+                old = self.logprobs(batch)
+                if cap is not None:
+                    batch = importance_corrected(batch, old, cap, collected)
+                batch = dataclasses.replace(batch, old_logprobs=old)
             self.model.train()
             for _ in range(self.optim.num_epochs):
                 num_minibatches = min(self.optim.num_minibatches, batch.num_rows)
                 for mb in minibatches(batch, num_minibatches, generator=generator):
                     self._poll()
-                    for key, value in self._step(mb).items():
+                    for key, value in self._step(mb, old_from_pass=reuse, cap=cap).items():
                         collected.setdefault(key, []).append(value)
             train_tokens += float(batch.attention_mask.sum()) * self.optim.num_epochs
             loss_tokens += float(batch.response_mask.sum())
@@ -214,7 +217,11 @@ class PolicyUpdate:
             return [(parts[0].select([0]).trim(), 0.0)]
         return [(part, self.agg.weight(part.response_mask, mb.response_mask)) for part in parts]
 
-    def _step(self, mb: TokenBatch) -> dict[str, float]:
+    def _step(self, mb: TokenBatch, *, old_from_pass: bool = False,
+              cap: float | None = None) -> dict[str, float]:
+        """One optimiser step on minibatch ``mb``. ``old_from_pass``: ``mb.old_logprobs`` are still the
+        sampler's, and each micro-batch's old log-probs are its own forward pass's, detached (importance-
+        corrected against the sampler's with ``cap`` when set)."""
         plugins, dist = self.plugins, self.dist
         # L of seq-mean-token-sum-norm: the padded width of the whole minibatch, not of each (trimmed)
         # micro-batch, so every micro-batch divides by the same constant.
@@ -229,6 +236,15 @@ class PolicyUpdate:
             with sync:
                 with dist.autocast():
                     logprobs, entropy = self._sequence_logprobs(self.model, part, plugins.needs_entropy)
+                    if old_from_pass:
+                        old = logprobs.detach().float() * part.response_mask
+                        if cap is not None:
+                            corrections: dict[str, list[float]] = {}
+                            part = importance_corrected(part, old, cap, corrections)
+                            tokens = float(part.response_mask.sum()) / max(float(mb.response_mask.sum()), 1.0)
+                            for key, values in corrections.items():  # token means, like the separate pass's
+                                sums[key] = sums.get(key, 0.0) + values[0] * tokens
+                        part = dataclasses.replace(part, old_logprobs=old)
                     ref_logprobs = None
                     if plugins.needs_reference:
                         with torch.no_grad():
