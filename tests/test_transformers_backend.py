@@ -181,6 +181,31 @@ def test_sampled_logprobs_equal_teacher_forced_score(policy: TransformersPolicy)
         assert row == pytest.approx(gen.logprobs, abs=1e-4)
 
 
+def test_a_repeated_prompt_is_prefilled_once_and_its_copies_sample_on_their_own(
+        policy: TransformersPolicy) -> None:
+    """A group's episodes share their first prompt: the prefill runs on the distinct prompts only, and every
+    copy then samples its own continuation, with the log-probs of a teacher-forced pass; greedy copies equal
+    the naive one-prompt-at-a-time reference."""
+    prompts = [PROMPTS[i % 3] for i in range(9)]  # three prompts, three copies each, interleaved
+    batch_sizes: list[int] = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: batch_sizes.append(int(kwargs["input_ids"].shape[0])),
+        with_kwargs=True)
+    try:
+        gens = policy.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3))
+    finally:
+        hook.remove()
+    assert batch_sizes[0] == 3 and batch_sizes[1] == 9
+    assert len({tuple(g.token_ids) for g in gens}) > 3  # the copies of a prompt did not all sample alike
+    scored = policy.score(prompts, [g.token_ids for g in gens])
+    for gen, row in zip(gens, scored, strict=True):
+        assert row == pytest.approx(gen.logprobs, abs=1e-4)
+    greedy = policy.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0))
+    for prompt, gen in zip(prompts, greedy, strict=True):
+        ref_ids, ref_lps = greedy_reference(policy.model, prompt, 8)
+        assert gen.token_ids == ref_ids and gen.logprobs == pytest.approx(ref_lps, abs=1e-4)
+
+
 def test_seeded_sampling_is_reproducible(policy: TransformersPolicy) -> None:
     params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=123)
     first = policy.generate(PROMPTS, params)

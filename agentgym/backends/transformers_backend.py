@@ -135,6 +135,30 @@ def select_cache_rows(cache: Any, rows: torch.Tensor) -> Any | None:
     return None
 
 
+def distinct_rows(prompts: Sequence[Sequence[int]]) -> tuple[list[int] | None, list[int] | None]:
+    """``(first row of each distinct prompt, for every row the position of its prompt among them)``, or
+    ``(None, None)`` when no prompt repeats.
+
+    Example:
+        >>> distinct_rows([[1, 2], [3], [1, 2], [1, 2]])
+        ([0, 1], [0, 1, 0, 0])
+        >>> distinct_rows([[1], [2]])
+        (None, None)
+    """
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    copies = []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(row)
+        copies.append(seen[key])
+    if len(first) == len(prompts):
+        return None, None
+    return first, copies
+
+
 def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
     """The parameters of the model's ``forward`` (of the base model under PEFT, which passes them on)."""
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
@@ -494,16 +518,20 @@ class TransformersPolicy(PolicyBase):
         reasons: list[str] = ["length"] * len(prompts)
         forced: list[list[int]] = [[] for _ in prompts]  # positions where the constraint allowed one token
         cache = new_kv_cache(self.model)
-        for _ in range(params.max_new_tokens):
-            out, logits = self._forward(
-                1,
-                input_ids=step_ids,
-                attention_mask=attention_mask,
-                position_ids=step_positions,
-                use_cache=True,
-                **{self._cache_name: cache},
-            )
+        # A group's episodes start from one prompt: prefill each distinct prompt once, then copy its cache
+        # rows (and logits) to every row that has it.
+        distinct, copies = distinct_rows(prompts) if hasattr(cache, "batch_select_indices") else (None, None)
+        for step in range(params.max_new_tokens):
+            inputs = {"input_ids": step_ids, "attention_mask": attention_mask, "position_ids": step_positions}
+            if step == 0 and distinct is not None:
+                index = torch.tensor(distinct, device=self.device)
+                inputs = {name: value.index_select(0, index) for name, value in inputs.items()}
+            out, logits = self._forward(1, **inputs, use_cache=True, **{self._cache_name: cache})
             cache = getattr(out, self._cache_name)
+            if step == 0 and copies is not None:
+                expand = torch.tensor(copies, device=self.device)
+                cache.batch_select_indices(expand)
+                logits = logits.index_select(0, expand)
             logits = logits[:, -1, :]
             if mask is not None:
                 allowed = mask.step([i if a else None for i, a in zip(rows, active, strict=True)])
