@@ -43,9 +43,13 @@ def _train(preset: str, seed: int, out: Path, overrides: list[str], argv: list[s
     record = {**provenance(argv, script=__file__),
               "train_command": "OMP_NUM_THREADS=1 " + shlex.join(command)}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(out.parent / f"seed{seed}.log", "w") as log:
-        subprocess.run([sys.executable, "-m", *command], cwd=REPO, env=env, stdout=log,
-                       stderr=subprocess.STDOUT, check=True)
+    log_path = out.parent / f"seed{seed}.log"
+    with open(log_path, "w") as log:
+        done = subprocess.run([sys.executable, "-m", *command], cwd=REPO, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, check=False)
+    if done.returncode:  # the other seeds go on; this one gets no row
+        last = log_path.read_text().strip().splitlines()[-1:] or [""]
+        print(f"seed {seed} failed (exit {done.returncode}): {last[0]} (log: {log_path})", file=sys.stderr)
     return record
 
 

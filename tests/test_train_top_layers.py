@@ -4,6 +4,7 @@ stops below them; the gradients of what trains are those of a full backward pass
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -80,3 +81,31 @@ def test_more_layers_than_the_model_has_is_an_error(tmp_path: Path) -> None:
         train(load_config(None, small("model.tiny.num_layers=2", "model.train_top_layers=3")), tmp_path)
     with pytest.raises(ConfigError, match="needs a decoder with a list of layers"):
         train_only_top_layers(torch.nn.Linear(2, 2), 1)
+
+
+def test_sft_can_train_every_layer_while_rl_trains_the_top_ones(tmp_path: Path) -> None:
+    """``sft.all_layers``: the warm start changes the lower layers too, RL afterwards only the top one."""
+    cfg = load_config(None, small("iterations=1", "sft.enabled=true", "sft.all_layers=true",
+                                  "model.device=cpu", "model.train_top_layers=1"))
+    run = Trainer(cfg, tmp_path)
+    start = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+    seen: dict[str, Any] = {}
+    eval_before_rl = run.eval_before_rl
+
+    def after_sft(*args: Any) -> None:  # the warm start is done, RL has not begun
+        seen["weights"] = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+        seen["trainable"] = {name for name, p in run.model.named_parameters() if p.requires_grad}
+        eval_before_rl(*args)
+
+    run.eval_before_rl = after_sft
+    run.run()
+    after_sft = seen["weights"]
+    changed = {k for k in start if not torch.equal(start[k], after_sft[k])}
+    assert any(".layers.0." in k for k in changed) and "model.embed_tokens.weight" in changed
+    layers = len(run.model.get_decoder().layers)
+    top = {k for k in start if f".layers.{layers - 1}." in k or k == "model.norm.weight"}
+    assert seen["trainable"] and seen["trainable"] <= top
+    end = run.model.state_dict()
+    moved = {k for k in end if not torch.equal(after_sft[k], end[k])}
+    assert moved and moved <= top, moved
+    run.close()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -112,6 +113,31 @@ def _transformers(cfg: ModelConfig, seed: int) -> Policy:
     if cfg.train_top_layers is not None:
         train_only_top_layers(model, cfg.train_top_layers)
     return TransformersPolicy(model, tokenizer, seed=seed)
+
+
+@contextlib.contextmanager
+def every_weight_trained(model: Any, when: bool = True) -> Iterator[None]:
+    """Within the block every parameter of ``model`` requires a gradient (``sft.all_layers`` under
+    ``model.train_top_layers``); on leaving it, each gets its own setting back. ``when=False`` changes
+    nothing.
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 2).requires_grad_(False)
+        >>> with every_weight_trained(model):
+        ...     model.weight.requires_grad
+        True
+        >>> model.weight.requires_grad
+        False
+    """
+    saved = [(param, param.requires_grad) for param in model.parameters()] if when else []
+    try:
+        if when:
+            model.requires_grad_(True)
+        yield
+    finally:
+        for param, flag in saved:
+            param.requires_grad_(flag)
 
 
 def train_only_top_layers(model: Any, count: int) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from agentgym.backends.builder import make_policy
+from agentgym.backends.builder import every_weight_trained, make_policy
 from agentgym.backends.lora import is_lora
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
@@ -308,11 +308,12 @@ class Trainer:
                                               action_format=self.collector.action_format)
             progress.finish(f"{len(demos)} turns")
             progress.start("SFT")
-            extra["sft"] = {**demo_stats, **sft_update(
-                self.model, demos, cfg.sft, max_length=self.max_length, pad_token_id=self.pad_token_id,
-                grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
-                on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total),
-                poll=self.poll_stop)}
+            with every_weight_trained(self.model, cfg.sft.all_layers and bool(cfg.model.train_top_layers)):
+                extra["sft"] = {**demo_stats, **sft_update(
+                    self.model, demos, cfg.sft, max_length=self.max_length, pad_token_id=self.pad_token_id,
+                    grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
+                    on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total),
+                    poll=self.poll_stop)}
             progress.finish()
         if cfg.sft.enabled:  # every process continues from the main one's weights
             self.dist.broadcast_parameters(self.model)
