@@ -122,8 +122,9 @@ def shared_prefix_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sequence_logprobs`` of ``batch`` with each segment's common prefix computed once.
 
-    Same alignment, same results up to float rounding, and gradients (with autograd on) that reach the
-    prefix from every row. The rows keep their order in the result; sort them with ``prefix_order`` first
+    Same alignment and, at every response position, the same values up to float rounding, with gradients
+    (with autograd on) that reach the prefix from every row. ``all_positions`` applies to the suffixes:
+    the positions inside a segment's prefix hold 0, as no response token sits there. The rows keep their order in the result; sort them with ``prefix_order`` first
     for the segments to be long. The model must take ``past_key_values`` (any ``transformers`` causal LM).
     """
     device = _model_device(model)
