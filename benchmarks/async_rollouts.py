@@ -32,13 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from provenance import REPO, child_run, provenance, run_child
+from provenance import child_run, provenance, run_child, timed_training
 
 RESULTS = Path(__file__).resolve().parent / "results" / "async_rollouts.json"
 SLOW_ENV = "bench/slow-search-qa-v0"
@@ -76,9 +74,6 @@ def register_slow_env(latency_s: float) -> None:
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """One short training run in this process; its per-iteration timings (the warm-up left out)."""
-    from agentgym.training.config.loading import load_config
-    from agentgym.training.run.loop import train
-
     register_slow_env(spec["latency"])
     overrides = [f"env.id={SLOW_ENV}", f"iterations={spec['iterations'] + 1}", "checkpoint_every=0",
                  "sft.enabled=false", "eval.num_episodes=1", "rollout.constraint=null",
@@ -86,16 +81,9 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
                  f"rollout.max_new_tokens={spec['max_new_tokens']}", "env.max_turns=2",
                  "rollout.require_tool_calls=false", "optim.num_minibatches=1",
                  *MODELS[spec["model"]], *MODES[spec["mode"]], *spec["set"]]
-    cfg = load_config(REPO / "configs/search_qa_grpo_tiny.yaml", overrides)
-    with tempfile.TemporaryDirectory() as out:
-        history = train(cfg, out)["history"][1:]
-
-    def mean(key: str) -> float:
-        return statistics.mean(h.get(key, 0.0) for h in history)
-
-    return {key.split("/", 1)[1]: mean(key) for key in (
+    return timed_training("configs/search_qa_grpo_tiny.yaml", overrides, [
         "perf/iteration_s", "perf/generate_s", "perf/env_s", "perf/update_s", "perf/rollout_wait_s",
-        "perf/overlap_s", "rollout/staleness", "rollout/turns")}
+        "perf/overlap_s", "rollout/staleness", "rollout/turns"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,13 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from provenance import REPO, child_run, provenance, run_child
+from provenance import child_run, provenance, run_child, timed_training
 
 RESULTS = Path(__file__).resolve().parent / "results" / "iteration_cost.json"
 SHARED = ["optim.response_logits=true", "optim.share_prefixes=true", "optim.old_logprobs_from_update=true"]
@@ -58,9 +56,6 @@ def variant_overrides(variant: str, model: str) -> list[str]:
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """One short training run in this process; its per-iteration timings (the warm-up left out)."""
-    from agentgym.training.config.loading import load_config
-    from agentgym.training.run.loop import train
-
     overrides = [f"iterations={spec['iterations'] + 1}", "checkpoint_every=0", "sft.enabled=false",
                  "eval.num_episodes=1", "rollout.constraint=null", "rollout.require_tool_calls=false",
                  f"rollout.num_tasks={spec['tasks']}", f"rollout.group_size={spec['group']}",
@@ -68,16 +63,9 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
                  "optim.num_minibatches=1", "optim.micro_batch_tokens=4096", "optim.lr=1.0e-5",
                  "loss.kl_coef=0.0", f"model.num_threads={spec['threads']}",
                  *MODELS[spec["model"]], *variant_overrides(spec["variant"], spec["model"]), *spec["set"]]
-    cfg = load_config(REPO / "configs/search_qa_grpo_tiny.yaml", overrides)
-    with tempfile.TemporaryDirectory() as out:
-        history = train(cfg, out)["history"][1:]
-
-    def mean(key: str) -> float:
-        return statistics.mean(h.get(key, 0.0) for h in history)
-
-    return {key.split("/", 1)[1]: mean(key) for key in (
+    return timed_training("configs/search_qa_grpo_tiny.yaml", overrides, [
         "perf/iteration_s", "perf/generate_s", "perf/env_s", "perf/update_s", "perf/train_tokens",
-        "update/loss_tokens", "rollout/turns")}
+        "update/loss_tokens", "rollout/turns"])
 
 
 def main(argv: list[str] | None = None) -> None:

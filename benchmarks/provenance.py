@@ -13,8 +13,10 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +124,16 @@ def run_child(script: str | Path, spec: dict[str, Any], *, omp_threads: str | No
     if done.returncode != 0:
         raise RuntimeError(f"run {spec} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def timed_training(config: str | Path, overrides: list[str], keys: list[str]) -> dict[str, float]:
+    """Train ``config`` with ``overrides`` in a temporary run folder (in this process); the mean of each
+    metric in ``keys`` over the iterations after the first, which warms up, keyed by the name after its
+    ``/`` (``perf/update_s`` -> ``update_s``; a metric an iteration lacks counts as 0)."""
+    from agentgym.training.config.loading import load_config
+    from agentgym.training.run.loop import train
+
+    cfg = load_config(REPO / config, overrides)
+    with tempfile.TemporaryDirectory() as out:
+        history = train(cfg, out)["history"][1:]
+    return {key.split("/", 1)[1]: statistics.mean(h.get(key, 0.0) for h in history) for key in keys}

@@ -22,32 +22,22 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from provenance import REPO, child_run, provenance, run_child
+from provenance import child_run, provenance, run_child, timed_training
 
 RESULTS = Path(__file__).resolve().parent / "results" / "threads.json"
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """One short training run in this process; its per-iteration timings."""
-    from agentgym.training.config.loading import load_config
-    from agentgym.training.run.loop import train
 
     overrides = [f"model.num_threads={spec['threads']}", f"iterations={spec['iterations'] + 1}",
                  "checkpoint_every=0", "sft.enabled=false", "eval.num_episodes=1", *spec["set"]]
-    cfg = load_config(REPO / spec["preset"], overrides)
-    with tempfile.TemporaryDirectory() as out:
-        history = train(cfg, out)["history"][1:]  # the first iteration warms up
-
-    def mean(key: str) -> float:
-        return statistics.mean(h[key] for h in history)
-
-    return {"iteration_s": mean("perf/iteration_s"), "generate_s": mean("perf/generate_s"),
-            "update_s": mean("perf/update_s"), "turns": mean("rollout/turns")}
+    return timed_training(spec["preset"], overrides,
+                          ["perf/iteration_s", "perf/generate_s", "perf/update_s", "rollout/turns"])
 
 
 def launch(spec: dict[str, Any]) -> dict[str, Any]:
