@@ -124,8 +124,9 @@ def shared_prefix_logprobs(
 
     Same alignment and, at every response position, the same values up to float rounding, with gradients
     (with autograd on) that reach the prefix from every row. ``all_positions`` applies to the suffixes:
-    the positions inside a segment's prefix hold 0, as no response token sits there. The rows keep their order in the result; sort them with ``prefix_order`` first
-    for the segments to be long. The model must take ``past_key_values`` (any ``transformers`` causal LM).
+    the positions inside a segment's prefix hold 0, as no response token sits there. The rows keep their
+    order in the result; sort them with ``prefix_order`` first for the segments to be long. The model must
+    take a key/value cache (any ``transformers`` causal LM).
     """
     device = _model_device(model)
     rows, seq = batch.input_ids.shape
