@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from provenance import child_run, provenance, run_child, timed_training
+from provenance import child_run, measured_child, provenance, timed_training
 
 RESULTS = Path(__file__).resolve().parent / "results" / "async_rollouts.json"
 SLOW_ENV = "bench/slow-search-qa-v0"
@@ -106,12 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         spec = {"model": args.model, "mode": mode, "latency": args.latency, "iterations": args.iterations,
                 "tasks": args.tasks, "group": args.group, "max_new_tokens": args.max_new_tokens,
                 "set": args.set}
-        load = os.getloadavg()[0]
-        started = time.perf_counter()
-        timings = run_child(__file__, spec, omp_threads="1")
-        rows.append({**spec, **timings, "load_before": round(load, 2),
-                     "run_s": round(time.perf_counter() - started, 1), "note": args.note})
-        print(f"{mode}: {timings['iteration_s']:.1f} s/iteration", flush=True)
+        rows.append(measured_child(__file__, spec, omp_threads="1", note=args.note))
+        print(f"{mode}: {rows[-1]['iteration_s']:.1f} s/iteration", flush=True)
     base = next((r["iteration_s"] for r in rows if r["mode"] == "sync"), None)
     print(f"\n{args.model}, search-qa with {args.latency:g} s per env step, {args.tasks} tasks x "
           f"{args.group}, {args.iterations} timed iterations\n")

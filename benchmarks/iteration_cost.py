@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
-from provenance import child_run, provenance, run_child, timed_training
+from provenance import child_run, measured_child, provenance, timed_training
 
 RESULTS = Path(__file__).resolve().parent / "results" / "iteration_cost.json"
 SHARED = ["optim.response_logits=true", "optim.share_prefixes=true", "optim.old_logprobs_from_update=true"]
@@ -88,12 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         spec = {"model": args.model, "variant": variant, "iterations": args.iterations, "tasks": args.tasks,
                 "group": args.group, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
                 "threads": args.threads, "set": args.set}
-        load = os.getloadavg()[0]
-        started = time.perf_counter()
-        timings = run_child(__file__, spec, omp_threads=str(args.threads))
-        rows.append({**spec, **timings, "load_before": round(load, 2),
-                     "run_s": round(time.perf_counter() - started, 1), "note": args.note})
-        print(f"{variant}: {timings['iteration_s']:.1f} s/iteration, update {timings['update_s']:.1f} s",
+        rows.append(measured_child(__file__, spec, omp_threads=str(args.threads), note=args.note))
+        print(f"{variant}: {rows[-1]['iteration_s']:.1f} s/iteration, update {rows[-1]['update_s']:.1f} s",
               flush=True)
     base = next((r["update_s"] for r in rows if r["variant"] == "plain"), None)
     print(f"\n{args.model}, search-qa, {args.tasks} tasks x {args.group} episodes, up to {args.turns} turns "

@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,14 @@ def timed_training(config: str | Path, overrides: list[str], keys: list[str]) ->
     with tempfile.TemporaryDirectory() as out:
         history = train(cfg, out)["history"][1:]
     return {key.split("/", 1)[1]: statistics.mean(h.get(key, 0.0) for h in history) for key in keys}
+
+
+def measured_child(script: str | Path, spec: dict[str, Any], *, omp_threads: str | None,
+                   note: str) -> dict[str, Any]:
+    """``run_child`` of ``spec`` as one benchmark row: the spec, its timings, the load average before it,
+    its wall time and ``note`` (what else ran on the machine)."""
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    timings = run_child(script, spec, omp_threads=omp_threads)
+    return {**spec, **timings, "load_before": round(load, 2),
+            "run_s": round(time.perf_counter() - started, 1), "note": note}

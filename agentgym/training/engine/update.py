@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import Turn
@@ -186,7 +185,7 @@ class PolicyUpdate:
                 self._poll()
                 rows = mine.select(order[i : i + LOGPROB_CHUNK_ROWS]).to(self.device)
                 logprobs, _ = self._sequence_logprobs(self.model, rows)
-                chunks.append(F.pad(logprobs.float().cpu(), (0, batch.seq_len - rows.seq_len)))
+                chunks.append(logprobs.float().cpu())  # select keeps the batch's width
         local = torch.zeros((mine.num_rows, batch.seq_len))
         if chunks:
             local[order] = torch.cat(chunks)
