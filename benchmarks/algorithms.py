@@ -2,24 +2,26 @@
 
     python benchmarks/algorithms.py [--variants grpo hgpo ...] [--tasks maze maze3] [--seeds 0 1 2]
                                     [--iterations 60] [--jobs 2] [--set key=value ...] [--tag NAME]
+    python benchmarks/algorithms.py --model smollm2 --tasks search-qa2 --variants grpo igpo arpo \
+                                    --iterations 15
     python benchmarks/algorithms.py --update-cost --variants grpo seeupo   # the update step alone
 
 A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, ``rloo``, ``gigpo``,
 ``hgpo``, ``graphgpo``, ``ppo`` (a learned critic), ``seeupo``, and the options on top of GRPO:
-``gspo``, ``dapo``, ``epo``, ``llds``); a
-*task* changes only the env (``maze``: the quickstart as is; ``maze3``: 3×3-cell mazes with 20 turns,
-a longer horizon), except the tool tasks ``search-qa`` and ``code-math`` (the arithmetic drill:
-run the expression in the Python tool, answer its value), whose presets are
-``configs/search_qa_<variant>_tiny.yaml`` and ``configs/code_math_<variant>_tiny.yaml`` (``grpo``,
-``gigpo``, ``igpo``, ``arpo``); a variant without a preset for a task is skipped. On tool tasks a
-second table gives tool calls per episode (held-out) and run per task (training: a branch's copied
-turns are not run again), tokens generated per task, and the time of IGPO's scoring pass and of all
-rollout hooks as a fraction of generation time. ``--set`` adds overrides to every run (e.g. a higher
-learning rate to provoke a collapse) and ``--tag`` names such an experiment. Each run is its own
-process with one torch thread, so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can
-share the machine.
+``gspo``, ``dapo``, ``epo``, ``llds``); a *task* changes only the env (``maze``: the quickstart as is;
+``maze3``: 3×3-cell mazes with 20 turns, a longer horizon), except the tool tasks ``search-qa``,
+``search-qa2`` (questions of one or two hops) and ``code-math`` (the arithmetic drill: run the expression
+in the Python tool, answer its value), whose presets are ``configs/search_qa_<variant>_tiny.yaml`` and
+``configs/code_math_<variant>_tiny.yaml`` (``grpo``, ``gigpo``, ``igpo``, ``arpo``); a variant without a
+preset for a task is skipped. On tool tasks a second table gives tool calls per episode (held-out) and run
+per task (training: a branch's copied turns are not run again), tokens generated per task, and the time of
+IGPO's scoring pass and of all rollout hooks as a fraction of generation time. ``--set`` adds overrides to
+every run (e.g. a higher learning rate to provoke a collapse) and ``--tag`` names such an experiment.
+``--model smollm2`` puts the packaged real model behind every preset (``MODELS``: its learning rates, an
+instruct model's prompts, the cheaper-update options). Each run is its own process with one torch thread
+(``--threads``), so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can share the machine.
 
-Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (tag, task,
+Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (model, tag, task,
 variant, seed, iterations): a run already there is not repeated, so a grid can be filled over several
 invocations, also at the same time.
 Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` (training
@@ -64,12 +66,30 @@ TASKS: dict[str, tuple[list[str], float]] = {
     "search-qa": (["optim.lr=0.001"], 0.5),
     # The code-math presets share one learning rate already.
     "code-math": ([], 0.6),
+    # Questions of one or two hops (search an entity, then the entity its document names), four turns.
+    "search-qa2": (["env.kwargs.max_hops=2", "env.max_turns=4"], 0.5),
+}
+#: model name → overrides applied after the task's, putting that model behind every preset: the packaged
+#: real model (SmolLM2-135M-Instruct) with the learning rates it needs, the prompts and reply lengths of an
+#: instruct model (the protocol stated, no copy constraint), a few short SFT epochs, and the cheaper-update
+#: options (docs/training.md, "Cheaper updates"). Each variant's algorithm settings stay as its preset has
+#: them. ``configs/search_qa_grpo_smollm2.yaml`` is the GRPO row of ``search-qa2`` written out.
+MODELS: dict[str, list[str]] = {
+    "tiny": [],
+    "smollm2": [
+        "model.path=smollm2", "rollout.num_tasks=4", "rollout.include_instructions=true",
+        "rollout.constraint=null", "rollout.max_new_tokens=32", "rollout.max_prompt_tokens=1024",
+        "optim.lr=1e-5", "optim.num_minibatches=1", "optim.micro_batch_tokens=4096",
+        "optim.response_logits=true", "optim.share_prefixes=true", "optim.old_logprobs_from_update=true",
+        "sft.num_episodes=16", "sft.num_epochs=1", "sft.lr=5e-5", "sft.batch_size=8", "eval.num_episodes=32",
+    ],
 }
 #: task name → the variant's preset (a variant without a preset for a task is not run on it)
 PRESETS: dict[str, str] = {
     "maze": "quickstart_maze_{variant}.yaml",
     "maze3": "quickstart_maze_{variant}.yaml",
     "search-qa": "search_qa_{variant}_tiny.yaml",
+    "search-qa2": "search_qa_{variant}_tiny.yaml",
     "code-math": "code_math_{variant}_tiny.yaml",
 }
 
@@ -117,9 +137,9 @@ def run_one(spec: dict) -> dict:
     from agentgym.training.config.loading import load_config
     from agentgym.training.run.loop import train
 
-    torch.set_num_threads(1)
-    overrides = [*TASKS[spec["task"]][0], f"seed={spec['seed']}", f"iterations={spec['iterations']}",
-                 "checkpoint_every=0", *spec["set"]]
+    torch.set_num_threads(spec.get("threads", 1))
+    overrides = [*TASKS[spec["task"]][0], *MODELS[spec.get("model", "tiny")], f"seed={spec['seed']}",
+                 f"iterations={spec['iterations']}", "checkpoint_every=0", *spec["set"]]
     cfg = load_config(preset(spec["task"], spec["variant"]), overrides)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
@@ -231,7 +251,7 @@ def update_cost(variants: list[str], repeats: int) -> str:
 
 
 def key(run: dict) -> tuple:
-    return run["tag"], run["task"], run["variant"], run["seed"], run["iterations"]
+    return run.get("model", "tiny"), run["tag"], run["task"], run["variant"], run["seed"], run["iterations"]
 
 
 def save(path: Path, run: dict) -> None:
@@ -345,6 +365,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one torch thread each)")
     parser.add_argument("--set", action="append", default=[], help="extra override for every run (key=value)")
     parser.add_argument("--tag", default="default", help="names the experiment (required with --set)")
+    parser.add_argument("--model", default="tiny", choices=list(MODELS),
+                        help="the policy behind every preset (smollm2: the packaged real model)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--results", default=str(RESULTS_FILE), help="JSON file the runs accumulate in")
     parser.add_argument("--update-cost", action="store_true",
                         help="only time the update step of each variant on one shared batch (grpo first)")
@@ -362,8 +385,8 @@ def main() -> None:
     stored = json.loads(results.read_text()) if results.is_file() else []
     stored = [r for r in stored if "variant" in r]  # rows of the older GRPO/RLOO/GiGPO-only script go
     done = {key(r) for r in stored}
-    specs = [{"tag": args.tag, "task": task, "variant": variant, "seed": seed, "iterations": args.iterations,
-              "set": args.set}
+    specs = [{"model": args.model, "tag": args.tag, "task": task, "variant": variant, "seed": seed,
+              "iterations": args.iterations, "set": args.set, "threads": args.threads}
              for task in args.tasks for variant in args.variants for seed in args.seeds
              if preset(task, variant).is_file()]
     todo = [s for s in specs if key(s) not in done]
@@ -385,12 +408,12 @@ def main() -> None:
     wanted = {key(s) for s in specs}
     runs = [r for r in stored if key(r) in wanted]
     for task in args.tasks:
-        print(f"\n### {task} ({args.tag}, {args.iterations} iterations)\n")
+        print(f"\n### {task} ({args.model}, {args.tag}, {args.iterations} iterations)\n")
         print(table(runs, task, args.variants))
         if any(r.get("tool_calls_per_task") for r in runs if r["task"] == task):
             print()
             print(tool_table(runs, task, args.variants))
-        plot(runs, task, args.variants, args.tag)
+        plot(runs, task, args.variants, args.tag if args.model == "tiny" else f"{args.model}_{args.tag}")
 
 
 if __name__ == "__main__":
