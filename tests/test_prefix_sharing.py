@@ -191,3 +191,29 @@ def test_old_log_probs_from_the_update_pass_need_one_step_per_phase() -> None:
     with pytest.raises(ConfigError, match="one optimiser step per update phase"):
         load_config(None, ["optim.old_logprobs_from_update=true", "optim.num_minibatches=2"])
     load_config(None, ["optim.old_logprobs_from_update=true", "optim.num_minibatches=1"])
+
+
+def test_sft_with_shared_prefixes_and_response_logits_learns_as_the_plain_one() -> None:
+    """The warm start takes the update's options: the same losses step by step, and the same weights up to
+    what Adam makes of float rounding (it divides each gradient by its own scale, so rounding in a near-zero
+    gradient moves that weight by up to lr; the test bounds it at 1% of the move)."""
+    from agentgym.training.config.schema import SFTConfig
+    from agentgym.training.engine.update import sft_update
+
+    turns = group_turns(random.Random(5), tasks=3, group=3, turns=3)
+    tiny = ModelConfig(tiny=TinyModelConfig(num_layers=2), device="cpu")
+    sft = SFTConfig(enabled=True, num_episodes=1, num_epochs=2, lr=0.001, batch_size=8)
+    weights, losses = {}, {}
+    for cheap in (False, True):
+        model = make_policy(tiny, seed=1).model
+        losses[cheap] = steps = []
+        sft_update(model, turns, sft, max_length=512, pad_token_id=256, grad_clip=1.0, seed=0,
+                   on_step=lambda step, total, loss, steps=steps: steps.append(loss), response_logits=cheap,
+                   share_prefixes=cheap)
+        weights[cheap] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert len(losses[True]) == 4 and losses[True][-1] < losses[True][0]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+    start = make_policy(tiny, seed=1).model.state_dict()
+    moved = max((weights[False][k] - start[k]).abs().max().item() for k in start)
+    gap = max((weights[False][k] - weights[True][k]).abs().max().item() for k in start)
+    assert moved > 1e-3 and gap < 0.01 * moved, (gap, moved)

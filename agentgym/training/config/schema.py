@@ -296,7 +296,8 @@ class OptimConfig:
     """Compute the update's logits at the trained (response) positions only, not at every prompt position:
     with a large vocabulary and long prompts (a real model on a tool task) it cuts the update's time and
     memory (``benchmarks/response_logits.py``: 39 -> 26 s, 17.8 -> 13.7 GB on SmolLM2). The values are the
-    same up to float rounding, so a run is not bit-identical to one without it."""
+    same up to float rounding, so a run is not bit-identical to one without it. Applies to the SFT warm
+    start's passes too."""
     old_logprobs_from_update: bool = False
     """Take the PPO ratio's old log-probs (and the importance weights of asynchronous or engine-sampled
     batches) from the update's own forward pass, detached, instead of a separate no-grad pass over the batch
@@ -309,7 +310,8 @@ class OptimConfig:
     forward pass instead of once per row: rows are sorted so that common prefixes are neighbours and cut into
     segments whose prefix runs once, every row continuing its key/value cache
     (``agentgym.training.engine.prefix``). Values and gradients are the plain pass's up to float rounding; in
-    one process, without gradient checkpointing."""
+    one process, without gradient checkpointing. Applies to the SFT warm start's passes too (demonstrations
+    share the env's instructions and their episodes' histories)."""
     mixed_precision: Literal["no", "bf16"] = "no"
     """``bf16``: forward passes under bfloat16 autocast with float32 weights and optimiser (through
     accelerate); ``model.dtype: bfloat16`` instead keeps the weights themselves in bfloat16."""

@@ -278,11 +278,14 @@ def _rows(values: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
 def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max_length: int,
                pad_token_id: int, grad_clip: float, seed: int,
                on_step: Callable[[int, int, float], None] | None = None,
-               poll: Callable[[], None] | None = None) -> dict[str, Any]:
+               poll: Callable[[], None] | None = None, response_logits: bool = False,
+               share_prefixes: bool = False) -> dict[str, Any]:
     """Cross-entropy on the expert's response tokens (prompt tokens are masked out).
 
     ``on_step(step, total_steps, loss)`` is called after every optimiser step (progress display);
     ``poll()`` before every minibatch: what it raises ends the warm start there (a run's stop).
+    ``response_logits`` and ``share_prefixes`` are the RL update's options (``OptimConfig``) applied to
+    these passes: the demonstrations' turns share the env's instructions and their episodes' histories.
     """
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
@@ -292,12 +295,15 @@ def sft_update(model: torch.nn.Module, turns: list[Turn], cfg: SFTConfig, *, max
     model.train()
     losses = []
     total_steps = cfg.num_epochs * num_minibatches
+    compute = shared_prefix_logprobs if share_prefixes else sequence_logprobs
     for _ in range(cfg.num_epochs):
         for mb in minibatches(batch, num_minibatches, generator=generator):
             if poll is not None:
                 poll()
             mb = mb.to(device)
-            logprobs, _ = sequence_logprobs(model, mb)
+            if share_prefixes:  # the loss is a sum over rows: their order is free
+                mb = mb.select(prefix_order(mb))
+            logprobs, _ = compute(model, mb, all_positions=not response_logits)
             mask = mb.response_mask.to(logprobs.dtype)
             loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
             optimizer.zero_grad(set_to_none=True)

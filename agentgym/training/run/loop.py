@@ -313,7 +313,8 @@ class Trainer:
                     self.model, demos, cfg.sft, max_length=self.max_length, pad_token_id=self.pad_token_id,
                     grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
                     on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total),
-                    poll=self.poll_stop)}
+                    poll=self.poll_stop, response_logits=cfg.optim.response_logits,
+                    share_prefixes=cfg.optim.share_prefixes)}
             progress.finish()
         if cfg.sft.enabled:  # every process continues from the main one's weights
             self.dist.broadcast_parameters(self.model)
