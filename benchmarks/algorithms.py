@@ -73,7 +73,8 @@ TASKS: dict[str, tuple[list[str], float]] = {
 #: real model (SmolLM2-135M-Instruct) with the learning rates it needs, the prompts and reply lengths of an
 #: instruct model (the protocol stated, no copy constraint), a few short SFT epochs, and the cheaper-update
 #: options (docs/training.md, "Cheaper updates"). Each variant's algorithm settings stay as its preset has
-#: them. ``configs/search_qa_grpo_smollm2.yaml`` is the GRPO row of ``search-qa2`` written out.
+#: them. ``configs/search_qa_grpo_smollm2.yaml`` is the GRPO row of ``search-qa2`` written out (it also
+#: evaluates the untrained model).
 MODELS: dict[str, list[str]] = {
     "tiny": [],
     "smollm2": [
@@ -81,7 +82,8 @@ MODELS: dict[str, list[str]] = {
         "rollout.constraint=null", "rollout.max_new_tokens=32", "rollout.max_prompt_tokens=1024",
         "optim.lr=1e-5", "optim.num_minibatches=1", "optim.micro_batch_tokens=4096",
         "optim.response_logits=true", "optim.share_prefixes=true", "optim.old_logprobs_from_update=true",
-        "sft.num_episodes=16", "sft.num_epochs=1", "sft.lr=5e-5", "sft.batch_size=8", "eval.num_episodes=32",
+        "sft.num_episodes=16", "sft.num_epochs=3", "sft.lr=5e-5", "sft.batch_size=8", "eval.num_episodes=32",
+        "eval.before_sft=false",  # the untrained model fails every episode slowly, its replies at the limit
     ],
 }
 #: task name → the variant's preset (a variant without a preset for a task is not run on it)

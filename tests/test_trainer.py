@@ -73,6 +73,14 @@ def test_report_and_outputs(tmp_path: Path) -> None:
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
     assert len(list((tmp_path / "trajectories").glob("iter_*.jsonl"))) == 2
     assert (tmp_path / "model" / "config.json").is_file()
+    assert on_disk["eval"]["before_sft"]["episodes"] == 4  # SFT ran: the untrained model was evaluated too
+
+
+def test_the_evaluation_before_sft_can_be_skipped(tmp_path: Path) -> None:
+    report = train(load_config(None, [*SMALL, "iterations=1", "eval.before_sft=false"]), tmp_path)
+    assert report["eval"]["before_sft"] is None  # SFT ran; the untrained model was not evaluated
+    assert report["eval"]["before"]["episodes"] == 4 and report["eval"]["after"]["episodes"] == 4
+    assert report["sft"]["sft/steps"] > 0
 
 
 @pytest.mark.parametrize("override, field", [

@@ -463,6 +463,9 @@ class EvalConfig:
     """Sampling temperature at evaluation (0 = greedy)."""
     every: int = 0
     """Also evaluate every N iterations (0: only before and after)."""
+    before_sft: bool = True
+    """Also evaluate before the SFT warm start (the untrained model's success, in ``report.json``); false
+    skips it, which saves minutes with a real model whose untrained replies run to the token limit."""
     split: str | None = None
     """Evaluate on tasks ``0..`` of this named split: ``num_episodes`` of them, or all of a smaller split.
     None: seeds from ``seed_offset``, which every env maps to its held-out tasks."""

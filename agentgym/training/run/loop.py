@@ -299,8 +299,8 @@ class Trainer:
         """SFT on expert demonstrations (when enabled), with the held-out evaluation before it; the one
         after it is ``eval_before_rl``, once the warm start is saved."""
         cfg, extra, progress = self.cfg, {}, self.progress
-        extra["eval_before_sft"] = (self.evaluate_phase("before", "eval before SFT") if cfg.sft.enabled
-                                    else None)
+        extra["eval_before_sft"] = (self.evaluate_phase("before", "eval before SFT")
+                                    if cfg.sft.enabled and cfg.eval.before_sft else None)
         if cfg.sft.enabled:
             demo_seeds = [cfg.sft.seed_offset + i for i in range(cfg.sft.num_episodes)]
             progress.start(f"expert demos ({cfg.sft.num_episodes} episodes)")
