@@ -20,6 +20,9 @@ every run (e.g. a higher learning rate to provoke a collapse) and ``--tag`` name
 ``--model smollm2`` puts the packaged real model behind every preset (``MODELS``: its learning rates, an
 instruct model's prompts, the cheaper-update options). Each run is its own process with one torch thread
 (``--threads``), so peak memory is the run's own (``ru_maxrss``) and ``--jobs`` runs can share the machine.
+The variants of a seed share one warm start (SFT and the evaluation before RL), made by the first of them
+and cached (``shared_warm_start``); RL from it is exactly what each run would have done from its own, and
+``wall_s`` then leaves it out. ``--own-warm-starts`` makes each run do its own.
 
 Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (model, tag, task,
 variant, seed, iterations): a run already there is not repeated, so a grid can be filled over several
@@ -46,6 +49,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 
 from provenance import child_run, provenance, run_child
@@ -144,6 +148,8 @@ def run_one(spec: dict) -> dict:
                  f"iterations={spec['iterations']}", "checkpoint_every=0", *spec["set"]]
     cfg = load_config(preset(spec["task"], spec["variant"]), overrides)
     started = time.perf_counter()
+    if spec.get("shared_warm_start", True):
+        cfg = replace(cfg, sft=replace(cfg.sft, from_run=str(shared_warm_start(cfg))))
     with tempfile.TemporaryDirectory() as out:
         report = train(cfg, out)
         nll, success_lp = response_statistics(Path(out), spec["iterations"])
@@ -170,6 +176,30 @@ def run_one(spec: dict) -> dict:
         "score_frac": sum(h.get("igpo/score_s", 0.0) for h in history) / generate_s if generate_s else 0.0,
         "hooks_frac": sum(h["perf/hooks_s"] for h in history) / generate_s if generate_s else 0.0,
     }
+
+
+def shared_warm_start(cfg) -> Path:
+    """The folder of the warm start ``cfg`` would make (SFT and the evaluation before RL), made once and
+    cached (``$AGENTGYM_CACHE/warm_starts``, keyed by every config field the warm start reads): the variants
+    of a seed share it, and RL from it is exactly the run that made it (``sft.from_run``; tested in
+    ``tests/test_warm_start.py``). Concurrent runs wait for the one that makes it."""
+    import hashlib
+
+    from agentgym.cache import build_entry, cache_dir, entry_present
+    from agentgym.training.config.schema import TrainConfig, config_to_dict
+    from agentgym.training.run.loop import train
+    from agentgym.training.run.warm_start import warm_start_fields
+
+    fields = warm_start_fields(config_to_dict(cfg), config_to_dict(TrainConfig()))
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    entry = cache_dir("warm_starts") / digest
+
+    def build(tmp: Path) -> tuple[list[str], dict]:
+        train(cfg, tmp / "run", stop_after=0)
+        return ["run/checkpoint.pt", "run/config.json"], {"fields": fields}
+
+    build_entry(entry, build, complete=entry_present)
+    return entry / "run"
 
 
 def rollout_costs(out: Path, iterations: int) -> tuple[float, float]:
@@ -370,6 +400,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", choices=list(MODELS),
                         help="the policy behind every preset (smollm2: the packaged real model)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--own-warm-starts", action="store_true",
+                        help="each run makes its own warm start (default: the variants of a seed share one)")
     parser.add_argument("--results", default=str(RESULTS_FILE), help="JSON file the runs accumulate in")
     parser.add_argument("--update-cost", action="store_true",
                         help="only time the update step of each variant on one shared batch (grpo first)")
@@ -388,7 +420,8 @@ def main() -> None:
     stored = [r for r in stored if "variant" in r]  # rows of the older GRPO/RLOO/GiGPO-only script go
     done = {key(r) for r in stored}
     specs = [{"model": args.model, "tag": args.tag, "task": task, "variant": variant, "seed": seed,
-              "iterations": args.iterations, "set": args.set, "threads": args.threads}
+              "iterations": args.iterations, "set": args.set, "threads": args.threads,
+              "shared_warm_start": not args.own_warm_starts}
              for task in args.tasks for variant in args.variants for seed in args.seeds
              if preset(task, variant).is_file()]
     todo = [s for s in specs if key(s) not in done]

@@ -44,6 +44,9 @@ def train(
     out: str | None = typer.Option(None, help="New run folder (default: runs/<env>-<algorithm>-<time>)."),
     resume: str | None = typer.Option(None, help="Continue the run saved in this folder."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete the run already in --out first."),
+    warm_start_only: bool = typer.Option(False, "--warm-start-only",
+                                         help="Stop after the warm start (SFT and the evaluation before RL): "
+                                              "runs with --set sft.from_run=DIR start RL from it."),
 ) -> None:
     from agentgym.training.run.loop import Trainer
     from agentgym.training.run.progress import make_progress, quiet_third_party_bars
@@ -56,6 +59,9 @@ def train(
             raise ConfigError("several training processes share one run folder: pass --out DIR "
                               "(a folder every process, on every node, can reach)")
         with quiet_third_party_bars():
+            if warm_start_only and resume:
+                raise ConfigError("--warm-start-only makes a new run's warm start; --resume continues a run "
+                                  "past it: give one of them")
             cfg, folder = _config_and_folder(config, set_, out, resume, overwrite, notes)
             # Everything that can be checked is, before the folder is touched.
             trainer = Trainer(cfg, folder.path)
@@ -66,7 +72,7 @@ def train(
         raise typer.Exit(code=130) from None
     if other_process:
         try:
-            trainer.run(resume=bool(resume), overwrite=overwrite)
+            trainer.run(resume=bool(resume), overwrite=overwrite, stop_after=0 if warm_start_only else None)
         except AgentGymError as exc:
             fail(exc)
         except OSError as exc:
@@ -85,7 +91,8 @@ def train(
                   soft_wrap=True, markup=False, highlight=False)
     try:
         with quiet_third_party_bars(), make_progress(console) as progress:
-            report = trainer.run(resume=bool(resume), overwrite=overwrite, progress=progress)
+            report = trainer.run(resume=bool(resume), overwrite=overwrite, progress=progress,
+                                 stop_after=0 if warm_start_only else None)
     except AgentGymError as exc:
         fail(exc)
     except OSError as exc:
@@ -94,6 +101,12 @@ def train(
         _write_failed(exc, folder)
     finally:
         trainer.close()
+    if warm_start_only and report.get("stopped_after") == 0 and report["signal"] is None:
+        console.print(f"Warm start saved in {folder.path}. Train from it with --set "
+                      f"sft.from_run={folder.path} (any algorithm), or continue this run with: "
+                      f"{folder.resume_command()}",
+                      soft_wrap=True, markup=False, highlight=False)
+        return
     if "stopped_after" in report:
         _print_stop(report, folder, cfg)
         raise typer.Exit(code=143 if report["signal"] == "SIGTERM" else 130)

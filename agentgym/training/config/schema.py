@@ -449,6 +449,11 @@ class SFTConfig:
     """Train every weight during SFT even where ``model.train_top_layers`` limits what RL trains: the warm
     start is a few steps, and an action format is slow to learn in the top layers alone (the calculator
     preset on SmolLM2: 3% held-out after SFT with the top 6 of 30 layers, 75-78% with all of them)."""
+    from_run: str | None = None
+    """A run folder to take the warm start from instead of making one: its post-SFT weights, evaluations and
+    random state, so this run's RL goes as that run's would have (``agentgym.training.run.warm_start``). Make
+    one with ``agentgym train CONFIG --out DIR --warm-start-only``; the configs must agree on every field the
+    warm start reads (only the algorithm, its loss, the RL optimiser and the training rollouts may differ)."""
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: 
     task_sampler,
 )
 from agentgym.training.run.task_sampling import GroupFeed, zero_signal_share
+from agentgym.training.run.warm_start import WarmStartSource
 from agentgym.training.run.weight_sync import InFlightWeights, VersionedPolicy, bounded, version_metrics
 
 # Set-up helpers live in agentgym.training.run.setup; flatten is re-exported here.
@@ -124,6 +125,9 @@ class Trainer:
                     else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.dist.rank}-")))
         self.folder = RunFolder(self.out)
         self.reference_file = RunFolder(self.root).reference  # every process rebuilds the reference from it
+        self.warm_source = (WarmStartSource.open(cfg.sft.from_run, config_to_dict(cfg),
+                                                 config_to_dict(TrainConfig()), out_dir=self.root)
+                            if cfg.sft.from_run else None)
         self.progress = Progress()
         self.stop = StopSignals()
         self.resume_point: ResumePoint | None = None
@@ -297,8 +301,10 @@ class Trainer:
 
     def warm_start(self) -> dict[str, Any]:
         """SFT on expert demonstrations (when enabled), with the held-out evaluation before it; the one
-        after it is ``eval_before_rl``, once the warm start is saved."""
+        after it is ``eval_before_rl``, once the warm start is saved. With ``sft.from_run``: that run's."""
         cfg, extra, progress = self.cfg, {}, self.progress
+        if self.warm_source is not None:
+            return self.adopt_warm_start(self.warm_source)
         extra["eval_before_sft"] = (self.evaluate_phase("before", "eval before SFT")
                                     if cfg.sft.enabled and cfg.eval.before_sft else None)
         if cfg.sft.enabled:
@@ -324,6 +330,24 @@ class Trainer:
                        needed=self.plugins.needs_reference, write=self.dist.is_main)
         self.dist.barrier()
         return extra
+
+    def adopt_warm_start(self, source: WarmStartSource) -> dict[str, Any]:
+        """Another run's warm start as this run's: its weights, evaluations and random state."""
+        state = source.state()
+        base = source.lora_base() if is_lora(self.model) else None
+        if base is not None:  # SFT changed the base weights: this run's resume rebuilds them from the copy
+            restore_reference_base(self.model, base)
+            if self.dist.is_main:
+                source.copy_reference(self.reference_file)
+        load_model_state(self.model, state)
+        if self.weights is not None:
+            self.sync_generator()
+        save_reference(self.model, self.reference_file, sft_ran=False, needed=self.plugins.needs_reference,
+                       write=self.dist.is_main)
+        self.dist.barrier()
+        set_rng_state(state["rng"])
+        return {**{k: v for k, v in state["extra"].items() if k != "elapsed_s"},
+                "warm_start_from": str(source.folder.path)}
 
     def eval_before_rl(self, extra: dict[str, Any], history: list[dict[str, Any]], iteration: int) -> None:
         """The held-out evaluation RL starts from, into ``extra`` (once: a run stopped during it does it on
@@ -539,6 +563,8 @@ class Trainer:
             self.save(0, history, extra)
         self.resume_point, self.extra = ResumePoint(start_iteration, list(history)), extra  # saved already
         self.eval_before_rl(extra, history, start_iteration)
+        if stop_after == 0 and start_iteration == 0:  # --warm-start-only: sft.from_run reads the checkpoint
+            return self.stopped(0, history)
         folder.trajectories.mkdir(exist_ok=True)
         if plugins.needs_reference:
             self.freeze_reference()
@@ -644,8 +670,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwr
         out_dir: run folder: new or empty, or holding a run (``overwrite`` clears it first; ``resume``
             continues it, with the config changes a resumed run may make, ``run_folder.RESUMABLE``).
         on_iteration: called with each iteration's metrics.
-        stop_after: stop after this iteration number without finishing the run (tests use it to
-            simulate a killed run; the checkpoint of that iteration is written first).
+        stop_after: stop after this iteration number without finishing the run, its checkpoint written first
+            (0: right after the warm start, which ``sft.from_run`` then reads; tests use others to simulate a
+            killed run).
         progress: where progress goes (``agentgym.training.run.progress``; default: nowhere).
 
     Returns:
