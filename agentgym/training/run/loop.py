@@ -81,7 +81,7 @@ from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: 
 )
 from agentgym.training.run.task_sampling import GroupFeed, zero_signal_share
 from agentgym.training.run.warm_start import WarmStartSource
-from agentgym.training.run.weight_sync import InFlightWeights, VersionedPolicy, bounded, version_metrics
+from agentgym.training.run.weight_sync import bounded, rollout_generator, version_metrics
 
 # Set-up helpers live in agentgym.training.run.setup; flatten is re-exported here.
 
@@ -148,7 +148,8 @@ class Trainer:
         self.make_env = env_factory(cfg)
         self.has_tools = self._check_env()
         self.task_sampler = task_sampler(cfg, self.train_tasks)
-        self.generator = self.generating_policy()
+        self.generator, self.weights = rollout_generator(self.policy, self.model, r, seed=cfg.seed,
+                                                         world_size=self.dist.world_size)
         self.collector = Collector(self.make_env, self.generator, self.renderer, action_format=fmt,
                                    max_prompt_tokens=r.max_prompt_tokens)
         # Long phases ask before each of their steps whether to stop (``StopSignals.poll``): the collector
@@ -179,33 +180,6 @@ class Trainer:
     def poll_stop(self) -> None:
         """Raise ``StopNow`` if the run's pending stop applies now (``StopSignals.poll``)."""
         self.stop.poll()
-
-    def generating_policy(self) -> Any:
-        """What rollouts sample from: the policy, or, for asynchronous rollouts, a ``VersionedPolicy`` over a
-        copy of the trained model's weights (the update changes the model while episodes are collected) or
-        over a server that takes weights in flight (``agentgym.training.run.weight_sync``)."""
-        r = self.cfg.rollout
-        self.weights: InFlightWeights | None = None
-        if not r.max_staleness:
-            return self.policy
-        if self.dist.world_size > 1:
-            raise ConfigError("rollout.max_staleness > 0 is for one training process (its background "
-                              "collection would interleave collective calls with the update's); set "
-                              "rollout.max_staleness=0")
-        if capability(self.policy, "pauses_for_updates"):
-            raise ConfigError("rollout.max_staleness > 0 generates during updates, but model.vllm.sleep puts "
-                              "the colocated engine to sleep for them: use model.backend=vllm-server")
-        if capability(self.policy, "is_trained_model"):
-            generator = self.policy.detached_copy(self.cfg.seed)
-        elif capability(self.policy, "takes_weights_in_flight"):
-            generator = self.policy
-        else:
-            raise ConfigError(f"rollout.max_staleness > 0 generates while the trainer updates, but "
-                              f"{type(self.policy).__name__} can take new weights neither as a copy nor "
-                              f"while it generates: use model.backend=vllm-server or rollout.max_staleness=0")
-        self.weights = InFlightWeights(generator, self.model, partial_rollouts=r.partial_rollouts,
-                                       timeout_s=r.weight_sync_timeout_s)
-        return VersionedPolicy(self.weights)
 
     def sync_generator(self) -> None:
         """The trained weights to what generates, now (asynchronous: nothing may be collecting), under the

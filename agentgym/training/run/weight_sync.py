@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from agentgym.errors import AgentGymError
+from agentgym.errors import AgentGymError, ConfigError
 from agentgym.rollout.policy import Generation, SamplingParams, capability
 
 
@@ -164,5 +164,40 @@ def version_metrics(groups: Sequence[Any], version: int) -> dict[str, float]:
             "rollout/mixed_version_share": sum(mixed) / max(len(mixed), 1)}
 
 
-__all__ = ["InFlightWeights", "VersionedPolicy", "WeightSyncTimeout", "bounded",
+
+
+def rollout_generator(policy: Any, model: torch.nn.Module, rollout: Any, *, seed: int,
+                      world_size: int) -> tuple[Any, InFlightWeights | None]:
+    """What rollouts sample from, and the in-flight weights behind it: the policy itself (``None``), or, for
+    asynchronous rollouts (``rollout.max_staleness`` > 0), a ``VersionedPolicy`` over a copy of the trained
+    model's weights (the update changes the model while episodes are collected) or over a server that takes
+    weights in flight.
+
+    Raises:
+        ConfigError: asynchronous rollouts with several training processes, or with a policy that can take
+            new weights neither as a copy nor while it generates.
+    """
+    if not rollout.max_staleness:
+        return policy, None
+    if world_size > 1:
+        raise ConfigError("rollout.max_staleness > 0 is for one training process (its background "
+                          "collection would interleave collective calls with the update's); set "
+                          "rollout.max_staleness=0")
+    if capability(policy, "pauses_for_updates"):
+        raise ConfigError("rollout.max_staleness > 0 generates during updates, but model.vllm.sleep puts "
+                          "the colocated engine to sleep for them: use model.backend=vllm-server")
+    if capability(policy, "is_trained_model"):
+        generator = policy.detached_copy(seed)
+    elif capability(policy, "takes_weights_in_flight"):
+        generator = policy
+    else:
+        raise ConfigError(f"rollout.max_staleness > 0 generates while the trainer updates, but "
+                          f"{type(policy).__name__} can take new weights neither as a copy nor "
+                          f"while it generates: use model.backend=vllm-server or rollout.max_staleness=0")
+    weights = InFlightWeights(generator, model, partial_rollouts=rollout.partial_rollouts,
+                              timeout_s=rollout.weight_sync_timeout_s)
+    return VersionedPolicy(weights), weights
+
+
+__all__ = ["InFlightWeights", "VersionedPolicy", "WeightSyncTimeout", "bounded", "rollout_generator",
            "trainable_snapshot", "turn_versions", "version_metrics"]
