@@ -24,7 +24,7 @@ from agentgym.training.engine.offpolicy import importance_weights
 from agentgym.training.engine.packing import pack_turns
 from agentgym.training.run.checkpoint import load_checkpoint
 from agentgym.training.run.loop import Trainer, train
-from agentgym.training.run.weight_sync import InFlightWeights, WeightSyncTimeout
+from agentgym.training.run.weight_sync import InFlightWeights, WeightSyncTimeout, rollout_generator
 
 SMALL = small("iterations=3", "eval.num_episodes=2", "sft.enabled=false", "model.device=cpu")
 
@@ -300,3 +300,28 @@ def test_resuming_with_several_iterations_in_flight(tmp_path: Path) -> None:
     for entry in saved:
         groups = entry["result"][0]
         assert files[entry["iteration"] - 1] == "".join(json.dumps(g.to_json()) + "\n" for g in groups)
+
+
+class _Sleeper:
+    """A colocated engine that sleeps through updates (vLLM's ``sleep`` mode)."""
+    pauses_for_updates = True
+
+
+class _FixedServer:
+    """A generator that neither copies the trained model nor takes weights while it generates."""
+    is_trained_model = False
+    takes_weights_in_flight = False
+
+
+@pytest.mark.parametrize("policy, world_size, message", [
+    (_FixedServer(), 2, "is for one training process"),
+    (_Sleeper(), 1, "model.vllm.sleep puts the colocated engine to sleep"),
+    (_FixedServer(), 1, "_FixedServer can take new weights neither as a copy nor while it generates"),
+])
+def test_asynchronous_rollouts_refuse_generators_that_cannot_take_weights(policy: Any, world_size: int,
+                                                                           message: str) -> None:
+    rollout = load_config(None, ["rollout.max_staleness=1"]).rollout
+    with pytest.raises(ConfigError, match=message):
+        rollout_generator(policy, torch.nn.Linear(2, 2), rollout, seed=0, world_size=world_size)
+    assert rollout_generator(policy, torch.nn.Linear(2, 2), load_config(None, []).rollout, seed=0,
+                             world_size=world_size) == (policy, None)  # synchronous: the policy itself
