@@ -26,7 +26,8 @@ and cached (``shared_warm_start``); RL from it is exactly what each run would ha
 
 Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (model, tag, task,
 variant, seed, iterations): a run already there is not repeated, so a grid can be filled over several
-invocations, also at the same time.
+invocations, also at the same time. Each row holds ``started_commit`` (the checkout its run executed) and
+``provenance`` (commit, command and machine when the row was saved).
 Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` (training
 success and the sampled-token entropy estimate per iteration, mean over seeds). ``--update-cost``
 times only the update step of each variant on one shared batch and counts its forward passes
@@ -52,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
-from provenance import child_run, provenance, run_child
+from provenance import child_run, commit, provenance, run_child
 
 from agentgym.run_folder import RunFolder
 
@@ -144,6 +145,7 @@ def run_one(spec: dict) -> dict:
     from agentgym.training.run.loop import train
 
     torch.set_num_threads(spec.get("threads", 1))
+    started_commit = commit()  # the code this run executes (the row's provenance is taken when it is saved)
     overrides = [*TASKS[spec["task"]][0], *MODELS[spec.get("model", "tiny")], f"seed={spec['seed']}",
                  f"iterations={spec['iterations']}", "checkpoint_every=0", *spec["set"]]
     cfg = load_config(preset(spec["task"], spec["variant"]), overrides)
@@ -158,6 +160,7 @@ def run_one(spec: dict) -> dict:
     generate_s = sum(h["perf/generate_s"] for h in history)
     return {
         **spec,
+        "started_commit": started_commit,
         "wall_s": time.perf_counter() - started,
         "before": report["eval"]["before"]["success_rate"],
         "after": report["eval"]["after"]["success_rate"],
