@@ -126,18 +126,19 @@ def test_gspo_has_one_spelling_and_the_old_one_says_which() -> None:
         load_config(None, ["loss.sequence_ratio=true"])
 
 
-def test_the_smollm2_search_preset_is_what_the_algorithm_benchmark_runs_for_grpo(monkeypatch) -> None:
-    """``configs/search_qa_grpo_smollm2.yaml`` is the GRPO row of ``benchmarks/algorithms.py --model smollm2
-    --tasks search-qa2`` written out: a change to either that the other lacks fails here."""
+@pytest.mark.parametrize("variant", ["grpo", "arpo"])
+def test_the_smollm2_search_presets_are_what_the_algorithm_benchmark_runs(monkeypatch, variant: str) -> None:
+    """``configs/search_qa_<variant>_smollm2.yaml`` is that variant's row of ``benchmarks/algorithms.py
+    --model smollm2 --tasks search-qa2`` written out: a change to either that the other lacks fails here."""
     import importlib
     from dataclasses import replace
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.syspath_prepend(str(root / "benchmarks"))
     algorithms = importlib.import_module("algorithms")
-    composed = load_config(algorithms.preset("search-qa2", "grpo"),
+    composed = load_config(algorithms.preset("search-qa2", variant),
                            [*algorithms.TASKS["search-qa2"][0], *algorithms.MODELS["smollm2"]])
-    shipped = load_config("search_qa_grpo_smollm2")
+    shipped = load_config(f"search_qa_{variant}_smollm2")
     assert shipped.model.path == "smollm2"
     # the tiny model's shape is unused once model.path names a model; the run length is the benchmark's flag,
     # and the benchmark skips the untrained model's evaluation

@@ -59,7 +59,7 @@ SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
 # (page, a string only that block contains) -> why it is slow even shortened. Run with -m slow.
 SLOW: dict[tuple[str, str], str] = {
     ("README.md", "agentgym train quickstart_maze_grpo"): "four training runs and two resumes",
-    ("README.md", "search_qa_grpo_smollm2 --out"): "trains the packaged 135 M model (converting it first)",
+    ("README.md", "search_qa_arpo_smollm2 --out"): "trains the packaged 135 M model (converting it first)",
     ("README.md", "agentgym serve-policy runs/quickstart"):
         "evaluates a trained model in-process and through serve-policy (needs the prerequisite run)",
     ("docs/training.md", "--out runs/grpo-g4"): "two training runs and a resume",
