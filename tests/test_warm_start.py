@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,18 @@ def test_another_algorithm_starts_from_the_same_warm_start(warm: Path, tmp_path:
     reference = torch.load(tmp_path / "adopted" / "reference.pt", weights_only=False)
     post_sft = torch.load(warm / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(reference[k], post_sft[k]) for k in post_sft)
+
+
+def test_a_run_from_a_warm_start_resumes_without_its_source(warm: Path, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(warm, source)
+    adopt = [*RUN, f"sft.from_run={source}"]
+    whole = train(load_config(None, adopt), tmp_path / "whole")
+    train(load_config(None, adopt), tmp_path / "split", stop_after=1)
+    shutil.rmtree(source)  # or moved past its warm start: a resumed run reads its own checkpoint only
+    resumed = train(load_config(None, adopt), tmp_path / "split", resume=True)
+    assert strip(resumed["history"]) == strip(whole["history"])
+    assert resumed["eval"] == whole["eval"]
 
 
 def test_lora_warm_start_carries_its_folded_base(tmp_path: Path) -> None:

@@ -125,9 +125,10 @@ class Trainer:
                     else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.dist.rank}-")))
         self.folder = RunFolder(self.out)
         self.reference_file = RunFolder(self.root).reference  # every process rebuilds the reference from it
-        self.warm_source = (WarmStartSource.open(cfg.sft.from_run, config_to_dict(cfg),
-                                                 config_to_dict(TrainConfig()), out_dir=self.root)
-                            if cfg.sft.from_run else None)
+        # A new run's warm-start source is checked before anything is built; a folder holding a checkpoint is
+        # resumed (which never reads the source again) or overwritten (checked before it is cleared).
+        self.warm_source = (self.open_warm_source()
+                            if cfg.sft.from_run and not RunFolder(self.root).has_checkpoint() else None)
         self.progress = Progress()
         self.stop = StopSignals()
         self.resume_point: ResumePoint | None = None
@@ -304,6 +305,11 @@ class Trainer:
                        needed=self.plugins.needs_reference, write=self.dist.is_main)
         self.dist.barrier()
         return extra
+
+    def open_warm_source(self) -> WarmStartSource:
+        """``sft.from_run``, checked against this run's config (``WarmStartSource.open``)."""
+        return WarmStartSource.open(self.cfg.sft.from_run, config_to_dict(self.cfg),
+                                    config_to_dict(TrainConfig()), out_dir=self.root)
 
     def adopt_warm_start(self, source: WarmStartSource) -> dict[str, Any]:
         """Another run's warm start as this run's: its weights, evaluations and random state."""
@@ -528,6 +534,8 @@ class Trainer:
         if resume:
             history, extra, start_iteration = self.restore()
         else:
+            if cfg.sft.from_run and self.warm_source is None:
+                self.warm_source = self.open_warm_source()
             folder.start(config_to_dict(cfg), overwrite=overwrite)
             with stop.region("immediate"):  # nothing can be saved before SFT ends: any signal stops at once
                 extra = self.warm_start()
