@@ -134,8 +134,18 @@ def read_run_config(path: Path) -> dict[str, Any]:
                       f"`agentgym train` wrote there (the config the run started with, as JSON)")
 
 
+def under(path: str, fields: tuple[str, ...]) -> bool:
+    """Whether the flattened config field ``path`` is one of ``fields`` or lies below one of them.
+
+    Example:
+        >>> under("tracking.wandb", ("tracking",)), under("trackings", ("tracking",))
+        (True, False)
+    """
+    return any(path == field or path.startswith(field + ".") for field in fields)
+
+
 def _resumable(path: str) -> bool:
-    return any(path == field or path.startswith(field + ".") for field in RESUMABLE)
+    return under(path, RESUMABLE)
 
 
 class RunFolder:

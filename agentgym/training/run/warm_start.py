@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import ConfigError
-from agentgym.run_folder import RESUMABLE, RunFolder, flatten
+from agentgym.run_folder import RESUMABLE, RunFolder, flatten, under
 from agentgym.training.run.checkpoint import read_checkpoint
 
 #: Config fields the warm start never reads (with everything below them): the algorithm and its loss, the
@@ -40,7 +40,7 @@ RL_ONLY = (
 
 def rl_only(path: str) -> bool:
     """Whether the flattened config field ``path`` is one the warm start never reads."""
-    return any(path == field or path.startswith(field + ".") for field in RL_ONLY)
+    return under(path, RL_ONLY)
 
 
 def warm_start_fields(config: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
