@@ -9,9 +9,10 @@
 A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, ``rloo``, ``gigpo``,
 ``hgpo``, ``graphgpo``, ``ppo`` (a learned critic), ``seeupo``, and the options on top of GRPO:
 ``gspo``, ``dapo``, ``epo``, ``llds``); a *task* changes only the env (``maze``: the quickstart as is;
-``maze3``: 3×3-cell mazes with 20 turns, a longer horizon), except the tool tasks ``search-qa``,
-``search-qa2`` (questions of one or two hops) and ``code-math`` (the arithmetic drill: run the expression
-in the Python tool, answer its value), whose presets are ``configs/search_qa_<variant>_tiny.yaml`` and
+``maze3``: 3×3-cell mazes with 20 turns, a longer horizon; ``webshop``: ``webshop-v0``, trained on its
+train goals and evaluated on its test goals), except the tool tasks ``search-qa``, ``search-qa2``
+(questions of one or two hops) and ``code-math`` (the arithmetic drill: run the expression in the Python
+tool, answer its value), whose presets are ``configs/search_qa_<variant>_tiny.yaml`` and
 ``configs/code_math_<variant>_tiny.yaml`` (``grpo``, ``gigpo``, ``igpo``, ``arpo``); a variant without a
 preset for a task is skipped. On tool tasks a second table gives tool calls per episode (held-out) and run
 per task (training: a branch's copied turns are not run again), tokens generated per task, and the time of
@@ -73,6 +74,13 @@ TASKS: dict[str, tuple[list[str], float]] = {
     "code-math": ([], 0.6),
     # Questions of one or two hops (search an entity, then the entity its document names), four turns.
     "search-qa2": (["env.kwargs.max_hops=2", "env.max_turns=4"], 0.5),
+    # WebShop-style shopping (search, open a product, choose its options, buy; the expert takes 4.5 turns):
+    # trained on the catalog's train goals, evaluated on its test goals; 8 turns. Replies hold a whole search
+    # query (up to 30 SmolLM2 tokens, 150 bytes) and pages up to 1,600 bytes: made for --model smollm2; the
+    # tiny model gets the positions and reply length it would need.
+    "webshop": (["env.id=webshop-v0", "env.kwargs={}", "env.max_turns=8", "env.train_split=train",
+                 "eval.split=test", "rollout.max_new_tokens=160", "model.tiny.max_position_embeddings=4096"],
+                0.5),
 }
 #: model name → overrides applied after the task's, putting that model behind every preset: the packaged
 #: real model (SmolLM2-135M-Instruct) with the learning rates it needs, the prompts and reply lengths of an
@@ -98,6 +106,7 @@ PRESETS: dict[str, str] = {
     "search-qa": "search_qa_{variant}_tiny.yaml",
     "search-qa2": "search_qa_{variant}_tiny.yaml",
     "code-math": "code_math_{variant}_tiny.yaml",
+    "webshop": "quickstart_maze_{variant}.yaml",
 }
 
 
