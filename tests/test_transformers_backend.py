@@ -206,6 +206,57 @@ def test_a_repeated_prompt_is_prefilled_once_and_its_copies_sample_on_their_own(
         assert gen.token_ids == ref_ids and gen.logprobs == pytest.approx(ref_lps, abs=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_a_prefix_every_prompt_shares_is_prefilled_once(arch: str) -> None:
+    """Turns that start with the same instructions: their common prefix runs once, each row's own suffix
+    continues it (padding then sits between the two), and the generations equal the naive one-prompt-at-a-
+    time reference and the plain prefill's. GPT-2's learned absolute positions would expose a wrong
+    position id after the gap."""
+    if arch == "gpt2":
+        model, tok = absolute_position_model(), ByteTokenizer()
+    else:
+        model, tok = build_tiny_model(TinyModelConfig(arch=arch, seed=4))
+    policy = TransformersPolicy(model, tok)
+    shared = list(range(70, 90))  # 20 tokens
+    suffixes = [[40], [41, 42, 43], [44, 45, 46, 47, 48, 49], [41, 42, 43], [50, 51]]  # one repeated
+    prompts = [shared + suffix for suffix in suffixes]
+    shapes: list[tuple[int, ...]] = []
+    hook = model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        greedy = policy.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0))
+    finally:
+        hook.remove()
+    assert shapes[:3] == [(1, 20), (4, 6), (5, 1)]  # the prefix, the four distinct suffixes, then decoding
+    for prompt, gen in zip(prompts, greedy, strict=True):
+        ref_ids, ref_lps = greedy_reference(model, prompt, 8)
+        assert gen.token_ids == ref_ids and gen.logprobs == pytest.approx(ref_lps, abs=1e-4)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=7, num_top_logprobs=3,
+                            return_entropy=True)
+    shared_prefill = policy.generate(prompts, params)
+    scored = policy.score(prompts, [g.token_ids for g in shared_prefill])
+    for gen, row in zip(shared_prefill, scored, strict=True):
+        assert row == pytest.approx(gen.logprobs, abs=1e-4)
+    policy.min_shared_prefix = 10**9  # the plain prefill
+    plain = policy.generate(prompts, params)
+    for a, b in zip(shared_prefill, plain, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert a.entropies == pytest.approx(b.entropies, abs=1e-4)
+
+
+def test_a_short_common_prefix_is_not_worth_a_pass_of_its_own(policy: TransformersPolicy) -> None:
+    prompts = [[70, 71, 72, 40], [70, 71, 72, 41, 42]]  # 3 common tokens, fewer than MIN_SHARED_PREFIX
+    shapes: list[tuple[int, ...]] = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        policy.generate(prompts, SamplingParams(max_new_tokens=2, temperature=0))
+    finally:
+        hook.remove()
+    assert shapes[0] == (2, 5)
+
+
 def test_seeded_sampling_is_reproducible(policy: TransformersPolicy) -> None:
     params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, top_k=50, seed=123)
     first = policy.generate(PROMPTS, params)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentgym.backends.constrained import ConstraintMask, token_pieces
+from agentgym.backends.prefill import MIN_SHARED_PREFIX, pack_left, positions_from_mask, prefill
 from agentgym.errors import ConfigError
 from agentgym.rollout.constraints import make_constraint
 from agentgym.rollout.policy import Generation, PolicyBase, SamplingParams
@@ -26,46 +27,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from agentgym.backends.tiny import TinyModelConfig
-
-
-def pack_left(
-    sequences: Sequence[Sequence[int]], pad_id: int, device: torch.device | str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token-id lists into one batch, so every row ends at the last column.
-
-    Args:
-        sequences: Token-id lists (of any lengths).
-        pad_id: Id written into the padding (masked out, so its value does not matter).
-        device: Where to put the tensors.
-
-    Returns:
-        ``(input_ids, attention_mask)``, both ``(batch, max_len)`` int64; the mask is 1 on real tokens.
-
-    Example:
-        >>> ids, mask = pack_left([[5, 6, 7], [8]], pad_id=0)
-        >>> ids.tolist(), mask.tolist()
-        ([[5, 6, 7], [0, 0, 8]], [[1, 1, 1], [0, 0, 1]])
-    """
-    width = max((len(seq) for seq in sequences), default=0)
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if len(seq):
-            input_ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
-            attention_mask[row, width - len(seq) :] = 1
-    return input_ids.to(device), attention_mask.to(device)
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids ``(batch, seq)`` that count real tokens only: each row's first real token is 0.
-
-    Padding gets position 0 too; the attention mask hides it, so the value is irrelevant.
-
-    Example:
-        >>> positions_from_mask(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])).tolist()
-        [[0, 0, 0, 1], [0, 1, 2, 3]]
-    """
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def sampling_logprobs(
@@ -133,30 +94,6 @@ def select_cache_rows(cache: Any, rows: torch.Tensor) -> Any | None:
     if isinstance(cache, tuple) and all(isinstance(layer, tuple) for layer in cache):
         return tuple(tuple(t.index_select(0, rows) for t in layer) for layer in cache)
     return None
-
-
-def distinct_rows(prompts: Sequence[Sequence[int]]) -> tuple[list[int] | None, list[int] | None]:
-    """``(first row of each distinct prompt, for every row the position of its prompt among them)``, or
-    ``(None, None)`` when no prompt repeats.
-
-    Example:
-        >>> distinct_rows([[1, 2], [3], [1, 2], [1, 2]])
-        ([0, 1], [0, 1, 0, 0])
-        >>> distinct_rows([[1], [2]])
-        (None, None)
-    """
-    seen: dict[tuple[int, ...], int] = {}
-    first: list[int] = []
-    copies = []
-    for row, prompt in enumerate(prompts):
-        key = tuple(prompt)
-        if key not in seen:
-            seen[key] = len(first)
-            first.append(row)
-        copies.append(seen[key])
-    if len(first) == len(prompts):
-        return None, None
-    return first, copies
 
 
 def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
@@ -283,6 +220,9 @@ class TransformersPolicy(PolicyBase):
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
         self._pieces: dict[int, str] | None = None  # token texts, for constrained decoding
+        self.min_shared_prefix: int = MIN_SHARED_PREFIX
+        """A batch whose prompts all start with this many common tokens prefills them once
+        (``agentgym.backends.prefill``); a larger value than any prompt's length turns that off."""
 
     @classmethod
     def from_pretrained(
@@ -506,9 +446,6 @@ class TransformersPolicy(PolicyBase):
         # margin covers decoders that drop a leading space of the first token decoded.
         window = max((len(s.encode("utf-8")) for s in params.stop_strings), default=0) + 2
 
-        input_ids, attention_mask = pack_left(prompts, self.pad_token_id, self.device)
-        step_ids, step_positions = input_ids, positions_from_mask(attention_mask)
-        next_positions = step_positions[:, -1:] + 1  # (rows, 1)
         rows = list(range(len(prompts)))  # prompt index of each batch row
         active = [True] * len(rows)  # False only for finished rows kept when the cache cannot shrink
         token_ids: list[list[int]] = [[] for _ in prompts]
@@ -517,22 +454,10 @@ class TransformersPolicy(PolicyBase):
         entropies: list[list[float]] = [[] for _ in prompts]
         reasons: list[str] = ["length"] * len(prompts)
         forced: list[list[int]] = [[] for _ in prompts]  # positions where the constraint allowed one token
-        cache = new_kv_cache(self.model)
-        # A group's episodes start from one prompt: prefill each distinct prompt once, then copy its cache
-        # rows (and logits) to every row that has it.
-        distinct, copies = distinct_rows(prompts) if hasattr(cache, "batch_select_indices") else (None, None)
-        for step in range(params.max_new_tokens):
-            inputs = {"input_ids": step_ids, "attention_mask": attention_mask, "position_ids": step_positions}
-            if step == 0 and distinct is not None:
-                index = torch.tensor(distinct, device=self.device)
-                inputs = {name: value.index_select(0, index) for name, value in inputs.items()}
-            out, logits = self._forward(1, **inputs, use_cache=True, **{self._cache_name: cache})
-            cache = getattr(out, self._cache_name)
-            if step == 0 and copies is not None:
-                expand = torch.tensor(copies, device=self.device)
-                cache.batch_select_indices(expand)
-                logits = logits.index_select(0, expand)
-            logits = logits[:, -1, :]
+        cache, logits, attention_mask, next_positions = prefill(
+            self._forward, new_kv_cache(self.model), self._cache_name, prompts, self.pad_token_id,
+            self.device, min_shared_prefix=self.min_shared_prefix)
+        for _ in range(params.max_new_tokens):
             if mask is not None:
                 allowed = mask.step([i if a else None for i, a in zip(rows, active, strict=True)])
                 single = (torch.isfinite(allowed).sum(-1) == 1).tolist()  # the rule left one token: no choice
@@ -593,7 +518,12 @@ class TransformersPolicy(PolicyBase):
             live = torch.tensor(active, device=self.device)
             step_ids = torch.where(live, chosen, torch.full_like(chosen, self.pad_token_id)).unsqueeze(-1)
             attention_mask = torch.cat([attention_mask, live.long().unsqueeze(-1)], dim=-1)
-            step_positions = next_positions
+            # Every kept row is below max_new_tokens, so the next step's logits are needed.
+            out, logits = self._forward(1, input_ids=step_ids, attention_mask=attention_mask,
+                                        position_ids=next_positions, use_cache=True,
+                                        **{self._cache_name: cache})
+            cache = getattr(out, self._cache_name)
+            logits = logits[:, -1, :]
             next_positions = next_positions + 1
 
         return [
