@@ -4,7 +4,8 @@ Generation is an explicit KV-cached decoding loop (not ``model.generate``) so th
 log-probs, top log-probs and entropies are exactly those of the distribution each token was drawn
 from. Prompts of different lengths are left-padded and position ids are counted from the
 attention mask, so padding never shifts a prompt's positions; rows that finish are dropped from the
-batch (and from the cache) and stop growing.
+batch (and from the cache) and stop growing. The first step runs each distinct prompt once and the prefix
+that all of them share once (``agentgym.backends.prefill``).
 """
 
 from __future__ import annotations
