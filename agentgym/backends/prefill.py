@@ -10,6 +10,7 @@ tokens. The key/value cache and last logits equal those of the plain left-padded
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -101,6 +102,28 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return max(0, min(common, min(len(p) for p in prompts) - 1))
 
 
+def prefix_inputs(prefix_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A one-row prefix's model inputs: ``input_ids`` ``(1, length)``, an all-ones mask, positions from 0."""
+    return {"input_ids": prefix_ids, "attention_mask": torch.ones_like(prefix_ids),
+            "position_ids": torch.arange(prefix_ids.shape[-1], device=prefix_ids.device)[None]}
+
+
+def cache_shared_prefix(call: Callable[..., Any], cache: Any, cache_name: str, prefix_ids: torch.Tensor,
+                        rows: int) -> None:
+    """Run a prefix that ``rows`` rows share once into ``cache`` and repeat its keys and values, one copy
+    per row, for each row's own suffix to continue (a ``transformers`` ``Cache``).
+
+    Args:
+        call: Runs the model on keyword inputs (the model itself, or a wrapper that keeps some logits).
+        cache: An empty cache; filled in place.
+        cache_name: The model's keyword for the cache.
+        prefix_ids: The shared tokens, ``(1, length)``.
+        rows: How many rows continue it.
+    """
+    call(**prefix_inputs(prefix_ids), use_cache=True, **{cache_name: cache})
+    cache.batch_repeat_interleave(rows)
+
+
 def prefill(
     forward: Callable[..., tuple[Any, torch.Tensor]],
     cache: Any,
@@ -136,9 +159,7 @@ def prefill(
         shared = 0
     if shared:
         prefix = torch.tensor([list(run[0][:shared])], dtype=torch.long, device=device)
-        forward(1, input_ids=prefix, attention_mask=torch.ones_like(prefix),
-                position_ids=torch.arange(shared, device=device)[None], use_cache=True, **{cache_name: cache})
-        cache.batch_repeat_interleave(len(run))  # each row's suffix continues its own copy
+        cache_shared_prefix(functools.partial(forward, 1), cache, cache_name, prefix, len(run))
     suffix_ids, suffix_mask = pack_left([p[shared:] for p in run], pad_id, device)
     # Padding sits between the shared prefix and a shorter row's suffix; the mask hides it and the
     # positions count real tokens only, so every token keeps its position in its own prompt.

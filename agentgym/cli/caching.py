@@ -56,8 +56,9 @@ def cache_list(
     found = [e for e in entries(folder) if kind is None or e.kind == kind]
     table = Table("kind", "entry", "size", "last used", "usable")
     for entry in found:
-        table.add_row(entry.kind, str(entry.path.relative_to(folder)), _size(entry.size), _age(entry.last_used),
-                      "yes" if entry.unusable is None else f"no: {entry.unusable}")
+        usable = "yes" if entry.unusable is None else f"no: {entry.unusable}"
+        name = str(entry.path.relative_to(folder))
+        table.add_row(entry.kind, name, _size(entry.size), _age(entry.last_used), usable)
     if found:
         console.print(table)
     unusable = [e for e in found if e.unusable]
@@ -69,8 +70,8 @@ def cache_list(
 @cache_app.command("prune")
 def cache_prune(
     kind: str | None = typer.Option(None, help="Only this kind: models, textworld, alfworld, warm_starts."),
-    unused_days: float | None = typer.Option(None, "--unused-days", min=0,
-                                             help="Also remove entries not built or used for this many days."),
+    unused_days: float | None = typer.Option(
+        None, "--unused-days", min=0, help="Also remove entries not built or used for this many days."),
     everything: bool = typer.Option(False, "--all", help="Remove every entry (of --kind, if given)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print what would be removed."),
     root: Path | None = typer.Option(None, help=_ROOT_HELP),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agentgym.backends.prefill import cache_shared_prefix, prefix_inputs
 from agentgym.backends.transformers_backend import cache_argument_name, new_kv_cache
 from agentgym.training.engine.packing import (
     TokenBatch,
@@ -154,15 +155,11 @@ def _continue_prefix(model: torch.nn.Module, part: TokenBatch, prefix_len: int, 
                      return_entropy: bool, all_positions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The segment's log-probs: one pass over the common prefix, then every row's suffix continuing its
     cache. Positions before the suffix's second token hold 0 (no response token sits there)."""
-    n = part.num_rows
     prefix_ids = part.input_ids[:1, :prefix_len]
-    prefix_inputs = {"input_ids": prefix_ids, "attention_mask": torch.ones_like(prefix_ids),
-                     "position_ids": torch.arange(prefix_len, device=prefix_ids.device)[None]}
     if not all_positions:
-        _response_head(model, {**prefix_inputs, "use_cache": False})  # the once-per-model check, uncached
+        _response_head(model, {**prefix_inputs(prefix_ids), "use_cache": False})  # the once-per-model check
     cache = new_kv_cache(model)
-    model(**prefix_inputs, use_cache=True, **{cache_argument_name(model): cache})  # fills the cache
-    cache.batch_repeat_interleave(n)  # one copy per row: each row's suffix extends its own
+    cache_shared_prefix(model, cache, cache_argument_name(model), prefix_ids, part.num_rows)
     suffix_mask = part.attention_mask[:, prefix_len:]
     position_ids = (prefix_len + suffix_mask.long().cumsum(-1) - 1).clamp(min=prefix_len)
     got, got_entropy = row_logprobs(
