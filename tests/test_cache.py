@@ -142,11 +142,19 @@ def test_the_cache_commands_list_and_prune(tmp_path: Path) -> None:
     build_entry(root / "textworld" / "tw-simple" / "seed0", plain)
     source.unlink()
     runner = CliRunner()
-    listed = runner.invoke(app, ["cache", "list", "--root", str(root)], env={"COLUMNS": "300"})
-    assert listed.exit_code == 0, listed.output
+    summary = runner.invoke(app, ["cache", "list", "--root", str(root)], env={"COLUMNS": "300"})
+    assert summary.exit_code == 0, summary.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in summary.output.splitlines() if line.startswith("│")}
+    assert rows["models"][0] == "1" and rows["models"][3].startswith("1 (")  # one entry, no run can use it
+    assert rows["textworld"][0] == "1" and rows["textworld"][3] == "0"
+    assert "2 entries" in summary.output and "1 no run can use" in summary.output
+    listed = runner.invoke(app, ["cache", "list", "--root", str(root), "--entries"], env={"COLUMNS": "300"})
     assert "models/model-1" in listed.output and "textworld/tw-simple/seed0" in listed.output
     assert f"no: its source {source} is gone" in listed.output
-    assert "2 entries" in listed.output and "1 no run can use" in listed.output
+    models = runner.invoke(app, ["cache", "list", "--root", str(root), "--kind", "models"],
+                           env={"COLUMNS": "300"})
+    assert "models/model-1" in models.output and "textworld" not in models.output
     dry = runner.invoke(app, ["cache", "prune", "--root", str(root), "--dry-run"])
     assert dry.exit_code == 0 and "would remove models/model-1" in dry.output
     assert (root / "models" / "model-1").exists()

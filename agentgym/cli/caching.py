@@ -46,20 +46,31 @@ def _age(seconds_since: float) -> str:
 
 @cache_app.command("list")
 def cache_list(
-    kind: str | None = typer.Option(None, help="Only this kind: models, textworld, alfworld, warm_starts."),
+    kind: str | None = typer.Option(None, help="List this kind's entries: models, textworld, alfworld, "
+                                               "warm_starts."),
+    show_entries: bool = typer.Option(False, "--entries", help="List every entry of every kind."),
     root: Path | None = typer.Option(None, help=_ROOT_HELP),
 ) -> None:
-    """List the cache's entries: kind, folder, size, when last built or used, and whether a run can still
-    use it."""
+    """What the cache holds: per kind, its entries, their size and how many no run can use any more; with
+    --kind or --entries, each entry (its folder, size, last build or use, and why no run can use it)."""
     _check_kind(kind)
     folder = root if root is not None else cache_dir("")
     found = [e for e in entries(folder) if kind is None or e.kind == kind]
-    table = Table("kind", "entry", "size", "last used", "usable")
-    for entry in found:
-        usable = "yes" if entry.unusable is None else f"no: {entry.unusable}"
-        name = str(entry.path.relative_to(folder))
-        table.add_row(entry.kind, name, _size(entry.size), _age(entry.last_used), usable)
-    if found:
+    if found and (kind is not None or show_entries):
+        table = Table("kind", "entry", "size", "last used", "usable")
+        for entry in found:
+            usable = "yes" if entry.unusable is None else f"no: {entry.unusable}"
+            name = str(entry.path.relative_to(folder))
+            table.add_row(entry.kind, name, _size(entry.size), _age(entry.last_used), usable)
+        console.print(table)
+    elif found:
+        table = Table("kind", "entries", "size", "last used", "no run can use")
+        for name in sorted({e.kind for e in found}):
+            of_kind = [e for e in found if e.kind == name]
+            unusable = [e for e in of_kind if e.unusable]
+            table.add_row(name, str(len(of_kind)), _size(sum(e.size for e in of_kind)),
+                          _age(max(e.last_used for e in of_kind)),
+                          f"{len(unusable)} ({_size(sum(e.size for e in unusable))})" if unusable else "0")
         console.print(table)
     unusable = [e for e in found if e.unusable]
     console.print(f"{len(found)} entries, {_size(sum(e.size for e in found))} in {folder}"
