@@ -33,6 +33,7 @@ import difflib
 import hashlib
 import importlib.util
 import json
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,10 @@ def convert_gguf(path: str | Path) -> Path:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        # A minute or two of transformers' progress bars would otherwise not say what they are for.
+        print(f"agentgym: converting {path.name} into {entry} (once: later runs load that folder)",
+              file=sys.stderr, flush=True)
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
