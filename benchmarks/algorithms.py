@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -149,6 +150,11 @@ def response_statistics(out: Path, iterations: int) -> tuple[list[float], list[f
     return nll, success_lp
 
 
+def run_name(spec: dict) -> str:
+    """The folder ``--keep`` gives a run: ``<model>_<tag>_<task>_<variant>_seed<seed>``."""
+    return f"{spec.get('model', 'tiny')}_{spec['tag']}_{spec['task']}_{spec['variant']}_seed{spec['seed']}"
+
+
 def run_one(spec: dict) -> dict:
     """One training run (in this process); returns its row of results."""
     import resource
@@ -172,10 +178,13 @@ def run_one(spec: dict) -> dict:
         report = train(cfg, out)
         nll, success_lp = response_statistics(Path(out), spec["iterations"])
         tool_calls, gen_tokens = rollout_costs(Path(out), spec["iterations"])
+        if spec.get("keep"):  # the run folder without its weights: trajectories, metrics, config
+            shutil.copytree(out, Path(spec["keep"]) / run_name(spec), ignore=shutil.ignore_patterns("*.pt"),
+                            dirs_exist_ok=True)
     history = report["history"]
     generate_s = sum(h["perf/generate_s"] for h in history)
     return {
-        **spec,
+        **{field: value for field, value in spec.items() if field != "keep"},  # a local path, not a result
         "started_commit": started_commit,
         "wall_s": time.perf_counter() - started,
         "before": report["eval"]["before"]["success_rate"],
@@ -422,6 +431,9 @@ def main() -> None:
     parser.add_argument("--own-warm-starts", action="store_true",
                         help="each run makes its own warm start (default: the variants of a seed share one)")
     parser.add_argument("--results", default=str(RESULTS_FILE), help="JSON file the runs accumulate in")
+    parser.add_argument("--keep", default=None, help="keep each run's folder, weights left out, in "
+                                                      "KEEP/<model>_<tag>_<task>_<variant>_seed<seed> "
+                                                      "(benchmarks/replay_advantages.py reads it)")
     parser.add_argument("--update-cost", action="store_true",
                         help="only time the update step of each variant on one shared batch (grpo first)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each timed update (--update-cost)")
@@ -440,7 +452,8 @@ def main() -> None:
     done = {key(r) for r in stored}
     specs = [{"model": args.model, "tag": args.tag, "task": task, "variant": variant, "seed": seed,
               "iterations": args.iterations, "set": args.set, "threads": args.threads,
-              "shared_warm_start": not args.own_warm_starts}
+              "shared_warm_start": not args.own_warm_starts,
+              "keep": str(Path(args.keep).resolve()) if args.keep else None}
              for task in args.tasks for variant in args.variants for seed in args.seeds
              if preset(task, variant).is_file()]
     todo = [s for s in specs if key(s) not in done]
