@@ -481,3 +481,21 @@ def test_a_bad_thread_count_is_a_one_line_error(value: str, message: str) -> Non
     with pytest.raises(ConfigError, match=message) as raised:
         load_config(None, [f"model.num_threads={value}"])
     assert "\n" not in str(raised.value)
+
+
+def test_activation_checkpointing_is_switched_on_without_a_deprecation_warning() -> None:
+    import warnings
+
+    model, _ = build_tiny_model(TinyModelConfig(seed=3))
+    model.train()
+    ids = torch.randint(0, 200, (2, 12))
+    model(input_ids=ids).logits.sum().backward()
+    plain = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # transformers 5 warns on gradient_checkpointing_enable
+        transformers_backend.enable_activation_checkpointing(model)
+    assert model.is_activation_checkpointing
+    model(input_ids=ids).logits.sum().backward()
+    again = [p.grad for p in model.parameters() if p.grad is not None]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, again, strict=True))

@@ -14,7 +14,9 @@ in a full run.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +35,17 @@ def _peft() -> Any:
     except ImportError:
         raise ConfigError("model.lora needs the peft package: pip install 'agentgym-rl[lora]'") from None
     return peft
+
+
+@contextlib.contextmanager
+def _peft_reads_a_deprecated_property() -> Iterator[None]:
+    """PEFT's model wrapper reads ``is_gradient_checkpointing``, which transformers 5 deprecated in favour of
+    ``is_activation_checkpointing``: a FutureWarning on every adapter made or loaded that the user can do
+    nothing about. Only that warning is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
@@ -58,7 +71,8 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     config = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                              target_modules=[m for m in cfg.target_modules if m in names],
                              task_type="CAUSAL_LM")
-    return peft.get_peft_model(model, config)
+    with _peft_reads_a_deprecated_property():
+        return peft.get_peft_model(model, config)
 
 
 def is_lora(model: Any) -> bool:
@@ -260,7 +274,8 @@ def merged_from_adapter(model: torch.nn.Module, adapter_dir: str) -> dict[str, t
         raise ConfigError(f"'{adapter_dir}' has no adapter_model.safetensors{why}")
     peft = _peft()
     try:
-        adapted = peft.PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
+        with _peft_reads_a_deprecated_property():
+            adapted = peft.PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
     except (ValueError, RuntimeError, KeyError) as exc:
         raise ConfigError(f"the adapter in '{adapter_dir}' does not fit this model: "
                           f"{str(exc)[:200]}") from None

@@ -115,6 +115,16 @@ def _logits_to_keep_name(model: torch.nn.Module) -> str | None:
     return None
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute the layers' activations in the backward pass instead of keeping them (non-reentrant).
+    transformers 5 renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable`` and the
+    old name warns on every call; older releases have only the old one."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def cache_argument_name(model: torch.nn.Module) -> str:
     """Name under which ``forward`` takes and returns the KV cache.
 

@@ -23,6 +23,7 @@ import json
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ import torch
 
 from agentgym.backends.builder import every_weight_trained, make_policy
 from agentgym.backends.lora import is_lora
+from agentgym.backends.transformers_backend import enable_activation_checkpointing
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
 from agentgym.eval.summary import summarize
@@ -159,7 +161,7 @@ class Trainer:
         self.pipeline = RolloutPipeline(self.collect, r.max_staleness,
                                         before_collect=self.weights.take if self.weights else None)
         if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         self.optimizer = torch.optim.AdamW(trainable_parameters(self.model), lr=cfg.optim.lr,
                                            betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
         self.trained, self.optimizer = self.dist.prepare(self.model, self.optimizer)
@@ -491,7 +493,10 @@ class Trainer:
         self.resume_point = None
         for term in self.plugins.terms.values():
             metrics.update(term.end_iteration())
-        self.scheduler.step()
+        with warnings.catch_warnings():  # the schedule counts iterations, also one whose update made no
+            # optimiser step (no group had a signal), which PyTorch's call-order check would report
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         self.pipeline.updated(started, time.perf_counter())
         if self.weights is not None:
             self.weights.publish(self.pipeline.version)
