@@ -200,7 +200,7 @@ def entries(root: Path | None = None) -> list[Entry]:
     root = Path(root) if root is not None else cache_dir("")
     found: list[Entry] = []
     taken: set[Path] = set()
-    for meta_file in sorted(root.rglob("meta.json")):
+    for meta_file in sorted(root.rglob("meta.json"), key=lambda p: (len(p.parts), p)):  # outer entries first
         folder = meta_file.parent
         relative = folder.relative_to(root)
         if any(part.startswith(TMP_PREFIX) for part in relative.parts) or taken.intersection(folder.parents):
@@ -213,7 +213,7 @@ def entries(root: Path | None = None) -> list[Entry]:
         found.append(Entry(path=folder, kind=relative.parts[0] if len(relative.parts) > 1 else "",
                            size=_folder_size(folder), last_used=folder.stat().st_mtime,
                            unusable=_unusable(meta) if isinstance(meta, dict) else None))
-    return found
+    return sorted(found, key=lambda e: e.path)
 
 
 def unfinished_builds(root: Path | None = None) -> list[Path]:

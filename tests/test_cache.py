@@ -59,6 +59,9 @@ def test_prune_takes_what_no_run_can_use_and_keeps_the_rest(tmp_path: Path) -> N
         source.write_bytes(b"gguf")
         build_entry(root / "models" / source.stem, converted_from(source))
     build_entry(root / "textworld" / "tw-simple" / "seed0", plain)
+    inner = root / "textworld" / "tw-simple" / "seed0" / "a-folder"  # a file named meta.json inside an entry
+    inner.mkdir()
+    (inner / "meta.json").write_text("{}")
     dead_build = root / "models" / ".tmp-other-abcd1234"  # what a killed conversion leaves
     (dead_build / "sub").mkdir(parents=True)
     (dead_build / "sub" / "part.bin").write_bytes(b"x" * 7)
@@ -69,6 +72,8 @@ def test_prune_takes_what_no_run_can_use_and_keeps_the_rest(tmp_path: Path) -> N
     assert sorted(listed) == ["models/changed", "models/gone", "models/kept", "textworld/tw-simple/seed0"]
     assert listed["textworld/tw-simple/seed0"].kind == "textworld"
     assert listed["models/kept"].size == 100 + (root / "models/kept/meta.json").stat().st_size
+    assert listed["textworld/tw-simple/seed0"].size == 10 + 2 + (
+        root / "textworld/tw-simple/seed0/meta.json").stat().st_size
     assert listed["models/kept"].unusable is None and listed["textworld/tw-simple/seed0"].unusable is None
     assert "is gone" in listed["models/gone"].unusable and "has changed" in listed["models/changed"].unusable
 
