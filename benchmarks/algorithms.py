@@ -28,7 +28,11 @@ and cached (``shared_warm_start``); RL from it is exactly what each run would ha
 Results accumulate in ``benchmarks/results/algorithms.json`` (``--results``) keyed by (model, tag, task,
 variant, seed, iterations): a run already there is not repeated, so a grid can be filled over several
 invocations, also at the same time. Each row holds ``started_commit`` (the checkout its run executed) and
-``provenance`` (commit, command and machine when the row was saved).
+``provenance`` (commit, command and machine when the row was saved). With ``--work DIR`` each run trains in
+``DIR/<model>_<tag>_<task>_<variant>_seed<seed>``, checkpointed every iteration: a run whose process was
+stopped or killed goes on from its last finished iteration when the command runs again (exactly the run
+it would have been), and its row says after which iterations it ``resumed`` and the ``commits`` each
+process started at; the folder goes once the row is saved.
 Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` (training
 success and the sampled-token entropy estimate per iteration, mean over seeds). ``--update-cost``
 times only the update step of each variant on one shared batch and counts its forward passes
@@ -44,6 +48,7 @@ the sampling entropy: it falls towards 0 when the policy collapses onto determin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import shutil
@@ -167,26 +172,33 @@ def run_one(spec: dict) -> dict:
     torch.set_num_threads(spec.get("threads", 1))
     started_commit = commit()  # the code this run executes (the row's provenance is taken when it is saved)
     model = spec.get("model", "tiny")
+    work = Path(spec["work"]) / run_name(spec) if spec.get("work") else None
     overrides = [*TASKS[spec["task"]][0], *MODELS[model], *TASK_MODEL.get((spec["task"], model), []),
-                 f"seed={spec['seed']}", f"iterations={spec['iterations']}", "checkpoint_every=0",
-                 *spec["set"]]
+                 f"seed={spec['seed']}", f"iterations={spec['iterations']}",
+                 f"checkpoint_every={1 if work else 0}", *spec["set"]]
     cfg = load_config(preset(spec["task"], spec["variant"]), overrides)
     started = time.perf_counter()
-    if spec.get("shared_warm_start", True):
-        cfg = replace(cfg, sft=replace(cfg.sft, from_run=str(shared_warm_start(cfg))))
-    with tempfile.TemporaryDirectory() as out:
-        report = train(cfg, out)
-        nll, success_lp = response_statistics(Path(out), spec["iterations"])
-        tool_calls, gen_tokens = rollout_costs(Path(out), spec["iterations"])
+    with contextlib.ExitStack() as stack:
+        if work:
+            stack.enter_context(run_lock(work))
+        if spec.get("shared_warm_start", True):
+            cfg = replace(cfg, sft=replace(cfg.sft, from_run=str(shared_warm_start(cfg))))
+        out = work or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        report, earlier = train_resuming(cfg, out, started_commit) if work else (train(cfg, out), {})
+        nll, success_lp = response_statistics(out, spec["iterations"])
+        tool_calls, gen_tokens = rollout_costs(out, spec["iterations"])
         if spec.get("keep"):  # the run folder without its weights: trajectories, metrics, config
             shutil.copytree(out, Path(spec["keep"]) / run_name(spec), ignore=shutil.ignore_patterns("*.pt"),
                             dirs_exist_ok=True)
     history = report["history"]
     generate_s = sum(h["perf/generate_s"] for h in history)
     return {
-        **{field: value for field, value in spec.items() if field != "keep"},  # a local path, not a result
-        "started_commit": started_commit,
-        "wall_s": time.perf_counter() - started,
+        # keep and work are local paths, not results
+        **{field: value for field, value in spec.items() if field not in ("keep", "work")},
+        "started_commit": (earlier.get("commits") or [started_commit])[0],
+        # A --work run that several processes trained: the iterations each resumed after, their commits.
+        **({"resumed": earlier["resumed"], "commits": earlier["commits"]} if earlier.get("resumed") else {}),
+        "wall_s": earlier.get("wall_s", 0.0) + time.perf_counter() - started,
         "before": report["eval"]["before"]["success_rate"],
         "after": report["eval"]["after"]["success_rate"],
         "iters_to_threshold": first_reaching(history, TASKS[spec["task"]][1]),
@@ -204,6 +216,64 @@ def run_one(spec: dict) -> dict:
         "score_frac": sum(h.get("igpo/score_s", 0.0) for h in history) / generate_s if generate_s else 0.0,
         "hooks_frac": sum(h["perf/hooks_s"] for h in history) / generate_s if generate_s else 0.0,
     }
+
+
+@contextlib.contextmanager
+def run_lock(work: Path):
+    """Hold ``<work>.lock`` while this process trains in ``work``: two invocations of one grid must not
+    train the same run into one folder."""
+    import fcntl
+
+    work.parent.mkdir(parents=True, exist_ok=True)
+    with open(work.with_name(work.name + ".lock"), "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{work} is being trained by another process; its row comes from that one") \
+                from None
+        yield
+
+
+#: In a ``--work`` run folder: what the processes that trained it before this one did (``train_resuming``).
+LEDGER = "benchmark.json"
+
+
+def train_resuming(cfg, out: Path, started_commit: str) -> tuple[dict, dict]:
+    """Train ``cfg`` in ``out`` (``--work``: checkpointed every iteration), going on from the checkpoint an
+    earlier process left there, or reading the report of a run that finished before its row was saved.
+
+    Returns the report and the ledger (``LEDGER``) of the processes that trained the run before this one:
+    their wall seconds, the commits they and this one started at, and the iterations this and earlier
+    processes resumed after (empty for a run trained in one go). This process adds its seconds to the file
+    at every iteration, so one killed at any point leaves it right for the next.
+    """
+    from agentgym.training.run.checkpoint import checkpoint_iteration
+    from agentgym.training.run.loop import train
+
+    folder = RunFolder(out)
+    ledger_file = out / LEDGER
+    saved = json.loads(ledger_file.read_text()) if ledger_file.is_file() else {}
+    earlier = {"wall_s": saved.get("wall_s", 0.0), "commits": saved.get("commits", []),
+               "resumed": saved.get("resumed", [])}
+    if folder.report.is_file():  # finished, but its process went before the row was saved
+        return json.loads(folder.report.read_text()), earlier
+    resume = folder.has_checkpoint()
+    earlier["commits"].append(started_commit)
+    if resume:
+        earlier["resumed"].append(checkpoint_iteration(out))
+        print(f"{out.name}: resuming after iteration {earlier['resumed'][-1]}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+
+    def record(_metrics: dict | None = None) -> None:
+        tmp = ledger_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**earlier, "wall_s": earlier["wall_s"] + time.perf_counter() - started}))
+        tmp.replace(ledger_file)
+
+    out.mkdir(parents=True, exist_ok=True)
+    # A folder without a checkpoint holds the start of a process that saved nothing yet: it starts again.
+    report = train(cfg, out, resume=resume, overwrite=not resume, on_iteration=record)
+    record()
+    return report, earlier
 
 
 def shared_warm_start(cfg) -> Path:
@@ -434,6 +504,10 @@ def main() -> None:
     parser.add_argument("--keep", default=None, help="keep each run's folder, weights left out, in "
                                                       "KEEP/<model>_<tag>_<task>_<variant>_seed<seed> "
                                                       "(benchmarks/replay_advantages.py reads it)")
+    parser.add_argument("--work", default=None,
+                        help="train each run in WORK/<model>_<tag>_<task>_<variant>_seed<seed>, checkpointed "
+                             "every iteration: a run stopped or killed goes on from its last iteration when "
+                             "the same command runs again (the folder goes once the row is saved)")
     parser.add_argument("--update-cost", action="store_true",
                         help="only time the update step of each variant on one shared batch (grpo first)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each timed update (--update-cost)")
@@ -453,14 +527,15 @@ def main() -> None:
     specs = [{"model": args.model, "tag": args.tag, "task": task, "variant": variant, "seed": seed,
               "iterations": args.iterations, "set": args.set, "threads": args.threads,
               "shared_warm_start": not args.own_warm_starts,
-              "keep": str(Path(args.keep).resolve()) if args.keep else None}
+              "keep": str(Path(args.keep).resolve()) if args.keep else None,
+              "work": str(Path(args.work).resolve()) if args.work else None}
              for task in args.tasks for variant in args.variants for seed in args.seeds
              if preset(task, variant).is_file()]
     todo = [s for s in specs if key(s) not in done]
     print(f"{len(specs) - len(todo)} of {len(specs)} runs already in {results.name}; running {len(todo)}",
           flush=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(launch, spec) for spec in todo]
+        futures = {pool.submit(launch, spec): spec for spec in todo}
         for future in as_completed(futures):
             try:
                 run = future.result()
@@ -469,6 +544,8 @@ def main() -> None:
                 continue
             stored.append(run)
             save(results, run)
+            if args.work:  # its row is saved: the checkpoints can go
+                shutil.rmtree(Path(args.work) / run_name(futures[future]), ignore_errors=True)
             print(f"{run['task']} {run['variant']} seed {run['seed']}: {run['before']:.0%} -> "
                   f"{run['after']:.0%} "
                   f"({run['wall_s']:.0f} s, {run['s_per_iteration']:.1f} s/it)", flush=True)

@@ -1,0 +1,69 @@
+"""benchmarks/algorithms.py --work: a run killed part-way goes on from its last iteration when the grid's
+command runs again, and its row is the row the run would have had in one go."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The quickstart maze cut to seconds: a few SFT epochs, 2 tasks x 2 episodes, a short held-out evaluation.
+CHEAP = ["sft.num_epochs=2", "sft.num_episodes=4", "rollout.num_tasks=2", "rollout.group_size=2",
+         "eval.num_episodes=4", "env.max_turns=4"]
+
+
+@pytest.fixture
+def algorithms(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("algorithms")
+
+
+def spec(work: Path | None) -> dict:
+    return {"model": "tiny", "tag": "work-test", "task": "maze", "variant": "grpo", "seed": 3, "iterations": 3,
+            "set": CHEAP, "threads": 1, "shared_warm_start": True, "keep": None,
+            "work": str(work) if work else None}
+
+
+def test_a_killed_run_resumes_into_the_row_of_the_run_in_one_go(algorithms, monkeypatch, tmp_path: Path) -> None:
+    from agentgym.training.run import loop
+
+    in_one_go = algorithms.run_one(spec(None))
+    assert "resumed" not in in_one_go
+
+    train = loop.train
+
+    def killed_after_iteration_1(*args, **kwargs):
+        train(*args, stop_after=1, **kwargs)  # iteration 1 checkpointed, then the process goes
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(loop, "train", killed_after_iteration_1)
+    with pytest.raises(SystemExit, match="killed"):
+        algorithms.run_one(spec(tmp_path))
+    folder = tmp_path / algorithms.run_name(spec(tmp_path))
+    ledger = json.loads((folder / algorithms.LEDGER).read_text())
+    assert ledger["resumed"] == [] and len(ledger["commits"]) == 1 and ledger["wall_s"] > 0
+    monkeypatch.setattr(loop, "train", train)
+
+    resumed = algorithms.run_one(spec(tmp_path))
+    assert resumed["resumed"] == [1] and len(resumed["commits"]) == 2
+    assert resumed["wall_s"] > ledger["wall_s"]
+    for field in ("before", "after", "curve", "nll_per_token", "gen_tokens_per_task", "iters_to_threshold"):
+        assert resumed[field] == in_one_go[field], field
+    assert "work" not in resumed and "keep" not in resumed
+
+    # The process went after training, before its row was saved: the next one reads the finished run.
+    monkeypatch.setattr(loop, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    again = algorithms.run_one(spec(tmp_path))
+    assert again["after"] == resumed["after"] and again["curve"] == resumed["curve"]
+    assert again["resumed"] == [1]
+
+
+def test_a_run_another_process_trains_is_not_trained_twice(algorithms, tmp_path: Path) -> None:
+    folder = tmp_path / algorithms.run_name(spec(tmp_path))
+    with algorithms.run_lock(folder):
+        with pytest.raises(RuntimeError, match="is being trained by another process"):
+            algorithms.run_one(spec(tmp_path))
+    assert not folder.exists()
