@@ -32,7 +32,8 @@ invocations, also at the same time. Each row holds ``started_commit`` (the check
 ``DIR/<model>_<tag>_<task>_<variant>_seed<seed>``, checkpointed every iteration: a run whose process was
 stopped or killed goes on from its last finished iteration when the command runs again (exactly the run
 it would have been), and its row says after which iterations it ``resumed`` and the ``commits`` each
-process started at; the folder goes once the row is saved.
+process started at; the folder goes once the row is saved. ``--status`` only prints, per run of the grid,
+whether its row is in, how far its ``--work`` folder got, or that it is to run.
 Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` (training
 success and the sampled-token entropy estimate per iteration, mean over seeds). ``--update-cost``
 times only the update step of each variant on one shared batch and counts its forward passes
@@ -400,6 +401,36 @@ def save(path: Path, run: dict) -> None:
         fh.write(json.dumps([*stored, {**run, "provenance": provenance()}], indent=1))
 
 
+def grid_status(specs: list[dict], stored: list[dict]) -> str:
+    """One line per run of the grid: its row (held-out before → after), how far its ``--work`` folder got
+    (and whether a process trains it now), or that it is still to run."""
+    import fcntl
+
+    from agentgym.training.run.checkpoint import checkpoint_iteration
+
+    rows = {key(r): r for r in stored}
+    lines = []
+    for spec in specs:
+        name = run_name(spec)
+        row = rows.get(key(spec))
+        if row is not None:
+            lines.append(f"{name}: done, {row['before']:.0%} -> {row['after']:.0%}")
+            continue
+        work = Path(spec["work"]) / name if spec.get("work") else None
+        if work is None or not RunFolder(work).has_checkpoint():
+            lines.append(f"{name}: to run")
+            continue
+        reached = checkpoint_iteration(work)
+        with open(work.with_name(work.name + ".lock"), "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                now = "stopped; the same command goes on from there"
+            except BlockingIOError:
+                now = "training now"
+        lines.append(f"{name}: {reached} of {spec['iterations']} iterations in {work} ({now})")
+    return "\n".join(lines)
+
+
 def launch(spec: dict) -> dict:
     """Run ``spec`` in a child process (fresh memory accounting, one thread)."""
     return run_child(__file__, spec)
@@ -508,6 +539,9 @@ def main() -> None:
                         help="train each run in WORK/<model>_<tag>_<task>_<variant>_seed<seed>, checkpointed "
                              "every iteration: a run stopped or killed goes on from its last iteration when "
                              "the same command runs again (the folder goes once the row is saved)")
+    parser.add_argument("--status", action="store_true",
+                        help="only say, per run of the grid, whether its row is in, how far its --work "
+                             "folder got, or that it is to run")
     parser.add_argument("--update-cost", action="store_true",
                         help="only time the update step of each variant on one shared batch (grpo first)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each timed update (--update-cost)")
@@ -532,6 +566,9 @@ def main() -> None:
              for task in args.tasks for variant in args.variants for seed in args.seeds
              if preset(task, variant).is_file()]
     todo = [s for s in specs if key(s) not in done]
+    if args.status:
+        print(grid_status(specs, stored))
+        return
     print(f"{len(specs) - len(todo)} of {len(specs)} runs already in {results.name}; running {len(todo)}",
           flush=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

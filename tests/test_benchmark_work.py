@@ -22,12 +22,13 @@ def algorithms(monkeypatch):
 
 
 def spec(work: Path | None) -> dict:
-    return {"model": "tiny", "tag": "work-test", "task": "maze", "variant": "grpo", "seed": 3, "iterations": 3,
-            "set": CHEAP, "threads": 1, "shared_warm_start": True, "keep": None,
+    return {"model": "tiny", "tag": "work-test", "task": "maze", "variant": "grpo", "seed": 3,
+            "iterations": 3, "set": CHEAP, "threads": 1, "shared_warm_start": True, "keep": None,
             "work": str(work) if work else None}
 
 
-def test_a_killed_run_resumes_into_the_row_of_the_run_in_one_go(algorithms, monkeypatch, tmp_path: Path) -> None:
+def test_a_killed_run_resumes_into_the_row_of_the_run_in_one_go(algorithms, monkeypatch,
+                                                                tmp_path: Path) -> None:
     from agentgym.training.run import loop
 
     in_one_go = algorithms.run_one(spec(None))
@@ -45,6 +46,11 @@ def test_a_killed_run_resumes_into_the_row_of_the_run_in_one_go(algorithms, monk
     folder = tmp_path / algorithms.run_name(spec(tmp_path))
     ledger = json.loads((folder / algorithms.LEDGER).read_text())
     assert ledger["resumed"] == [] and len(ledger["commits"]) == 1 and ledger["wall_s"] > 0
+    name = algorithms.run_name(spec(tmp_path))
+    assert algorithms.grid_status([spec(tmp_path)], []) == (
+        f"{name}: 1 of 3 iterations in {folder} (stopped; the same command goes on from there)")
+    with algorithms.run_lock(folder):
+        assert algorithms.grid_status([spec(tmp_path)], []).endswith("(training now)")
     monkeypatch.setattr(loop, "train", train)
 
     resumed = algorithms.run_one(spec(tmp_path))
@@ -53,6 +59,10 @@ def test_a_killed_run_resumes_into_the_row_of_the_run_in_one_go(algorithms, monk
     for field in ("before", "after", "curve", "nll_per_token", "gen_tokens_per_task", "iters_to_threshold"):
         assert resumed[field] == in_one_go[field], field
     assert "work" not in resumed and "keep" not in resumed
+    grid = [spec(tmp_path), {**spec(tmp_path), "seed": 4}]
+    assert algorithms.grid_status(grid, [resumed]).splitlines() == [
+        f"{name}: done, {resumed['before']:.0%} -> {resumed['after']:.0%}",
+        f"{name.replace('seed3', 'seed4')}: to run"]
 
     # The process went after training, before its row was saved: the next one reads the finished run.
     monkeypatch.setattr(loop, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
