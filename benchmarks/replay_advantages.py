@@ -1,6 +1,7 @@
 """What a run's algorithm rewarded, iteration by iteration, replayed from its recorded trajectories.
 
     python benchmarks/replay_advantages.py RUN [--iterations 1 5 9] [--by action|first-word]
+                                           [--algorithm NAME] [--arg KEY=VALUE ...]
 
 ``RUN`` is a run folder (``agentgym train --out RUN``, or one that ``benchmarks/algorithms.py --keep`` kept).
 Every iteration's groups (``trajectories/iter_*.jsonl``) go back through the run's own advantage estimator,
@@ -9,6 +10,9 @@ these are the advantages the update used. Per iteration it prints how many episo
 the goal, the share of invalid actions, and per action (or its first word, for tool calls and queries),
 valid and invalid apart: how often it was taken, its mean advantage and the share of its turns with a
 positive one. A collapse shows here as the actions that kept getting positive advantages while success fell.
+``--arg KEY=VALUE`` changes one of the run's algorithm arguments and ``--algorithm NAME`` puts the groups
+through another registered estimator (its default arguments, then ``--arg``): what the update would have paid
+for the same episodes (the episodes themselves came from the run's policy, so this is one step, not a run).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 
 def action_label(action: str | None, by: str) -> str:
@@ -32,14 +37,18 @@ def action_label(action: str | None, by: str) -> str:
     return text[:40] or "(none)"
 
 
-def replay(run: Path, iterations: list[int] | None, by: str) -> str:
-    """The report for ``run`` (every recorded iteration when ``iterations`` is None)."""
+def replay(run: Path, iterations: list[int] | None, by: str, *, algorithm_name: str | None = None,
+           changes: dict[str, object] | None = None) -> str:
+    """The report for ``run`` (every recorded iteration when ``iterations`` is None), with the run's
+    estimator and arguments, or ``algorithm_name``'s estimator at its defaults, either with ``changes``."""
     from agentgym.rollout.records import EpisodeGroup
     from agentgym.training.api import get_algorithm
 
     config = json.loads((run / "config.json").read_text())
-    algorithm = get_algorithm(config["algorithm"]["name"])
-    args = algorithm.make_args(config["algorithm"].get("args") or {})
+    own = algorithm_name in (None, config["algorithm"]["name"])
+    algorithm = get_algorithm(config["algorithm"]["name"] if own else algorithm_name)
+    recorded = (config["algorithm"].get("args") or {}) if own else {}
+    args = algorithm.make_args({**recorded, **(changes or {})})
     files = {int(p.stem.split("_")[-1]): p for p in (run / "trajectories").glob("iter_*.jsonl")}
     if not files:
         raise SystemExit(f"{run} holds no trajectories/iter_*.jsonl: pass a run folder")
@@ -75,10 +84,24 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, nargs="+", default=None, help="which (default: all)")
     parser.add_argument("--by", choices=["action", "first-word"], default="action",
                         help="count actions whole, or by their first word (tool calls, search queries)")
+    parser.add_argument("--algorithm", default=None, help="another registered estimator (default: the run's)")
+    parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="change one algorithm argument (repeat for more), e.g. --arg mode=mean_norm")
     args = parser.parse_args()
     if not (args.run / "config.json").is_file():
         sys.exit(f"{args.run} is not a run folder (no config.json): pass what --out or --keep wrote")
-    print(replay(args.run, args.iterations, args.by))
+    changes = {}
+    for item in args.arg:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            sys.exit(f"--arg {item!r} is not KEY=VALUE: write e.g. --arg mode=mean_norm")
+        changes[name] = yaml.safe_load(value)
+    from agentgym.errors import AgentGymError
+
+    try:
+        print(replay(args.run, args.iterations, args.by, algorithm_name=args.algorithm, changes=changes))
+    except AgentGymError as exc:  # an unknown algorithm or argument, a value of the wrong type
+        sys.exit(f"error: {exc}")
 
 
 if __name__ == "__main__":

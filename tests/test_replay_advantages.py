@@ -42,6 +42,25 @@ def test_the_advantages_the_update_used_per_action(tmp_path: Path) -> None:
     assert "| search | no | 1 | 25% | -0.707 | 0% |" in by_word
 
 
+def test_other_arguments_or_another_estimator_on_the_same_groups(tmp_path: Path) -> None:
+    script = str(ROOT / "benchmarks" / "replay_advantages.py")
+    write_run(tmp_path)
+    # GRPO without the std: returns 1 and 0 about their mean 0.5
+    plain = subprocess.run([sys.executable, script, str(tmp_path), "--arg", "normalize_std=false"],
+                           capture_output=True, text=True)
+    assert plain.returncode == 0 and "normalize_std=False" in plain.stdout
+    assert "| up | yes | 1 | 25% | +0.500 | 100% |" in plain.stdout
+    # RLOO: each return against the other episode's, +1 and -1
+    rloo = subprocess.run([sys.executable, script, str(tmp_path), "--algorithm", "rloo"], capture_output=True,
+                          text=True)
+    assert rloo.returncode == 0 and "| search[red shoes] | no | 1 | 25% | -1.000 | 0% |" in rloo.stdout
+    for bad, message in ((["--arg", "normalise_std=false"], "Did you mean algorithm.args.normalize_std?"),
+                         (["--algorithm", "rlooo"], "no algorithm named 'rlooo'"),
+                         (["--arg", "normalize_std"], "is not KEY=VALUE")):
+        failed = subprocess.run([sys.executable, script, str(tmp_path), *bad], capture_output=True, text=True)
+        assert failed.returncode == 1 and message in failed.stderr and len(failed.stderr.splitlines()) == 1
+
+
 def test_a_folder_that_is_no_run_or_lacks_the_iteration_says_so(tmp_path: Path) -> None:
     script = str(ROOT / "benchmarks" / "replay_advantages.py")
     missing = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True)
