@@ -202,10 +202,10 @@ def test_text_that_cannot_fit_the_context_is_refused_without_tokenizing(serve: A
 def save_adapter(policy: TransformersPolicy, folder: Path, *, pickled: bool = False) -> Path:
     """A real PEFT LoRA adapter for ``policy``'s model; ``pickled``: its weights file replaced by a pickle
     that names a callable (what a hostile adapter_model.bin looks like; this one is harmless)."""
-    from peft import LoraConfig, get_peft_model
+    from agentgym.backends.config import LoraConfig
+    from agentgym.backends.lora import apply_lora
 
-    lora = LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
-    adapted = get_peft_model(copy.deepcopy(policy.model), lora)
+    adapted = apply_lora(copy.deepcopy(policy.model), LoraConfig(r=2, target_modules=("q_proj", "v_proj")))
     adapted.save_pretrained(folder)
     if pickled:
         (folder / "adapter_model.safetensors").unlink()
