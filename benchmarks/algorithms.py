@@ -186,6 +186,11 @@ def run_one(spec: dict) -> dict:
             cfg = replace(cfg, sft=replace(cfg.sft, from_run=str(shared_warm_start(cfg))))
         out = work or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         report, earlier = train_resuming(cfg, out, started_commit) if work else (train(cfg, out), {})
+        if "stopped_after" in report:  # a signal stopped the run part-way: there is no row to make
+            again = ("the same command goes on from there" if work
+                     else "with --work DIR a stopped run goes on from its last iteration next time")
+            raise SystemExit(f"{run_name(spec)} stopped after iteration {report['stopped_after']} "
+                             f"({report.get('signal') or 'asked to'}); {again}")
         nll, success_lp = response_statistics(out, spec["iterations"])
         tool_calls, gen_tokens = rollout_costs(out, spec["iterations"])
         if spec.get("keep"):  # the run folder without its weights: trajectories, metrics, config
