@@ -586,8 +586,10 @@ def main() -> None:
                 continue
             stored.append(run)
             save(results, run)
-            if args.work:  # its row is saved: the checkpoints can go
-                shutil.rmtree(Path(args.work) / run_name(futures[future]), ignore_errors=True)
+            if args.work:  # its row is saved: the checkpoints can go, and the lock beside them
+                folder = Path(args.work) / run_name(futures[future])
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.with_name(folder.name + ".lock").unlink(missing_ok=True)
             print(f"{run['task']} {run['variant']} seed {run['seed']}: {run['before']:.0%} -> "
                   f"{run['after']:.0%} "
                   f"({run['wall_s']:.0f} s, {run['s_per_iteration']:.1f} s/it)", flush=True)
