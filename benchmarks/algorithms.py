@@ -34,8 +34,8 @@ stopped or killed goes on from its last finished iteration when the command runs
 it would have been), and its row says after which iterations it ``resumed`` and the ``commits`` each
 process started at; the folder goes once the row is saved. ``--status`` only prints, per run of the grid,
 whether its row is in, how far its ``--work`` folder got, or that it is to run.
-Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` (training
-success and the sampled-token entropy estimate per iteration, mean over seeds). ``--update-cost``
+Prints one markdown table per task and writes ``results/algorithms_<tag>_<task>.png`` beside ``--results``
+(training success and the sampled-token entropy estimate per iteration, mean over seeds). ``--update-cost``
 times only the update step of each variant on one shared batch and counts its forward passes
 (SeeUPO's extra cost: one phase per turn index, each with its own passes).
 
@@ -495,7 +495,8 @@ def tool_table(runs: list[dict], task: str, variants: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[dict], task: str, variants: list[str], tag: str) -> None:
+def plot(runs: list[dict], task: str, variants: list[str], tag: str, folder: Path = RESULTS) -> None:
+    """``folder/algorithms_<tag>_<task>.png``: training success and the entropy estimate per iteration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -519,7 +520,7 @@ def plot(runs: list[dict], task: str, variants: list[str], tag: str) -> None:
     ax.legend(fontsize=8)
     fig.suptitle(f"{task} ({tag})")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"algorithms_{tag}_{task}.png", dpi=110)
+    fig.savefig(folder / f"algorithms_{tag}_{task}.png", dpi=110)
 
 
 def main() -> None:
@@ -601,7 +602,8 @@ def main() -> None:
         if any(r.get("tool_calls_per_task") for r in runs if r["task"] == task):
             print()
             print(tool_table(runs, task, args.variants))
-        plot(runs, task, args.variants, args.tag if args.model == "tiny" else f"{args.model}_{args.tag}")
+        plot(runs, task, args.variants, args.tag if args.model == "tiny" else f"{args.model}_{args.tag}",
+             results.parent)  # beside the rows they show
 
 
 if __name__ == "__main__":

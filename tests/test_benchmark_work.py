@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,18 @@ def test_a_run_another_process_trains_is_not_trained_twice(algorithms, tmp_path:
         with pytest.raises(RuntimeError, match="is being trained by another process"):
             algorithms.run_one(spec(tmp_path))
     assert not folder.exists()
+
+
+def test_the_grid_command_saves_the_row_and_clears_the_folder(tmp_path: Path) -> None:
+    script = str(ROOT / "benchmarks" / "algorithms.py")
+    grid = [sys.executable, script, "--tasks", "maze", "--variants", "grpo", "--seeds", "3",
+            "--iterations", "2", "--tag", "work-test", *(a for item in CHEAP for a in ("--set", item)),
+            "--results", str(tmp_path / "rows.json"), "--work", str(tmp_path / "work")]
+    done = subprocess.run(grid, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [(r["variant"], r["seed"], r["iterations"], len(r["curve"])) for r in rows] == [("grpo", 3, 2, 2)]
+    assert list((tmp_path / "work").iterdir()) == []  # checkpoints and lock gone with the row saved
+    assert (tmp_path / "algorithms_work-test_maze.png").is_file()  # the plot beside its rows
+    status = subprocess.run([*grid, "--status"], capture_output=True, text=True, cwd=ROOT)
+    assert status.stdout.strip().startswith("tiny_work-test_maze_grpo_seed3: done, ")
