@@ -422,16 +422,21 @@ def grid_status(specs: list[dict], stored: list[dict]) -> str:
             lines.append(f"{name}: done, {row['before']:.0%} -> {row['after']:.0%}")
             continue
         work = Path(spec["work"]) / name if spec.get("work") else None
-        if work is None or not RunFolder(work).has_checkpoint():
+        lock = work.with_name(work.name + ".lock") if work else None
+        if work is None or not (RunFolder(work).has_checkpoint() or lock.is_file()):
             lines.append(f"{name}: to run")
             continue
-        reached = checkpoint_iteration(work)
-        with open(work.with_name(work.name + ".lock"), "a") as fh:
+        with open(lock, "a") as fh:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                now = "stopped; the same command goes on from there"
+                training = False
             except BlockingIOError:
-                now = "training now"
+                training = True
+        if not RunFolder(work).has_checkpoint():  # its process is in the warm start, or died there
+            lines.append(f"{name}: " + ("starting now (warm start)" if training else "to run"))
+            continue
+        now = "training now" if training else "stopped; the same command goes on from there"
+        reached = checkpoint_iteration(work)
         lines.append(f"{name}: {reached} of {spec['iterations']} iterations in {work} ({now})")
     return "\n".join(lines)
 

@@ -75,6 +75,8 @@ def test_a_run_another_process_trains_is_not_trained_twice(algorithms, tmp_path:
     with algorithms.run_lock(folder):
         with pytest.raises(RuntimeError, match="is being trained by another process"):
             algorithms.run_one(spec(tmp_path))
+        assert algorithms.grid_status([spec(tmp_path)], []).endswith(": starting now (warm start)")
+    assert algorithms.grid_status([spec(tmp_path)], []).endswith(": to run")
     assert not folder.exists()
 
 
