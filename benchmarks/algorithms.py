@@ -4,8 +4,8 @@
                                     [--iterations 60] [--jobs 2] [--set key=value ...] [--tag NAME]
     python benchmarks/algorithms.py --model smollm2 --tasks search-qa2 --variants grpo igpo arpo \
                                     --iterations 15
-    python benchmarks/algorithms.py --model smollm2 --tasks maze3 --iterations 15 --jobs 2 \
-                                    --work DIR [--status]   # over several sittings; where the grid stands
+    python benchmarks/algorithms.py --model smollm2 --tasks maze3 --variants grpo gigpo hgpo graphgpo \
+                                    --iterations 15 --jobs 2 --work DIR [--status]   # over several sittings
     python benchmarks/algorithms.py --update-cost --variants grpo seeupo   # the update step alone
 
 A *variant* is a preset, ``configs/quickstart_maze_<variant>.yaml`` (``grpo``, ``rloo``, ``gigpo``,
