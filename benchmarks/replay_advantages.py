@@ -26,7 +26,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 
 def action_label(action: str | None, by: str) -> str:
@@ -90,15 +89,14 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.run / "config.json").is_file():
         sys.exit(f"{args.run} is not a run folder (no config.json): pass what --out or --keep wrote")
-    changes = {}
     for item in args.arg:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
+        if item.partition("=")[0].strip() == "" or "=" not in item:
             sys.exit(f"--arg {item!r} is not KEY=VALUE: write e.g. --arg mode=mean_norm")
-        changes[name] = yaml.safe_load(value)
     from agentgym.errors import AgentGymError
+    from agentgym.training.config.schema import apply_overrides
 
     try:
+        changes = apply_overrides({}, args.arg)  # values read as config overrides read them (YAML, 1e-3)
         print(replay(args.run, args.iterations, args.by, algorithm_name=args.algorithm, changes=changes))
     except AgentGymError as exc:  # an unknown algorithm or argument, a value of the wrong type
         sys.exit(f"error: {exc}")

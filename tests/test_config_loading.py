@@ -145,3 +145,11 @@ def test_the_smollm2_search_presets_are_what_the_algorithm_benchmark_runs(monkey
     composed = replace(composed, model=replace(composed.model, tiny=shipped.model.tiny),
                        iterations=shipped.iterations, eval=replace(composed.eval, before_sft=True))
     assert composed == shipped
+
+
+def test_an_override_whose_value_is_broken_yaml_gets_one_line_saying_where() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, ["rollout.group_size=[4,"])
+    message = str(caught.value)
+    assert "override 'rollout.group_size=[4,': value is not valid YAML (line 1, column 4:" in message
+    assert "\n" not in message

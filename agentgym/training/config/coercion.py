@@ -176,3 +176,10 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: to_plain(v) for k, v in value.items()}
     return value
+
+
+def yaml_problem(exc: Exception) -> str:
+    """What the YAML parser objected to (a ``yaml.YAMLError``), and where, on one line."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem

@@ -22,7 +22,7 @@ from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout.constraints import make_constraint
 from agentgym.training.api.algorithm import get_algorithm
 from agentgym.training.api.plugin_set import PluginSet
-from agentgym.training.config.coercion import build
+from agentgym.training.config.coercion import build, yaml_problem
 from agentgym.training.config.schema import AlgorithmConfig, EnvConfig, TrainConfig, apply_overrides
 
 #: Settings that describe one env rather than the run: dropped when an override changes ``env.id``.
@@ -97,15 +97,8 @@ def yaml_file(file: Path) -> Any:
     try:
         return yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{file} is not valid YAML ({_yaml_problem(exc)}); "
+        raise ConfigError(f"{file} is not valid YAML ({yaml_problem(exc)}); "
                           "fix the file or give a preset name") from None
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """What the parser objected to, and where, on one line."""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    mark = getattr(exc, "problem_mark", None)
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
 def _get(data: dict[str, Any], path: str, default: Any = None) -> Any:

@@ -20,7 +20,7 @@ from agentgym.backends.config import ModelConfig
 from agentgym.core import HELD_OUT_SEED_START
 from agentgym.errors import ConfigError
 from agentgym.rollout.prompt import PromptSettings
-from agentgym.training.config.coercion import to_plain
+from agentgym.training.config.coercion import to_plain, yaml_problem
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
@@ -653,7 +653,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({yaml_problem(exc)})") from None
         if isinstance(value, str):
             try:  # YAML 1.1 reads "1e-3" as a string; on the command line people mean the number
                 value = float(value) if any(c in value for c in ".eE") else int(value)
