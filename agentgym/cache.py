@@ -89,7 +89,7 @@ _LOCKS_GUARD = threading.Lock()
 
 
 @contextlib.contextmanager
-def _entry_lock(entry: Path, *, wait: bool = True) -> Iterator[bool]:
+def entry_lock(entry: Path, *, wait: bool = True) -> Iterator[bool]:
     """Exclusive right to build (or remove) ``entry``: across threads (a lock per path) and processes
     (flock). Yields whether it was got: always with ``wait``, else only when nobody held it."""
     key = str(entry.resolve())
@@ -130,7 +130,7 @@ def build_entry(entry: Path, build: Callable[[Path], tuple[Iterable[str], dict[s
         mark_used(entry)
         return
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with _entry_lock(entry):
+    with entry_lock(entry):
         if complete(entry):  # built by whoever held the lock before
             mark_used(entry)
             return
@@ -225,7 +225,7 @@ def unfinished_builds(root: Path | None = None) -> list[Path]:
         if not tmp.is_dir() or any(parent in left for parent in tmp.parents):
             continue
         entry = tmp.parent / tmp.name[len(TMP_PREFIX):-9]  # mkdtemp appends "-" and 8 characters
-        with _entry_lock(entry, wait=False) as got:
+        with entry_lock(entry, wait=False) as got:
             if got:
                 left.append(tmp)
     return left
@@ -235,7 +235,7 @@ def remove_entry(entry: Path) -> bool:
     """Remove ``entry`` unless a build of it is under way (then False). It is first renamed out of the
     way, so a reader sees the whole entry or none, and an interrupted removal leaves only a temporary
     folder that the next ``prune`` takes."""
-    with _entry_lock(entry, wait=False) as got:
+    with entry_lock(entry, wait=False) as got:
         if not got:
             return False
         doomed = entry.parent / f"{TMP_PREFIX}{entry.name}-{uuid.uuid4().hex[:8]}"

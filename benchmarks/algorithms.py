@@ -228,18 +228,22 @@ def run_one(spec: dict) -> dict:
 
 @contextlib.contextmanager
 def run_lock(work: Path):
-    """Hold ``<work>.lock`` while this process trains in ``work``: two invocations of one grid must not
-    train the same run into one folder."""
-    import fcntl
+    """Hold ``work``'s lock (the cache's entry lock, across threads and processes) while this process trains
+    there: two invocations of one grid must not train the same run into one folder."""
+    from agentgym.cache import entry_lock
 
-    work.parent.mkdir(parents=True, exist_ok=True)
-    with open(work.with_name(work.name + ".lock"), "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"{work} is being trained by another process; its row comes from that one") \
-                from None
+    with entry_lock(work, wait=False) as got:
+        if not got:
+            raise RuntimeError(f"{work} is being trained by another process; its row comes from that one")
         yield
+
+
+def training_now(work: Path) -> bool:
+    """Whether some process holds ``work``'s lock (``run_lock``)."""
+    from agentgym.cache import entry_lock
+
+    with entry_lock(work, wait=False) as got:
+        return not got
 
 
 #: In a ``--work`` run folder: what the processes that trained it before this one did (``train_resuming``).
@@ -411,8 +415,6 @@ def save(path: Path, run: dict) -> None:
 def grid_status(specs: list[dict], stored: list[dict]) -> str:
     """One line per run of the grid: its row (held-out before → after), how far its ``--work`` folder got
     (and whether a process trains it now), or that it is still to run."""
-    import fcntl
-
     from agentgym.training.run.checkpoint import checkpoint_iteration
 
     rows = {key(r): r for r in stored}
@@ -424,17 +426,8 @@ def grid_status(specs: list[dict], stored: list[dict]) -> str:
             lines.append(f"{name}: done, {row['before']:.0%} -> {row['after']:.0%}")
             continue
         work = Path(spec["work"]) / name if spec.get("work") else None
-        lock = work.with_name(work.name + ".lock") if work else None
-        if work is None or not (RunFolder(work).has_checkpoint() or lock.is_file()):
-            lines.append(f"{name}: to run")
-            continue
-        with open(lock, "a") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                training = False
-            except BlockingIOError:
-                training = True
-        if not RunFolder(work).has_checkpoint():  # its process is in the warm start, or died there
+        training = work is not None and training_now(work)
+        if work is None or not RunFolder(work).has_checkpoint():  # not started, in its warm start, or died
             lines.append(f"{name}: " + ("starting now (warm start)" if training else "to run"))
             continue
         now = "training now" if training else "stopped; the same command goes on from there"
@@ -594,10 +587,8 @@ def main() -> None:
                 continue
             stored.append(run)
             save(results, run)
-            if args.work:  # its row is saved: the checkpoints can go, and the lock beside them
-                folder = Path(args.work) / run_name(futures[future])
-                shutil.rmtree(folder, ignore_errors=True)
-                folder.with_name(folder.name + ".lock").unlink(missing_ok=True)
+            if args.work:  # its row is saved: the checkpoints can go
+                shutil.rmtree(Path(args.work) / run_name(futures[future]), ignore_errors=True)
             print(f"{run['task']} {run['variant']} seed {run['seed']}: {run['before']:.0%} -> "
                   f"{run['after']:.0%} "
                   f"({run['wall_s']:.0f} s, {run['s_per_iteration']:.1f} s/it)", flush=True)
