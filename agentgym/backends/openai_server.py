@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,6 +55,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agentgym.backends.generation_batcher import GenerationBatcher
 from agentgym.backends.openai_guard import (
     TEXT_ANSWER,
     PolicyGuard,
@@ -142,94 +143,6 @@ def allowed_adapter_dir(path: str, allowed: Sequence[str | Path] | None) -> str:
     raise RequestError(f"lora_path {path!r} is outside the directories this server loads adapters from "
                        f"({', '.join(map(str, roots))}; serve-policy --adapter-dir); save the adapter under "
                        "one of them", 403, "adapter_path_not_allowed", "lora_path")
-
-
-# --- batching ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    prompt_ids: list[int]
-    params: SamplingParams
-    group: Any
-    """Jobs with equal ``group`` may share a generate call."""
-    future: asyncio.Future[Generation] = field(repr=False, default=None)  # type: ignore[assignment]
-
-
-class GenerationBatcher:
-    """Collects generation jobs from concurrent requests and runs them as few batched ``generate`` calls.
-
-    One worker task takes the first job, waits ``batch_wait_s`` for others sent at the same time, takes
-    every job waiting (up to ``max_batch_rows``), groups them by sampling parameters and runs each group
-    in a worker thread (the event loop keeps accepting requests meanwhile). The policy is only ever
-    called from one thread at a time.
-    """
-
-    def __init__(self, policy: TransformersPolicy, max_batch_rows: int = 64,
-                 batch_wait_s: float = 0.005) -> None:
-        self.policy = policy
-        self.max_batch_rows = max_batch_rows
-        self.batch_wait_s = batch_wait_s
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self.batches = 0
-        """Generate calls made so far (tests and /health read it)."""
-
-    async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._worker = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-
-    async def generate(self, prompts: Sequence[list[int]], params: SamplingParams) -> list[Generation]:
-        """Generate one continuation per prompt; seeded requests get a batch of their own."""
-        if self._queue is None:
-            raise RuntimeError("GenerationBatcher.start() was not awaited")
-        loop = asyncio.get_running_loop()
-        # Greedy output does not depend on the batch, so greedy requests always share batches.
-        group = (replace(params, seed=None), None) if params.temperature == 0 or params.seed is None \
-            else (params, uuid.uuid4().hex)
-        if params.temperature == 0:
-            params = replace(params, seed=None)
-        jobs = [_Job(list(p), params, group, loop.create_future()) for p in prompts]
-        for job in jobs:
-            self._queue.put_nowait(job)
-        return list(await asyncio.gather(*(job.future for job in jobs)))
-
-    async def _run(self) -> None:
-        assert self._queue is not None
-        while True:
-            jobs = [await self._queue.get()]
-            # Requests sent together reach the loop a few hundred microseconds apart: a short wait lets
-            # them join this batch instead of waiting for the next one.
-            await asyncio.sleep(self.batch_wait_s)
-            while not self._queue.empty() and len(jobs) < self.max_batch_rows:
-                jobs.append(self._queue.get_nowait())
-            groups: dict[Any, list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault(job.group, []).append(job)
-            for members in groups.values():
-                await self._generate(members)
-
-    async def _generate(self, jobs: list[_Job]) -> None:
-        params = jobs[0].params
-        try:
-            generations = await asyncio.to_thread(self.policy.generate, [j.prompt_ids for j in jobs], params)
-        except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            return
-        self.batches += 1
-        for job, generation in zip(jobs, generations, strict=True):
-            if not job.future.done():
-                job.future.set_result(generation)
 
 
 # --- the app -----------------------------------------------------------------------------------
