@@ -62,6 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from provenance import child_run, commit, provenance, run_child
 
@@ -138,24 +139,36 @@ def first_reaching(history: list[dict], threshold: float, window: int = 3) -> in
     return None
 
 
-def response_statistics(out: Path, iterations: int) -> tuple[list[float], list[float]]:
-    """Per iteration: mean −log-prob per sampled response token (all turns), and mean log-prob per
-    token of the turns of successful trajectories (nan when none succeeded)."""
+def trajectory_statistics(out: Path, iterations: int) -> dict[str, Any]:
+    """What a run's recorded trajectories say, in one pass over them.
+
+    Per iteration: ``nll_per_token``, the mean −log-prob per sampled response token (all turns), and
+    ``success_logprob_per_token``, the mean log-prob per token of the turns of successful trajectories (nan
+    when none succeeded). Mean over iterations, per task: ``tool_calls_per_task``, the tool calls the env ran,
+    and ``gen_tokens_per_task``, the tokens the policy generated; a fork's copied turns (before
+    ``fork_turn``) were neither run nor generated again and are not counted there.
+    """
     nll, success_lp = [], []
+    calls = tokens = tasks = 0.0
     for iteration in range(1, iterations + 1):
         total = count = s_total = s_count = 0.0
         for line in RunFolder(out).trajectory_file(iteration).read_text().splitlines():
+            tasks += 1
             for trajectory in json.loads(line)["trajectories"]:
-                for turn in trajectory["turns"]:
+                for index, turn in enumerate(trajectory["turns"]):
                     logprobs = turn["response_logprobs"]
                     total -= sum(logprobs)
                     count += len(logprobs)
                     if trajectory["success"]:
                         s_total += sum(logprobs)
                         s_count += len(logprobs)
+                    if index >= (trajectory.get("fork_turn") or 0):
+                        calls += turn.get("tool_calls", 0)
+                        tokens += len(turn["response_ids"])
         nll.append(total / count if count else float("nan"))
         success_lp.append(s_total / s_count if s_count else float("nan"))
-    return nll, success_lp
+    return {"nll_per_token": nll, "success_logprob_per_token": success_lp,
+            "tool_calls_per_task": calls / max(tasks, 1.0), "gen_tokens_per_task": tokens / max(tasks, 1.0)}
 
 
 def run_name(spec: dict) -> str:
@@ -193,8 +206,7 @@ def run_one(spec: dict) -> dict:
                      else "with --work DIR a stopped run goes on from its last iteration next time")
             raise SystemExit(f"{run_name(spec)} stopped after iteration {report['stopped_after']} "
                              f"({report.get('signal') or 'asked to'}); {again}")
-        nll, success_lp = response_statistics(out, spec["iterations"])
-        tool_calls, gen_tokens = rollout_costs(out, spec["iterations"])
+        recorded = trajectory_statistics(out, spec["iterations"])
         if spec.get("keep"):  # the run folder without its weights: trajectories, metrics, config
             shutil.copytree(out, Path(spec["keep"]) / run_name(spec), ignore=shutil.ignore_patterns("*.pt"),
                             dirs_exist_ok=True)
@@ -215,11 +227,11 @@ def run_one(spec: dict) -> dict:
         "update_phases": statistics.mean(h.get("perf/update_phases", 1.0) for h in history),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "curve": [h["rollout/success_rate"] for h in history],
-        "nll_per_token": nll,
-        "success_logprob_per_token": success_lp,
+        "nll_per_token": recorded["nll_per_token"],
+        "success_logprob_per_token": recorded["success_logprob_per_token"],
         "eval_tool_calls_per_episode": report["eval"]["after"].get("tool_calls_per_episode", 0.0),
-        "tool_calls_per_task": tool_calls,
-        "gen_tokens_per_task": gen_tokens,
+        "tool_calls_per_task": recorded["tool_calls_per_task"],
+        "gen_tokens_per_task": recorded["gen_tokens_per_task"],
         "generate_s_per_iteration": generate_s / len(history),
         "score_frac": sum(h.get("igpo/score_s", 0.0) for h in history) / generate_s if generate_s else 0.0,
         "hooks_frac": sum(h["perf/hooks_s"] for h in history) / generate_s if generate_s else 0.0,
@@ -310,20 +322,6 @@ def shared_warm_start(cfg) -> Path:
 
     build_entry(entry, build, complete=entry_present)
     return entry / "run"
-
-
-def rollout_costs(out: Path, iterations: int) -> tuple[float, float]:
-    """Tool calls the env ran and tokens the policy generated, per task, mean over iterations. A fork's
-    copied turns (before ``fork_turn``) were neither run nor generated again and are not counted."""
-    calls = tokens = tasks = 0.0
-    for iteration in range(1, iterations + 1):
-        for line in RunFolder(out).trajectory_file(iteration).read_text().splitlines():
-            tasks += 1
-            for trajectory in json.loads(line)["trajectories"]:
-                for turn in trajectory["turns"][trajectory.get("fork_turn") or 0:]:
-                    calls += turn.get("tool_calls", 0)
-                    tokens += len(turn["response_ids"])
-    return calls / max(tasks, 1.0), tokens / max(tasks, 1.0)
 
 
 def update_cost(variants: list[str], repeats: int) -> str:
