@@ -84,12 +84,18 @@ def test_the_grid_command_saves_the_row_and_clears_the_folder(tmp_path: Path) ->
     script = str(ROOT / "benchmarks" / "algorithms.py")
     grid = [sys.executable, script, "--tasks", "maze", "--variants", "grpo", "--seeds", "3",
             "--iterations", "2", "--tag", "work-test", *(a for item in CHEAP for a in ("--set", item)),
-            "--results", str(tmp_path / "rows.json"), "--work", str(tmp_path / "work")]
+            "--results", str(tmp_path / "rows.json"), "--work", str(tmp_path / "work"),
+            "--keep", str(tmp_path / "kept")]
     done = subprocess.run(grid, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [(r["variant"], r["seed"], r["iterations"], len(r["curve"])) for r in rows] == [("grpo", 3, 2, 2)]
     assert list((tmp_path / "work").iterdir()) == []  # checkpoints and lock gone with the row saved
     assert (tmp_path / "algorithms_work-test_maze.png").is_file()  # the plot beside its rows
+    kept = tmp_path / "kept" / "tiny_work-test_maze_grpo_seed3"
+    assert sorted(p.name for p in (kept / "trajectories").iterdir()) == ["iter_00001.jsonl",
+                                                                        "iter_00002.jsonl"]
+    assert (kept / "model" / "config.json").is_file()
+    assert not [p for p in kept.rglob("*") if p.suffix in (".pt", ".safetensors", ".bin")]  # weights left out
     status = subprocess.run([*grid, "--status"], capture_output=True, text=True, cwd=ROOT)
     assert status.stdout.strip().startswith("tiny_work-test_maze_grpo_seed3: done, ")
