@@ -602,8 +602,9 @@ def main() -> None:
         if any(r.get("tool_calls_per_task") for r in runs if r["task"] == task):
             print()
             print(tool_table(runs, task, args.variants))
-        plot(runs, task, args.variants, args.tag if args.model == "tiny" else f"{args.model}_{args.tag}",
-             results.parent)  # beside the rows they show
+        if any(r["task"] == task for r in runs):  # a grid stopped before its first row has nothing to draw
+            plot(runs, task, args.variants, args.tag if args.model == "tiny" else f"{args.model}_{args.tag}",
+                 results.parent)  # beside the rows they show
 
 
 if __name__ == "__main__":
