@@ -7,6 +7,7 @@ evaluation with 32 concurrent episodes over HTTP gets batched generation, as it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -51,10 +52,8 @@ class GenerationBatcher:
     async def stop(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):  # the cancellation just asked for
                 await self._worker
-            except asyncio.CancelledError:
-                pass
 
     async def generate(self, prompts: Sequence[list[int]], params: SamplingParams) -> list[Generation]:
         """Generate one continuation per prompt; seeded requests get a batch of their own."""
