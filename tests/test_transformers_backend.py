@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 # After the skips above, so that a missing torch or transformers skips this file instead of failing it.
-from agentgym.backends import transformers_backend  # noqa: E402
+from agentgym.backends import decode_steps, transformers_backend  # noqa: E402
 from agentgym.backends.tiny import ByteTokenizer, TinyModelConfig, build_tiny_model  # noqa: E402
 from agentgym.backends.transformers_backend import TransformersPolicy  # noqa: E402
 from agentgym.errors import ConfigError  # noqa: E402
@@ -126,7 +126,7 @@ def test_greedy_batch_of_one_equals_batch_of_many(policy: TransformersPolicy) ->
 def test_rows_that_hit_eos_stop_while_others_continue(shrink_cache: bool, monkeypatch) -> None:
     model, tok = steered_model(eos_at={"prompt": PROMPTS[1], "step": 3})
     if not shrink_cache:  # the fallback for caches that cannot drop rows: finished rows get masked padding
-        monkeypatch.setattr(transformers_backend, "select_cache_rows", lambda cache, rows: None)
+        monkeypatch.setattr(decode_steps, "select_cache_rows", lambda cache, rows: None)
     policy = TransformersPolicy(model, tok)
     gens = policy.generate(PROMPTS, SamplingParams(max_new_tokens=10, temperature=0))
     assert gens[1].token_ids[-1] == EOS and len(gens[1].token_ids) <= 4

@@ -112,7 +112,7 @@ def _transformers(cfg: ModelConfig, seed: int) -> Policy:
         model = apply_lora(model, cfg.lora)
     if cfg.train_top_layers is not None:
         train_only_top_layers(model, cfg.train_top_layers)
-    return TransformersPolicy(model, tokenizer, seed=seed)
+    return TransformersPolicy(model, tokenizer, seed=seed, decode=cfg.decode)
 
 
 @contextlib.contextmanager

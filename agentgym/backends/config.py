@@ -13,6 +13,8 @@ from typing import Any, Literal
 from agentgym.errors import ConfigError
 
 ARCHS = ("llama", "qwen2")
+DecodeMode = Literal["dynamic", "static", "compiled"]
+DECODE_MODES: tuple[str, ...] = ("dynamic", "static", "compiled")
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,13 @@ class ModelConfig:
     every weight. Not with ``lora``."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
+    decode: DecodeMode = "dynamic"
+    """How the ``transformers`` backend runs its decoding steps (``agentgym.backends.decode_steps``):
+    ``dynamic`` (a growing cache, prompts' shared prefixes prefilled once, finished rows dropped; the fastest
+    on a CPU), ``static`` (a preallocated cache, fixed shapes) or ``compiled`` (static, each step through
+    ``torch.compile``: CUDA graphs on a GPU, where per-step overhead dominates a small model's decoding;
+    the first batch of each shape compiles, tens of seconds). Tokens and log-probs agree across the three
+    (``python benchmarks/decode_modes.py`` measures them)."""
     vllm: dict[str, Any] = field(default_factory=dict)
     """Settings of the ``vllm`` backends (``agentgym.backends.vllm_backend.VLLMSettings`` fields):
     e.g. ``{gpu_memory_utilization: 0.4, sleep: true}`` for ``vllm``, ``{url: http://host:8000/v1}``
@@ -175,6 +184,8 @@ class ModelConfig:
         if top is not None and self.lora is not None:
             raise ConfigError("model.train_top_layers and model.lora both choose what trains: set one of "
                               "them")
+        if self.decode not in DECODE_MODES:
+            raise ConfigError(f"model.decode must be one of {list(DECODE_MODES)}, got {self.decode!r}")
         threads = self.num_threads
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ConfigError(f"model.num_threads must be a positive integer or null (torch's default), "

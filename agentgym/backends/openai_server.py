@@ -112,7 +112,7 @@ def adapter_policy(policy: TransformersPolicy, adapter_dir: str) -> Transformers
 
     model = copy.deepcopy(policy.model)
     model.load_state_dict(merged_from_adapter(policy.model, adapter_dir))
-    return TransformersPolicy(model, policy.tokenizer)
+    return TransformersPolicy(model, policy.tokenizer, decode=policy.decode)
 
 
 def allowed_adapter_dir(path: str, allowed: Sequence[str | Path] | None) -> str:

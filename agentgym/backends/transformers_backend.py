@@ -3,9 +3,10 @@
 Generation is an explicit KV-cached decoding loop (not ``model.generate``) so the per-token
 log-probs, top log-probs and entropies are exactly those of the distribution each token was drawn
 from. Prompts of different lengths are left-padded and position ids are counted from the
-attention mask, so padding never shifts a prompt's positions; rows that finish are dropped from the
-batch (and from the cache) and stop growing. The first step runs each distinct prompt once and the prefix
-that all of them share once (``agentgym.backends.prefill``).
+attention mask, so padding never shifts a prompt's positions. The cache and the shapes of the forward
+passes belong to a ``DecodeSteps`` engine (``agentgym.backends.decode_steps``): by default a growing cache
+whose prefill runs each distinct prompt, and the prefix all of them share, once, and from which finished
+rows are dropped; or a static cache with fixed shapes, optionally compiled (CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentgym.backends.constrained import ConstraintMask, token_pieces
-from agentgym.backends.prefill import MIN_SHARED_PREFIX, pack_left, positions_from_mask, prefill
+from agentgym.backends.decode_steps import (
+    DECODE_MODES,
+    DecodeMode,
+    DecodeSteps,
+    DynamicSteps,
+    StaticCaches,
+    StaticSteps,
+)
+from agentgym.backends.prefill import MIN_SHARED_PREFIX, pack_left, positions_from_mask
 from agentgym.errors import ConfigError
 from agentgym.rollout.constraints import make_constraint
 from agentgym.rollout.policy import Generation, PolicyBase, SamplingParams
@@ -83,20 +92,6 @@ def entropy_of(logprobs: torch.Tensor) -> torch.Tensor:
     return (-plogp.sum(-1)).clamp(min=0.0)
 
 
-def select_cache_rows(cache: Any, rows: torch.Tensor) -> Any | None:
-    """Keep only the batch ``rows`` of a KV cache; None when the cache type cannot do it.
-
-    Handles ``transformers`` ``Cache`` objects (``batch_select_indices``) and the legacy
-    tuple-of-(key, value) format.
-    """
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(rows)
-        return cache
-    if isinstance(cache, tuple) and all(isinstance(layer, tuple) for layer in cache):
-        return tuple(tuple(t.index_select(0, rows) for t in layer) for layer in cache)
-    return None
-
-
 def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
     """The parameters of the model's ``forward`` (of the base model under PEFT, which passes them on)."""
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
@@ -132,19 +127,6 @@ def cache_argument_name(model: torch.nn.Module) -> str:
     old name; earlier releases know only ``past_key_values``.
     """
     return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
-
-
-def new_kv_cache(model: torch.nn.Module) -> Any:
-    """An empty ``DynamicCache`` laid out for ``model`` (per-layer types from its config where supported).
-
-    Passing a ``Cache`` object, rather than None or the legacy tuples, is what every transformers
-    release since 4.36 expects; it is filled in place by each forward pass.
-    """
-    from transformers import DynamicCache
-
-    if "config" in inspect.signature(DynamicCache.__init__).parameters:
-        return DynamicCache(config=model.config)
-    return DynamicCache()
 
 
 class TransformersPolicy(PolicyBase):
@@ -186,6 +168,10 @@ class TransformersPolicy(PolicyBase):
         seed: Seed of the policy's own generator, used when ``params.seed`` is None.
         stop_token_ids: Ids that end a turn; None means the tokenizer's ``eos_token_id`` plus the
             model's ``generation_config.eos_token_id`` (one id or a list).
+        decode: How the decoding steps run (``agentgym.backends.decode_steps``): ``"dynamic"`` (a growing
+            cache, shared prefixes prefilled once, finished rows dropped: the fastest on a CPU),
+            ``"static"`` (a preallocated cache, fixed shapes) or ``"compiled"`` (static, each step through
+            ``torch.compile``, with CUDA graphs on a GPU). The numbers above are the same on every one.
 
     Example:
         >>> from agentgym.backends.tiny import TinyModelConfig
@@ -207,7 +193,10 @@ class TransformersPolicy(PolicyBase):
         device: str | torch.device | None = None,
         seed: int = 0,
         stop_token_ids: Sequence[int] | None = None,
+        decode: DecodeMode = "dynamic",
     ) -> None:
+        if decode not in DECODE_MODES:
+            raise ConfigError(f"decode must be one of {list(DECODE_MODES)}, got {decode!r}")
         if device is not None:
             model = model.to(device)
         self.model = model
@@ -234,6 +223,10 @@ class TransformersPolicy(PolicyBase):
         self.min_shared_prefix: int = MIN_SHARED_PREFIX
         """A batch whose prompts all start with this many common tokens prefills them once
         (``agentgym.backends.prefill``); a larger value than any prompt's length turns that off."""
+        self.decode: DecodeMode = decode
+        """How the decoding steps run (see the constructor)."""
+        self._static_caches = StaticCaches()
+        self._compiled_call: Any = None  # torch.compile of the model's __call__, made on first use
 
     @classmethod
     def from_pretrained(
@@ -319,7 +312,7 @@ class TransformersPolicy(PolicyBase):
     def detached_copy(self, seed: int) -> TransformersPolicy:
         """A policy over a deep copy of the model: it keeps generating with these weights while the
         trainer updates the original (asynchronous rollouts)."""
-        return TransformersPolicy(copy.deepcopy(self.model), self.tokenizer, seed=seed)
+        return TransformersPolicy(copy.deepcopy(self.model), self.tokenizer, seed=seed, decode=self.decode)
 
     def sync_weights(self, state_dict: Any) -> None:
         """Load trained weights: a state dict, a module, or None.
@@ -416,9 +409,23 @@ class TransformersPolicy(PolicyBase):
 
     def _forward(self, keep_last: int, **inputs: Any) -> tuple[Any, torch.Tensor]:
         """The model output and its last ``keep_last`` logits ``(batch, keep_last, vocab)`` as float32."""
+        return self._call(self.model, keep_last, inputs)
+
+    def _compiled_forward(self, keep_last: int, **inputs: Any) -> tuple[Any, torch.Tensor]:
+        """``_forward`` through ``torch.compile`` (CUDA graphs on a GPU); its logits are copied out, since
+        the next replay of a captured graph overwrites its outputs."""
+        if self._compiled_call is None:
+            cuda = self.device.type == "cuda"
+            self._compiled_call = torch.compile(self.model.__call__, mode="reduce-overhead" if cuda else None)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        out, logits = self._call(self._compiled_call, keep_last, inputs)
+        return out, logits.clone()
+
+    def _call(self, call: Any, keep_last: int, inputs: dict[str, Any]) -> tuple[Any, torch.Tensor]:
         if self._logits_to_keep is not None:
             inputs[self._logits_to_keep] = keep_last
-        out = self.model(**inputs)
+        out = call(**inputs)
         # .to(): with a model split over devices the logits come off the last one.
         return out, out.logits[:, -keep_last:, :].float().to(self.device)
 
@@ -465,9 +472,8 @@ class TransformersPolicy(PolicyBase):
         entropies: list[list[float]] = [[] for _ in prompts]
         reasons: list[str] = ["length"] * len(prompts)
         forced: list[list[int]] = [[] for _ in prompts]  # positions where the constraint allowed one token
-        cache, logits, attention_mask, next_positions = prefill(
-            self._forward, new_kv_cache(self.model), self._cache_name, prompts, self.pad_token_id,
-            self.device, min_shared_prefix=self.min_shared_prefix)
+        steps = self._decode_steps(prompts, params.max_new_tokens)
+        logits = steps.logits
         for _ in range(params.max_new_tokens):
             if mask is not None:
                 allowed = mask.step([i if a else None for i, a in zip(rows, active, strict=True)])
@@ -516,26 +522,15 @@ class TransformersPolicy(PolicyBase):
                 break
             if len(keep) < sum(active):
                 index = torch.tensor(keep, device=self.device)
-                shrunk = select_cache_rows(cache, index)
-                if shrunk is not None:
-                    cache = shrunk
+                if steps.drop(index):
                     rows = [rows[j] for j in keep]
                     active = [True] * len(rows)
-                    attention_mask = attention_mask.index_select(0, index)
                     chosen = chosen.index_select(0, index)
-                    next_positions = next_positions.index_select(0, index)
                 else:  # keep finished rows in the batch, feeding masked padding
                     active = [j in keep for j in range(len(rows))]
             live = torch.tensor(active, device=self.device)
-            step_ids = torch.where(live, chosen, torch.full_like(chosen, self.pad_token_id)).unsqueeze(-1)
-            attention_mask = torch.cat([attention_mask, live.long().unsqueeze(-1)], dim=-1)
             # Every kept row is below max_new_tokens, so the next step's logits are needed.
-            out, logits = self._forward(1, input_ids=step_ids, attention_mask=attention_mask,
-                                        position_ids=next_positions, use_cache=True,
-                                        **{self._cache_name: cache})
-            cache = getattr(out, self._cache_name)
-            logits = logits[:, -1, :]
-            next_positions = next_positions + 1
+            logits = steps.step(torch.where(live, chosen, torch.full_like(chosen, self.pad_token_id)), live)
 
         return [
             Generation(
@@ -548,6 +543,14 @@ class TransformersPolicy(PolicyBase):
             )
             for i in range(len(prompts))
         ]
+
+    def _decode_steps(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> DecodeSteps:
+        if self.decode == "dynamic":
+            return DynamicSteps(self._forward, self.model, self._cache_name, prompts, self.pad_token_id,
+                                self.device, min_shared_prefix=self.min_shared_prefix)
+        step_forward = self._compiled_forward if self.decode == "compiled" else self._forward
+        return StaticSteps(self._forward, step_forward, self.model, self._cache_name, self._static_caches,
+                           prompts, max_new_tokens, self.pad_token_id, self.device)
 
     def _constraint_mask(self, params: SamplingParams,
                          prompts: Sequence[Sequence[int]]) -> ConstraintMask | None:

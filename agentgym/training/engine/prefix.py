@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from agentgym.backends.decode_steps import new_kv_cache
 from agentgym.backends.prefill import cache_shared_prefix, prefix_inputs
-from agentgym.backends.transformers_backend import cache_argument_name, new_kv_cache
+from agentgym.backends.transformers_backend import cache_argument_name
 from agentgym.training.engine.packing import (
     TokenBatch,
     _model_device,
