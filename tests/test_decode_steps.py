@@ -171,7 +171,11 @@ def test_compiled_steps_on_the_cpu_equal_the_dynamic_engine(pair) -> None:
     compiled = TransformersPolicy(dynamic.model, dynamic.tokenizer, decode="compiled")
     assert_same_generations(compiled.generate(PROMPTS, FULL), dynamic.generate(PROMPTS, FULL))
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
-    assert_same_generations(compiled.generate(PROMPTS, params), dynamic.generate(PROMPTS, params))
+    sampled = compiled.generate(PROMPTS, params)
+    assert compiled.generate(PROMPTS, params) == sampled
+    assert_same_generations(sampled, dynamic.generate(PROMPTS, params))
+    for gen, row in zip(sampled, compiled.score(PROMPTS, [g.token_ids for g in sampled]), strict=True):
+        assert row == pytest.approx(gen.logprobs, abs=1e-4)
 
 
 @pytest.mark.gpu
@@ -189,3 +193,6 @@ def test_compiled_steps_with_cuda_graphs_equal_the_dynamic_engine() -> None:
                                 tol=1e-3)
     again = compiled.generate(prompts, FULL)  # a replay of the captured graphs
     assert_same_generations(again, dynamic.generate(prompts, FULL), tol=1e-3)
+    sampled = compiled.generate(prompts, SamplingParams(max_new_tokens=12, temperature=1.0, seed=5))
+    for gen, row in zip(sampled, compiled.score(prompts, [g.token_ids for g in sampled]), strict=True):
+        assert row == pytest.approx(gen.logprobs, abs=1e-3)
