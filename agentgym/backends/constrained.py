@@ -140,10 +140,11 @@ class ConstraintMask:
             ids += self.stop_ids
         return ids
 
-    def step(self, rows: Sequence[int | None]) -> torch.Tensor:
-        """``(len(rows), vocab)`` float32: 0 where allowed, ``-inf`` elsewhere; a ``None`` row (a finished
-        one kept in the batch) allows everything."""
-        mask = torch.zeros((len(rows), self.vocab_size))
+    def step(self, rows: Sequence[int | None], device: torch.device | str | None = None) -> torch.Tensor:
+        """``(len(rows), vocab)`` float32 on ``device``: 0 where allowed, ``-inf`` elsewhere; a ``None`` row
+        (a finished one kept in the batch) allows everything. Built where the logits are, so only the
+        allowed ids cross to a GPU, not a vocabulary-wide row per step."""
+        mask = torch.zeros((len(rows), self.vocab_size), device=device)
         for j, row in enumerate(rows):
             ids = None if row is None else self.allowed(row)
             if ids is not None:

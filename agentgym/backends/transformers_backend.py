@@ -476,9 +476,9 @@ class TransformersPolicy(PolicyBase):
         logits = steps.logits
         for _ in range(params.max_new_tokens):
             if mask is not None:
-                allowed = mask.step([i if a else None for i, a in zip(rows, active, strict=True)])
-                single = (torch.isfinite(allowed).sum(-1) == 1).tolist()  # the rule left one token: no choice
-                logits = logits + allowed.to(self.device)
+                live_rows = [i if a else None for i, a in zip(rows, active, strict=True)]
+                allowed = mask.step(live_rows, self.device)
+                logits = logits + allowed
             if greedy:
                 dist = torch.log_softmax(logits, dim=-1)
                 chosen = logits.argmax(dim=-1)
@@ -487,31 +487,36 @@ class TransformersPolicy(PolicyBase):
                     logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
                 )
                 chosen = torch.multinomial(dist.exp(), 1, generator=generator).squeeze(-1)
-            chosen_list = chosen.tolist()
-            chosen_lps = dist.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
+            # What the rows record, copied to the host in one piece (on a GPU every copy waits for the
+            # device): id, log-prob, top ids, top log-probs, entropy, whether the rule left one token.
+            columns = [chosen.unsqueeze(-1), dist.gather(-1, chosen.unsqueeze(-1))]
             if num_top:
                 top = torch.topk(dist, num_top, dim=-1)
-                top_ids, top_lps = top.indices.tolist(), top.values.tolist()
+                columns += [top.indices, top.values]
             if params.return_entropy:
-                step_entropies = entropy_of(dist).tolist()
+                columns.append(entropy_of(dist).unsqueeze(-1))
+            if mask is not None:
+                columns.append(torch.isfinite(allowed).sum(-1, keepdim=True) == 1)
+            host = torch.cat([c.double() for c in columns], dim=-1).tolist()
 
             keep: list[int] = []
             for j, i in enumerate(rows):
                 if not active[j]:
                     continue
-                token = chosen_list[j]
+                row = host[j]
+                token = int(row[0])
                 token_ids[i].append(token)
                 if mask is not None:
                     mask.advance(i, token)
-                    if single[j]:
+                    if row[-1]:
                         forced[i].append(len(token_ids[i]) - 1)
-                logprobs[i].append(chosen_lps[j])
+                logprobs[i].append(row[1])
                 if num_top:
-                    top_logprobs[i].append(
-                        [(t, v) for t, v in zip(top_ids[j], top_lps[j], strict=True) if v != float("-inf")]
-                    )
+                    top_logprobs[i].append([(int(t), v) for t, v in zip(row[2 : 2 + num_top],
+                                                                        row[2 + num_top : 2 + 2 * num_top],
+                                                                        strict=True) if v != float("-inf")])
                 if params.return_entropy:
-                    entropies[i].append(step_entropies[j])
+                    entropies[i].append(row[2 + 2 * num_top])
                 if token in self.stop_token_ids or self._hits_stop_string(token_ids[i], params, window):
                     reasons[i] = "stop"
                 elif len(token_ids[i]) >= params.max_new_tokens:
