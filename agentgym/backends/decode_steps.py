@@ -18,6 +18,7 @@ Both give the same tokens and log-probs up to float rounding (``tests/test_decod
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -86,21 +87,21 @@ def bucket_length(length: int) -> int:
     return -(-length // CACHE_LENGTH_BUCKET) * CACHE_LENGTH_BUCKET
 
 
-class DecodeSteps:
+class DecodeSteps(ABC):
     """One batch's forward passes. ``logits`` holds each row's next-token logits ``(rows, vocab)`` after the
     prefill and after every ``step``; rows are the prompts in order until ``drop`` removes some."""
 
     logits: torch.Tensor
 
+    @abstractmethod
     def step(self, ids: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         """Feed one id per row (``ids``, ``(rows,)``; rows where ``live`` is False are finished and their
         id is ignored) and return the next logits ``(rows, vocab)``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def drop(self, keep: torch.Tensor) -> bool:
         """Keep only the rows ``keep`` (indices, in order) from now on; False when this engine keeps every
         row, and the caller feeds finished rows masked padding instead."""
-        raise NotImplementedError
 
 
 class DynamicSteps(DecodeSteps):
