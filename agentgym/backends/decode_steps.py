@@ -89,7 +89,8 @@ def bucket_length(length: int) -> int:
 
 class DecodeSteps(ABC):
     """One batch's forward passes. ``logits`` holds each row's next-token logits ``(rows, vocab)`` after the
-    prefill and after every ``step``; rows are the prompts in order until ``drop`` removes some."""
+    prefill and after every ``step``; rows are the prompts in order until ``drop`` removes some (the next
+    ``step`` returns the kept rows' logits)."""
 
     logits: torch.Tensor
 
@@ -133,7 +134,6 @@ class DynamicSteps(DecodeSteps):
         self._cache = shrunk
         self._attention_mask = self._attention_mask.index_select(0, keep)
         self._next_positions = self._next_positions.index_select(0, keep)
-        self.logits = self.logits.index_select(0, keep)
         return True
 
 
