@@ -111,12 +111,17 @@ def test_static_sampling_is_seeded_and_its_logprobs_are_teacher_forced(pair) -> 
     scored = static.score(PROMPTS, [g.token_ids for g in first], temperature=0.8)
     for gen, row in zip(first, scored, strict=True):
         assert row == pytest.approx(gen.logprobs, abs=1e-4)
-    # While no row finishes, both engines draw from the same (rows, vocab) tensors in the same order (after
-    # a row stops the dynamic engine draws from fewer rows): with no stop token the samples are the same.
+    # The static engine keeps finished rows as padding, the dynamic one drops them; both draw for the live
+    # rows only, so the seed gives the same samples whichever engine runs, rows stopping early or not.
     endless = [TransformersPolicy(p.model, p.tokenizer, decode=p.decode, stop_token_ids=[]) for p in pair]
     filtered = SamplingParams(max_new_tokens=16, temperature=0.8, top_k=20, top_p=0.9, seed=11)
     for each in (params, filtered):
         assert_same_generations(endless[1].generate(PROMPTS, each), endless[0].generate(PROMPTS, each))
+    stopping = SamplingParams(max_new_tokens=24, temperature=1.0, seed=4, stop_strings=["e"])
+    sampled = static.generate(PROMPTS, stopping)
+    assert_same_generations(sampled, dynamic.generate(PROMPTS, stopping))
+    lengths = [len(g.token_ids) for g in sampled]
+    assert {g.finish_reason for g in sampled} == {"stop", "length"} and len(set(lengths)) > 2, lengths
     other = static.generate(PROMPTS, SamplingParams(max_new_tokens=16, temperature=0.8, seed=12))
     assert [g.token_ids for g in other] != [g.token_ids for g in first]
 

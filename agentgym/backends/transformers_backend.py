@@ -486,7 +486,7 @@ class TransformersPolicy(PolicyBase):
                 dist = sampling_logprobs(
                     logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
                 )
-                chosen = torch.multinomial(dist.exp(), 1, generator=generator).squeeze(-1)
+                chosen = self._draw(dist, active, generator)
             # What the rows record, copied to the host in one piece (on a GPU every copy waits for the
             # device): id, log-prob, top ids, top log-probs, entropy, whether the rule left one token.
             columns = [chosen.unsqueeze(-1), dist.gather(-1, chosen.unsqueeze(-1))]
@@ -548,6 +548,17 @@ class TransformersPolicy(PolicyBase):
             )
             for i in range(len(prompts))
         ]
+
+    def _draw(self, dist: torch.Tensor, active: list[bool], generator: torch.Generator) -> torch.Tensor:
+        """One sampled token per row of ``dist``, drawn for the live rows only: finished rows that an
+        engine keeps as padding take no randomness, so every engine (one that drops finished rows or one
+        that keeps them) draws the same tokens from the same seed. A finished row's entry is 0, never read."""
+        if all(active):
+            return torch.multinomial(dist.exp(), 1, generator=generator).squeeze(-1)
+        live = torch.tensor([j for j, a in enumerate(active) if a], device=dist.device)
+        chosen = torch.zeros(dist.shape[0], dtype=torch.long, device=dist.device)
+        chosen[live] = torch.multinomial(dist.index_select(0, live).exp(), 1, generator=generator).squeeze(-1)
+        return chosen
 
     def _decode_steps(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> DecodeSteps:
         if self.decode == "dynamic":
