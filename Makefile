@@ -43,14 +43,18 @@ demo: setup
 serve-demo: setup
 	$(BIN)/python -m agentgym.http.demo
 
+# Tests run in WORKERS processes (pytest-xdist), each with one torch thread (tests/conftest.py): a CPU-bound
+# suite then uses every core, and a seeded learning run gives the same numbers whatever the machine.
+WORKERS ?= 2
+
 # Lint first (ruff: pycodestyle E, pyflakes F, isort I, bugbear B; pyproject.toml [tool.ruff]), then the tests.
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not gpu and not slow" --doctest-modules agentgym tests
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal -m "not gpu and not slow" --doctest-modules agentgym tests
 
 # The learning runs and the fresh-venv wheel build: minutes each, so CI runs them in a step of their own.
 test-slow: setup
-	$(BIN)/python -m pytest -m "slow and not gpu" tests
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal -m "slow and not gpu" tests
 
 lint: setup
 	$(BIN)/ruff check .

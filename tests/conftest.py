@@ -12,6 +12,16 @@ if "AGENTGYM_CACHE" not in os.environ:
     os.environ["AGENTGYM_CACHE"] = tempfile.mkdtemp(prefix="agentgym-test-cache-")
     atexit.register(shutil.rmtree, os.environ["AGENTGYM_CACHE"], ignore_errors=True)
 
+# One torch thread per test process (and per process a test starts): a seeded learning run's numbers depend
+# on the thread count (it changes float summation order), so the regression pins hold on any machine; the
+# cores are used by running tests side by side instead (`make test` runs pytest-xdist with WORKERS=2).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# pytest-xdist hands its workers the controller's terminal width as COLUMNS; the CLI's consoles read it when
+# imported and would lay tables out 80 wide, where the CLI tests check the layout for a pipe (no COLUMNS).
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 import contextlib
 import pickle
 import socket

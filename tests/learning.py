@@ -3,7 +3,8 @@
 The learning tests are marked ``slow`` (CI runs them in their own step: ``make test-slow``). Each trains one
 seed, the one its numbers were measured on, so it pins that run against regressions; it is named
 ``test_regression_pin_...`` and is no evidence that the method learns on other seeds. The seeds 0-2 numbers
-are in benchmarks/README.md (``python benchmarks/algorithms.py``).
+are in benchmarks/README.md (``python benchmarks/algorithms.py``). The pins are measured at one torch thread,
+which tests/conftest.py sets for every test process: a seeded run's numbers change with the thread count.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ LEARN = ["iterations=30", "checkpoint_every=0"]
 
 #: The quickstart's whole budget, for what learns more slowly (measured on seed 0 at 30 iterations:
 #: LLDS on GiGPO 27% -> 36%, at 60: 27% -> 55%; SeeUPO, GRPO-like, 60 iterations: seed 0 27% -> 27%,
-#: seed 2 28% -> 47%). Each pin's numbers are measured in a fresh process: ``pytest -m slow`` runs them
-#: in one process, and a run's result must not depend on what ran before it there.
+#: seed 2 28% -> 47%; at one torch thread EPO on GiGPO, 30 iterations: 27% -> 33%, at 60: 27% -> 55%).
+#: Each pin's numbers are measured in a fresh process: ``make test-slow`` runs several in each of its
+#: worker processes, and a run's result must not depend on what ran before it there.
 LEARN_FULL = ["iterations=60", "checkpoint_every=0"]
 
 #: The options (GSPO, DAPO, EPO, LLDS) are tested on top of GiGPO, the quickstart's algorithm: they are

@@ -57,7 +57,8 @@ def random_policy(env, info, rng) -> str:
 # --- the contract --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env", ["frozenlake-v0", "blackjack-v0", CLIFF, TAXI], ids=str)
+@pytest.mark.parametrize("env", ["frozenlake-v0", "blackjack-v0", CLIFF, TAXI],
+                         ids=lambda env: getattr(env, "id", env))  # ids equal in every xdist worker
 def test_check_env(env: str | agentgym.EnvSpec) -> None:
     agentgym.check_env(env)
     agentgym.check_env(env, seed=50, num_episodes=4)
