@@ -19,6 +19,7 @@ from learning import small
 
 from agentgym.training import load_config
 from agentgym.training.api.terms import LossTerm, register_loss_term
+from agentgym.training.run.interrupt import StopNow, StopSignals
 from agentgym.training.run.loop import Trainer, train
 
 #: A small run (seconds per iteration on CPU).
@@ -97,7 +98,7 @@ def test_a_stop_inside_a_long_update_ends_the_run_and_keeps_the_warm_start(tmp_p
     stops = [line for line in run.lines if line.startswith(f"Stopped ({name})")]
     assert len(stops) == 1, run.lines
     assert "the warm start is saved" in stops[0] and f"agentgym train --resume {out}" in stops[0]
-    assert not any("Traceback" in line for line in run.lines)
+    assert not any("Traceback" in line for line in run.lines), "\n".join(run.lines)
     assert saved_iteration(out) == 0  # SFT and the evaluations before RL are kept
     assert (out / "metrics.jsonl").read_text() == ""
 
@@ -111,8 +112,34 @@ def test_sigterm_inside_a_long_sft_ends_the_run_at_once(tmp_path: Path) -> None:
     assert run.exit_status() == 143, "\n".join(run.lines)
     stops = [line for line in run.lines if line.startswith("Stopped (SIGTERM)")]
     assert len(stops) == 1 and "no checkpoint" in stops[0], run.lines
-    assert not any("Traceback" in line for line in run.lines)
+    assert not any("Traceback" in line for line in run.lines), "\n".join(run.lines)
     assert not (out / "checkpoint.pt").exists()
+
+
+def test_a_signal_inside_a_finalizer_stops_without_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The handler raises where the signal lands; in a finalizer the garbage collector ran, Python would print
+    # the StopNow as "Exception ignored in ..." with a traceback. The stop must still happen, silently.
+    reported: list = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+
+    class SignalledWhileCollected:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # the handler runs at one of these bytecodes, inside the finalizer
+                pass
+
+    class FailsWhenCollected:
+        def __del__(self) -> None:
+            raise ValueError("a finalizer's own error")
+
+    with StopSignals() as stop, pytest.raises(StopNow):
+        with stop.region("immediate"):
+            SignalledWhileCollected()
+            assert stop.now and stop.signal == "SIGTERM"
+            FailsWhenCollected()
+            stop.poll()
+    assert [type(item.exc_value) for item in reported] == [ValueError]  # other errors are still reported
+    assert sys.unraisablehook == reported.append  # the hook is given back
 
 
 # --- signals sent from inside the update, at a chosen step ------------------------------------------------

@@ -11,11 +11,18 @@ Two ways reach a phase: the handler raises ``StopNow`` in the main thread when i
 region, and the long phases call ``poll`` between their steps (SFT and update minibatches, log-prob
 chunks, collection turns), also from other threads (a background collection), where the handler
 cannot raise. So every phase stops within one of its steps.
+
+A signal can also land inside a finalizer (an object's ``__del__``, a weakref callback) that the garbage
+collector happens to run at that moment. Python cannot propagate an exception from there and would print
+it as "Exception ignored in ..." with a traceback; the stop is not lost (``now`` stays set, and the phase's
+next ``poll`` or region raises it), so while the handlers are installed such a ``StopNow`` is dropped
+quietly, and every other unraisable exception still goes to the previous ``sys.unraisablehook``.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,6 +62,7 @@ class StopSignals:
         """Stop at once (at the next point that may be abandoned), not after the iteration."""
         self._region: Region | None = None
         self._previous: dict[int, Any] = {}
+        self._previous_unraisablehook: Callable[[Any], Any] | None = None
 
     @property
     def requested(self) -> bool:
@@ -65,12 +73,15 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._previous_unraisablehook is not None:
+            sys.unraisablehook, self._previous_unraisablehook = self._previous_unraisablehook, None
 
     def poll(self) -> None:
         """Raise ``StopNow`` when a pending stop applies where the run is (a stop at once anywhere, any stop
@@ -100,6 +111,13 @@ class StopSignals:
             yield
         finally:
             self._region = previous
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """A ``StopNow`` the handler raised inside a finalizer: nothing to report, the stop stays pending."""
+        if isinstance(unraisable.exc_value, StopNow):
+            return
+        assert self._previous_unraisablehook is not None
+        self._previous_unraisablehook(unraisable)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         first = self.signal is None
