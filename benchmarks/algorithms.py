@@ -46,6 +46,9 @@ mean ± std over seeds), iterations until the training success (mean of 3 iterat
 task's threshold, seconds per iteration, peak resident memory, update phases per iteration, and the
 mean negative log-prob per sampled response token in the first and last 5 iterations (an estimate of
 the sampling entropy: it falls towards 0 when the policy collapses onto deterministic answers).
+A second table compares each variant with the first one listed, per seed, task by task on the held-out
+tasks both played (``paired_table``: McNemar's exact test; rows keep each task's outcome in
+``after_by_task``, played on ``eval_seeds``).
 """
 
 from __future__ import annotations
@@ -221,6 +224,10 @@ def run_one(spec: dict) -> dict:
         "wall_s": earlier.get("wall_s", 0.0) + time.perf_counter() - started,
         "before": report["eval"]["before"]["success_rate"],
         "after": report["eval"]["after"]["success_rate"],
+        # Held-out outcome per task, in the order of the seeds they were played on: the variants of a seed
+        # play the same ones, so they compare task by task (paired_table).
+        "eval_seeds": [t["seed"] for t in report["eval"]["after"].get("per_task", [])],
+        "after_by_task": [t["success"] for t in report["eval"]["after"].get("per_task", [])],
         "iters_to_threshold": first_reaching(history, TASKS[spec["task"]][1]),
         "s_per_iteration": statistics.mean(h["perf/iteration_s"] for h in history),
         "update_s_per_iteration": statistics.mean(h["perf/update_s"] for h in history),
@@ -497,6 +504,32 @@ def tool_table(runs: list[dict], task: str, variants: list[str]) -> str:
     return "\n".join(lines)
 
 
+def paired_table(runs: list[dict], task: str, variants: list[str]) -> str:
+    """Each variant against the first one listed, per seed, on the held-out tasks both played: the paired
+    difference in success (McNemar's exact test, a bootstrap interval), more sensitive than comparing the two
+    success rates when the tasks that are hard for one run are hard for the other. Rows without per-task
+    outcomes (older ones) are left out."""
+    from agentgym.eval.statistics import compare_paired
+
+    lines = ["| seed | variant | vs | success (vs → variant) | difference, 95% CI | exact p "
+             "| tasks better / worse |", "|---:|---|---|---:|---:|---:|---:|"]
+    of = {(r["variant"], r["seed"]): r for r in runs if r["task"] == task and r.get("after_by_task")}
+    reference = variants[0]
+    for seed in sorted({seed for _, seed in of}):
+        base = of.get((reference, seed))
+        for variant in variants[1:]:
+            other = of.get((variant, seed))
+            if base is None or other is None or other["eval_seeds"] != base["eval_seeds"]:
+                continue
+            c = compare_paired(task, reference, variant, base["after_by_task"], other["after_by_task"],
+                               seed=seed)
+            low, high = (100 * bound for bound in c.ci95)
+            lines.append(f"| {seed} | {variant} | {reference} | {c.a_mean:.0%} → {c.b_mean:.0%} "
+                         f"| {100 * c.difference:+.0f} points ({low:+.0f} to {high:+.0f}) "
+                         f"| {c.p_value:.2g} | {c.b_better} / {c.a_better} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def plot(runs: list[dict], task: str, variants: list[str], tag: str, folder: Path = RESULTS) -> None:
     """``folder/algorithms_<tag>_<task>.png``: training success and the entropy estimate per iteration."""
     import matplotlib
@@ -602,6 +635,10 @@ def main() -> None:
         if any(r.get("tool_calls_per_task") for r in runs if r["task"] == task):
             print()
             print(tool_table(runs, task, args.variants))
+        paired = paired_table(runs, task, args.variants)
+        if paired:
+            print(f"\nPaired, per seed, against {args.variants[0]} (the held-out tasks both played):\n")
+            print(paired)
         if any(r["task"] == task for r in runs):  # a grid stopped before its first row has nothing to draw
             plot(runs, task, args.variants, args.tag if args.model == "tiny" else f"{args.model}_{args.tag}",
                  results.parent)  # beside the rows they show

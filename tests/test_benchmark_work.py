@@ -90,6 +90,9 @@ def test_the_grid_command_saves_the_row_and_clears_the_folder(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [(r["variant"], r["seed"], r["iterations"], len(r["curve"])) for r in rows] == [("grpo", 3, 2, 2)]
+    # Each held-out task's outcome, played on the evaluation's seeds: what the paired table compares.
+    assert len(rows[0]["after_by_task"]) == len(rows[0]["eval_seeds"]) == 4
+    assert sum(rows[0]["after_by_task"]) / 4 == pytest.approx(rows[0]["after"])
     assert list((tmp_path / "work").iterdir()) == []  # checkpoints and lock gone with the row saved
     assert (tmp_path / "algorithms_work-test_maze.png").is_file()  # the plot beside its rows
     kept = tmp_path / "kept" / "tiny_work-test_maze_grpo_seed3"

@@ -19,7 +19,7 @@ from agentgym.eval.statistics import (
     pass_at_k_table,
     sign_flip_p,
 )
-from agentgym.eval.summary import summarize, wilson_interval
+from agentgym.eval.summary import per_task, summarize, wilson_interval
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 
 
@@ -133,3 +133,16 @@ def test_summary_counts_and_pass_at_k() -> None:
     assert s["mean_return"] == pytest.approx(0.0) and s["mean_turns"] == 2.0
     assert s["invalid_rate"] == pytest.approx(1 / 8) and s["tokens_generated"] == 16
     assert s["pass@1"] == 0.25 and s["pass@2"] == 0.5
+
+
+def test_per_task_outcomes_follow_the_groups_order_and_average_their_episodes() -> None:
+    def episode(success: bool, rewards: list[float]) -> Trajectory:
+        return Trajectory([Turn([1], [5], [0.0], r, "s") for r in rewards], "t", 0, success=success)
+
+    groups = [EpisodeGroup("g0", "goal-9", 9, [episode(True, [0.0, 1.0])]),
+              EpisodeGroup("g1", "goal-2", 2, [episode(False, [0.25]), episode(True, [0.5, 0.5]),
+                                               episode(False, [-0.5])])]
+    assert per_task(groups) == [{"seed": 9, "task_id": "goal-9", "success": 1.0, "return": 1.0},
+                                {"seed": 2, "task_id": "goal-2", "success": pytest.approx(1 / 3),
+                                 "return": pytest.approx(0.25)}]
+    assert per_task([]) == []

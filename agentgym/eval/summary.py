@@ -1,5 +1,5 @@
 """Evaluation summaries: success rate with a Wilson 95% interval, returns, turns, tokens, invalid actions,
-pass@k."""
+pass@k; and the per-task outcomes that let two evaluations on the same tasks be compared task by task."""
 
 from __future__ import annotations
 
@@ -72,3 +72,25 @@ def summarize(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
     if outcomes and min(len(o) for o in outcomes) >= 2:
         summary.update(pass_at_k_table(outcomes))
     return summary
+
+
+def per_task(groups: Sequence[EpisodeGroup]) -> list[dict[str, Any]]:
+    """Per group (one task), in the groups' order: its ``seed``, ``task_id``, ``success`` (the share of its
+    episodes that succeeded: 0 or 1 with one episode) and mean ``return``. Two evaluations that played the
+    same seeds are compared on these, task by task (``agentgym.eval.statistics.compare_paired``), which tells
+    policies apart on far fewer tasks than comparing their two success rates does.
+
+    Example:
+        >>> from agentgym.rollout.records import Trajectory
+        >>> win = Trajectory([Turn([1], [2], [0.0], 1.0, "s")], "t", 7, success=True)
+        >>> lose = Trajectory([Turn([1], [4], [0.0], 0.0, "s")], "t", 7)
+        >>> per_task([EpisodeGroup("g0", "t", 7, [win, lose])])
+        [{'seed': 7, 'task_id': 't', 'success': 0.5, 'return': 0.5}]
+    """
+    rows = []
+    for group in groups:
+        n = len(group.trajectories)
+        rows.append({"seed": group.seed, "task_id": group.task_id,
+                     "success": sum(t.success for t in group.trajectories) / n if n else 0.0,
+                     "return": sum(t.episode_return for t in group.trajectories) / n if n else 0.0})
+    return rows

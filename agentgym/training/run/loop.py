@@ -36,7 +36,7 @@ from agentgym.backends.lora import is_lora
 from agentgym.backends.transformers_backend import enable_activation_checkpointing
 from agentgym.errors import ConfigError
 from agentgym.eval.local import collect_episodes
-from agentgym.eval.summary import summarize
+from agentgym.eval.summary import per_task, summarize
 from agentgym.rollout.collector import Collector, CollectStats
 from agentgym.rollout.demos import collect_demos
 from agentgym.rollout.hooks import HookChain
@@ -224,12 +224,13 @@ class Trainer:
     def evaluate(self, tag: str) -> dict[str, Any]:
         """Held-out episodes (seeds from ``eval.seed_offset``; tasks ``0..`` of ``eval.split`` when named),
         one per task, at ``eval.temperature``, played and summarised by the evaluation harness's own
-        functions, so report.json and `agentgym eval` agree."""
+        functions, so report.json and `agentgym eval` agree; ``per_task`` keeps each task's outcome, so two
+        runs' evaluations (the same seeds) compare task by task."""
         e = self.cfg.eval
         seeds = [e.seed_offset + i for i in range(self.held_out_episodes)]
         groups = collect_episodes(self.collector, seeds, 1, self.sampling(e.temperature, self.cfg.seed + 7),
                                   group_prefix=f"eval-{tag}-")
-        return summarize(groups)
+        return {**summarize(groups), "per_task": per_task(groups)}
 
     def collect(self, iteration: int) -> tuple[list[EpisodeGroup], CollectStats, dict[str, float]]:
         """The iteration's groups. When hooks filter groups out (DAPO dynamic sampling), more tasks are
