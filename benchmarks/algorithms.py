@@ -215,6 +215,9 @@ def run_one(spec: dict) -> dict:
                             dirs_exist_ok=True)
     history = report["history"]
     generate_s = sum(h["perf/generate_s"] for h in history)
+    # Held-out outcome per task, in the order of the seeds they were played on: the variants of a seed play
+    # the same ones, so they compare task by task (paired_table).
+    held_out = report["eval"]["after"].get("per_task", [])
     return {
         # keep and work are local paths, not results
         **{field: value for field, value in spec.items() if field not in ("keep", "work")},
@@ -224,10 +227,8 @@ def run_one(spec: dict) -> dict:
         "wall_s": earlier.get("wall_s", 0.0) + time.perf_counter() - started,
         "before": report["eval"]["before"]["success_rate"],
         "after": report["eval"]["after"]["success_rate"],
-        # Held-out outcome per task, in the order of the seeds they were played on: the variants of a seed
-        # play the same ones, so they compare task by task (paired_table).
-        "eval_seeds": [t["seed"] for t in report["eval"]["after"].get("per_task", [])],
-        "after_by_task": [t["success"] for t in report["eval"]["after"].get("per_task", [])],
+        "eval_seeds": [t["seed"] for t in held_out],
+        "after_by_task": [t["success"] for t in held_out],
         "iters_to_threshold": first_reaching(history, TASKS[spec["task"]][1]),
         "s_per_iteration": statistics.mean(h["perf/iteration_s"] for h in history),
         "update_s_per_iteration": statistics.mean(h["perf/update_s"] for h in history),
@@ -513,12 +514,12 @@ def paired_table(runs: list[dict], task: str, variants: list[str]) -> str:
 
     lines = ["| seed | variant | vs | success (vs → variant) | difference, 95% CI | exact p "
              "| tasks better / worse |", "|---:|---|---|---:|---:|---:|---:|"]
-    of = {(r["variant"], r["seed"]): r for r in runs if r["task"] == task and r.get("after_by_task")}
+    paired_rows = {(r["variant"], r["seed"]): r for r in runs if r["task"] == task and r.get("after_by_task")}
     reference = variants[0]
-    for seed in sorted({seed for _, seed in of}):
-        base = of.get((reference, seed))
+    for seed in sorted({seed for _, seed in paired_rows}):
+        base = paired_rows.get((reference, seed))
         for variant in variants[1:]:
-            other = of.get((variant, seed))
+            other = paired_rows.get((variant, seed))
             if base is None or other is None or other["eval_seeds"] != base["eval_seeds"]:
                 continue
             c = compare_paired(task, reference, variant, base["after_by_task"], other["after_by_task"],

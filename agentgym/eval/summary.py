@@ -77,8 +77,8 @@ def summarize(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
 def per_task(groups: Sequence[EpisodeGroup]) -> list[dict[str, Any]]:
     """Per group (one task), in the groups' order: its ``seed``, ``task_id``, ``success`` (the share of its
     episodes that succeeded: 0 or 1 with one episode) and mean ``return``. Two evaluations that played the
-    same seeds are compared on these, task by task (``agentgym.eval.statistics.compare_paired``), which tells
-    policies apart on far fewer tasks than comparing their two success rates does.
+    same seeds are compared on these, task by task (``agentgym.eval.statistics.compare_paired``): more
+    sensitive than comparing their two success rates when the same tasks are hard for both.
 
     Example:
         >>> from agentgym.rollout.records import Trajectory
