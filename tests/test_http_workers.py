@@ -45,11 +45,10 @@ def test_hung_envs_on_every_worker_do_not_poison_healthy_sessions(live_server: C
             await asyncio.sleep(0.5)
             step = await http.post(f"/sessions/{healthy}/step", json={"action": "inc"})
             created = await http.post("/sessions", json={"env_id": "test/http-counter-v0"})
-            health = await http.get("/health")
-            while health.json()["stuck_workers"] < 2 and not all(task.done() for task in stuck):
-                await asyncio.sleep(0.05)  # the second hung step's deadline may come a moment later
-                health = await http.get("/health")
             answers = [await task for task in stuck]
+            # Each 504 is sent after its thread was marked stuck, and the hung calls run until HANG_S:
+            # both threads are stuck now (polling before the answers raced the second deadline).
+            health = await http.get("/health")
             again = await http.post(f"/sessions/{healthy}/step", json={"action": "inc"})
             await asyncio.sleep(HANG_S)  # the hung calls return; their threads retire
             recovered = (await http.get("/health")).json()
