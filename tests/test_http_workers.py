@@ -50,8 +50,11 @@ def test_hung_envs_on_every_worker_do_not_poison_healthy_sessions(live_server: C
             # both threads are stuck now (polling before the answers raced the second deadline).
             health = await http.get("/health")
             again = await http.post(f"/sessions/{healthy}/step", json={"action": "inc"})
-            await asyncio.sleep(HANG_S)  # the hung calls return; their threads retire
+            deadline = time.monotonic() + 10 * HANG_S  # the hung calls return at HANG_S; their threads retire
             recovered = (await http.get("/health")).json()
+            while recovered["stuck_workers"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                recovered = (await http.get("/health")).json()
             return {"step": step, "created": created, "health": health, "stuck": answers, "again": again,
                     "recovered": recovered}
 
