@@ -5,18 +5,24 @@ third-party packages register through entry-point groups of the same names. Ever
 named plug-ins (algorithms, policy losses, loss terms, rollout-hook options, generation backends,
 decoding constraints) is a ``PluginRegistry``: one duplicate rule, one error shape with suggestions.
 Env ids have their own spec registry (``agentgym.registry``), raising the same ``RegistryError`` family.
+
+``import_object`` is the one resolver of ``"module:attr"`` names (env entry points, harnesses, reward
+and expert functions): it finds a user's own modules in the working folder, as ``python -m`` does,
+while agentgym and its dependencies always come from the installed packages (``use_working_folder``).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 import threading
 import warnings
 from importlib import metadata
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from agentgym.errors import RegistryError
+from agentgym.errors import AgentGymError, ConfigError, RegistryError
 
 T = TypeVar("T")
 
@@ -37,6 +43,122 @@ def load_plugins(builtin_module: str, group: str) -> None:
         except Exception as exc:
             warnings.warn(f"agentgym plug-in {entry.name!r} ({entry.value}) of {group!r} failed to load: "
                           f"{exc}", RuntimeWarning, stacklevel=3)
+
+
+def use_working_folder() -> bool:
+    """Put the working folder on ``sys.path``, *after* the installed packages; True when it was added.
+
+    A user names their own code as ``module:attr`` (``--harness my_agent:run``, an env registered as
+    ``"my_env:MyEnv"``) and expects it found in the folder they run from, as ``python -m``, uvicorn and
+    pytest find it. The ``agentgym`` command's ``sys.path`` starts at its script's folder instead, and
+    children started with ``python_command`` drop the working folder on purpose. Appending (rather than
+    inserting first, as ``python -m`` does) keeps the rule that agentgym and its dependencies come from the
+    installed packages whatever the folder holds: an ``agentgym/`` source tree or a ``tokenizers.py`` there
+    shadows nothing. A user module named like an installed one loses; ``import_object`` then says so.
+
+    Example:
+        >>> use_working_folder() in (True, False) and _working_folder_listed()
+        True
+    """
+    if _working_folder_listed():
+        return False
+    sys.path.append(os.getcwd())
+    importlib.invalidate_caches()  # a folder searched before (and found empty of the module) is read again
+    return True
+
+
+def _working_folder_listed() -> bool:
+    here = os.path.realpath(os.getcwd())
+    return any(os.path.realpath(entry or os.curdir) == here for entry in sys.path if isinstance(entry, str))
+
+
+def import_object(path: str, *, what: str, error: type[AgentGymError] = ConfigError,
+                  install_hint: str | None = None) -> Any:
+    """The object that ``"module:attr"`` names (``attr`` may be dotted: ``"pkg.mod:Class.method"``).
+
+    Every ``module:attr`` setting of agentgym is resolved here. The module is looked up in the installed
+    packages, then in the working folder (``use_working_folder``), so a user's ``my_agent.py`` is found
+    from the folder they run in, in this process and in the service workers it starts.
+
+    Args:
+        path: the ``"module:attr"`` text.
+        what: what the name is, for messages (``"harness 'my_agent:run'"``, ``"env 'acme/coin-v0'"``).
+        error: the class raised (a ``ConfigError`` by default; the registry raises ``RegistryError``).
+        install_hint: the fix when the module is there but needs a package that is not installed
+            (default: install that package).
+
+    Raises:
+        AgentGymError: of class ``error``: ``path`` is not ``module:attr``; no such module (the message
+            names the folder searched and how to make the module importable); importing it raised; or it
+            has no such attribute.
+
+    Example:
+        >>> import_object("json:dumps", what="reward").__name__
+        'dumps'
+        >>> import_object("no_such_module_here:run", what="harness")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: harness: module 'no_such_module_here' cannot be imported: there is no ...
+    """
+    module_name, colon, attribute = str(path).partition(":")
+    if not colon or not module_name.strip() or not attribute.strip():
+        raise error(f"{what}: {path!r} is not 'module:attr' (e.g. 'my_agent:run', for the module my_agent.py "
+                    "in the working folder or an installed package)")
+    module_name, attribute = module_name.strip(), attribute.strip()
+    try:
+        module = _import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if not _is_or_contains(exc.name, module_name):  # the module is there; something it imports is not
+            hint = install_hint or f"install the package that provides {exc.name!r} (pip install ...)"
+            raise error(f"{what}: module {module_name!r} cannot be imported: it needs {exc.name!r}, which is "
+                        f"not installed; {hint}") from exc
+        top = module_name.split(".")[0]
+        raise error(f"{what}: module {module_name!r} cannot be imported: there is no {top}.py or {top}/ in "
+                    f"the working folder {os.getcwd()} and no installed package of that name; run agentgym "
+                    "from the folder that holds it, add that folder to PYTHONPATH, or pip install the "
+                    "package that provides it") from None
+    except Exception as exc:  # the user's module itself raised: say where, keep the traceback chained
+        text = " ".join(str(exc).split())[:300]
+        raise error(f"{what}: module {module_name!r} cannot be imported: importing it raised "
+                    f"{type(exc).__name__}{': ' + text if text else ''}") from exc
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            where = getattr(module, "__file__", None)
+            found = f" (found at {where})" if where else ""
+            shadowed = _shadowed_note(module_name, where) if where else ""
+            raise error(f"{what}: module {module_name!r} has no attribute {attribute!r}{found}{shadowed}"
+                        ) from None
+    return target
+
+
+def _import_module(name: str) -> Any:
+    """``importlib.import_module``, retried with the working folder on ``sys.path`` when it was missing."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if not _is_or_contains(exc.name, name) or not use_working_folder():
+            raise
+    return importlib.import_module(name)
+
+
+def _is_or_contains(missing: str | None, name: str) -> bool:
+    """Whether the module ``missing`` (a ``ModuleNotFoundError``'s name) is ``name`` or a package above it."""
+    return missing is not None and (name == missing or name.startswith(missing + "."))
+
+
+def _shadowed_note(module_name: str, where: str) -> str:
+    """A note when the working folder holds a module of that name that an installed one hides."""
+    top = module_name.split(".")[0]
+    here = os.getcwd()
+    local = next((os.path.join(here, c) for c in (f"{top}.py", top) if os.path.exists(os.path.join(here, c))),
+                 None)
+    if local is None or os.path.realpath(where).startswith(os.path.realpath(here) + os.sep):
+        return ""
+    return (f"; the working folder's {os.path.basename(local)} is hidden by that installed module of the "
+            "same name (installed packages come first): rename yours")
 
 
 class PluginRegistry(Generic[T]):

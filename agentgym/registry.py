@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import inspect
 import threading
 from collections.abc import Callable, Mapping
@@ -23,7 +22,7 @@ from typing import Any
 from agentgym.core import Env
 from agentgym.errors import ConfigError, DuplicateEnv, RegistryError, UnknownEnv, VersionNotFound
 from agentgym.guard import EpisodeGuard
-from agentgym.plugins import load_plugins
+from agentgym.plugins import import_object, load_plugins
 from agentgym.spec import ActionFormat, EnvSpec, parse_env_id
 
 __all__ = [
@@ -45,8 +44,9 @@ def load_env_creator(spec: EnvSpec) -> Callable[..., Env]:
     """Import and return the env class (or factory) that ``spec.entry_point`` names.
 
     Raises:
-        RegistryError: the entry point is not ``"module:attr"``, the module fails to import, or it
-            has no such attribute.
+        RegistryError: the entry point is not ``"module:attr"``, the module fails to import (it is looked
+            for in the installed packages, then the working folder: ``agentgym.plugins.import_object``), or
+            it has no such attribute.
 
     Example:
         >>> load_env_creator(EnvSpec("doc/echo-v0", "agentgym.examples:EchoEnv")).__name__
@@ -54,22 +54,9 @@ def load_env_creator(spec: EnvSpec) -> Callable[..., Env]:
     """
     if callable(spec.entry_point):
         return spec.entry_point
-    module_name, _, attr = spec.entry_point.partition(":")
-    if not module_name or not attr:
-        raise RegistryError(
-            f"env {spec.id!r} has entry point {spec.entry_point!r}; expected 'module:Class'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RegistryError(
-            f"env {spec.id!r} needs module {module_name!r}, which failed to import: {exc}. "
-            "Install the extra that provides it (the extras are listed at the end of README.md)."
-        ) from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise RegistryError(f"env {spec.id!r}: module {module_name!r} has no attribute {attr!r}") from None
+    return import_object(spec.entry_point, what=f"env {spec.id!r} (entry point {spec.entry_point!r})",
+                         error=RegistryError, install_hint="install the extra that provides it (the extras "
+                         "are listed at the end of README.md)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -292,7 +292,7 @@ def test_a_harness_that_returns_a_non_number_stops_with_one_line(
 def test_contract_faults_before_the_first_call_name_the_harness(proxy: RolloutProxy) -> None:
     with pytest.raises(HarnessError, match="module 'no_such_agent_module' cannot be imported"):
         HarnessEnv("no_such_agent_module:run", [{"id": "t"}], proxy=proxy)
-    with pytest.raises(HarnessError, match="'json' has no 'no_such_function'"):
+    with pytest.raises(HarnessError, match="module 'json' has no attribute 'no_such_function'"):
         HarnessEnv("json:no_such_function", [{"id": "t"}], proxy=proxy)
     env = HarnessEnv(lambda task, base_url: 1.0, [{"id": "t"}], proxy=proxy)
     with pytest.raises(HarnessError, match="finished task 't' without calling its endpoint"):

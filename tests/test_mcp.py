@@ -191,7 +191,8 @@ def test_tasks_come_from_a_jsonl_file(http_url: str, tmp_path: Path) -> None:
     ({"tasks": [{"id": "a", "prompt": "p", "answer": 1}] * 2, "server_command": "x"},
      "two tasks have the id 'a'"),
     ({"tasks": TASKS, "server_command": "x", "reward": "math.fsum"}, "'module:function'"),
-    ({"tasks": TASKS, "server_command": "x", "reward": "math:no_such"}, "math has no function 'no_such'"),
+    ({"tasks": TASKS, "server_command": "x", "reward": "math:no_such"},
+     "module 'math' has no attribute 'no_such'"),
     ({"tasks": TASKS, "server_command": "x", "call_timeout_s": 0}, "call_timeout_s must be a number of"),
 ])
 def test_bad_arguments_are_one_line_config_errors(kwargs: dict[str, Any], message: str) -> None:

@@ -56,7 +56,7 @@ def test_lazy_entry_point_imports_only_on_make() -> None:
     sys.modules.pop(module.__name__, None)
     reg.register("lazy/thing-v0", "lazy_env_module_for_test:Thing")
     assert "lazy_env_module_for_test" not in sys.modules
-    with pytest.raises(RegistryError, match="failed to import"):
+    with pytest.raises(RegistryError, match="module .lazy_env_module_for_test. cannot be imported"):
         reg.make("lazy/thing-v0")
 
 

@@ -21,7 +21,6 @@ transcript), or a dict with ``reward`` (a number or None) and optionally ``succe
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import math
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.errors import ConfigError
+from agentgym.plugins import import_object
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _ENDPOINT_KEYWORDS = ("base_url", "api_key", "model")
@@ -205,18 +205,8 @@ async def _await(awaitable: Any) -> Any:
 
 
 def _import(path: str) -> Callable[..., Any]:
-    module_name, _, attribute = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise HarnessError(f"harness {path}: module {module_name!r} cannot be imported ({_describe(exc)}); "
-                           "put it on PYTHONPATH or run from its folder") from None
-    target: Any = module
-    for part in attribute.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise HarnessError(f"harness {path}: {module_name!r} has no {attribute!r}; name a function "
-                               "defined in that module") from None
+    # One resolver for every module:attr name: it finds the user's module in the working folder too.
+    target = import_object(path, what=f"harness {path}", error=HarnessError)
     if not callable(target):
         raise HarnessError(f"harness {path} is a {type(target).__name__}, not a function")
     return target

@@ -7,7 +7,6 @@ take its place, and is where a judged reward plugs in.
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import Any, Protocol
 
 from agentgym.envs.tools.search_qa import normalize_answer
 from agentgym.errors import ConfigError
+from agentgym.plugins import import_object
 
 #: Default numeric tolerance of ``answer_matches`` (absolute and relative).
 DEFAULT_TOLERANCE = 1e-6
@@ -117,13 +117,10 @@ def reward_function(reward: str | Callable[..., Any] | None,
     module_name, _, attribute = str(reward).partition(":")
     if not isinstance(reward, str) or not module_name or not attribute:
         raise ConfigError(f"reward must be a callable or 'module:function', got {reward!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"reward {reward!r}: cannot import {module_name!r} ({exc})") from None
-    function = getattr(module, attribute, None)
+    function = import_object(reward, what=f"reward {reward!r}")
     if not callable(function):
-        raise ConfigError(f"reward {reward!r}: {module_name} has no function {attribute!r}")
+        raise ConfigError(f"reward {reward!r}: {module_name}.{attribute} is a {type(function).__name__}, "
+                          "not a function")
     return function  # type: ignore[no-any-return]
 
 
