@@ -219,6 +219,8 @@ def test_an_unreachable_server_is_a_one_line_error_naming_it() -> None:
 async def _call_served_tools(read: Any, write: Any) -> list[tuple[str, bool]]:
     from mcp import ClientSession
 
+    from agentgym.envs.mcp.connection import mcp_field
+
     async with ClientSession(read, write) as session:
         await session.initialize()
         names = [tool.name for tool in (await session.list_tools()).tools]
@@ -229,7 +231,7 @@ async def _call_served_tools(read: Any, write: Any) -> list[tuple[str, bool]]:
                                 ("new_task", {"task_id": "tools/transfer/7"}),
                                 ("lookup", {"key": "accounts/ivan/balance"})):
             result = await session.call_tool(name, arguments)
-            results.append((result.content[0].text, result.isError))
+            results.append((result.content[0].text, mcp_field(result, "is_error")))  # mcp 2.x or 1.x
         return results
 
 

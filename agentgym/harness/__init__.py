@@ -13,9 +13,22 @@ In a config::
       tasks: tasks.jsonl
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from agentgym.harness.agent import AgentOutcome, Harness, HarnessError
-from agentgym.harness.env import HarnessEnv
-from agentgym.harness.proxy import RolloutProxy
 from agentgym.harness.tasks import TaskSet, load_tasks
 
 __all__ = ["AgentOutcome", "Harness", "HarnessEnv", "HarnessError", "RolloutProxy", "TaskSet", "load_tasks"]
+
+#: Names imported on first use: the proxy needs the ``server`` extra (fastapi), which reading a task file
+#: (``mcp-v0`` does, with only the ``mcp`` extra) must not.
+_LAZY = {"HarnessEnv": "agentgym.harness.env", "RolloutProxy": "agentgym.harness.proxy"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

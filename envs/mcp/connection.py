@@ -8,6 +8,9 @@ loop from the env's thread and awaited with a deadline.
 
 A server is a stdio command (``MCPServer(command=("python", "server.py"))``, spawned as a subprocess
 and ended on ``close``) or a streamable-HTTP URL (``MCPServer(url="http://127.0.0.1:8000/mcp")``).
+
+Both majors of the ``mcp`` client work: 1.x (deadlines as ``timedelta``, errors as ``McpError``, an HTTP
+transport that also yields a session-id getter) and 2.x (deadlines in seconds, ``MCPError``, two streams).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
 from agentgym.errors import ConfigError, RemoteEnvError, RemoteTimeout
@@ -88,6 +92,36 @@ class ToolOutcome:
     """The tool reported an error, the server refused the call, or it did not answer in time."""
 
 
+@cache
+def _mcp_error() -> type[Exception]:
+    """The exception the installed ``mcp`` raises for an error the server (or the deadline) answered."""
+    from mcp.shared import exceptions
+
+    return getattr(exceptions, "MCPError", None) or exceptions.McpError  # 2.x name, else 1.x's
+
+
+def mcp_field(record: Any, name: str, default: Any = None) -> Any:
+    """A field of an ``mcp.types`` record by its snake_case name (2.x), or its camelCase one (1.x).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> mcp_field(SimpleNamespace(inputSchema={"type": "object"}), "input_schema")
+        {'type': 'object'}
+        >>> mcp_field(SimpleNamespace(is_error=True), "is_error")
+        True
+    """
+    head, *rest = name.split("_")
+    for attribute in (name, head + "".join(part.title() for part in rest)):
+        if hasattr(record, attribute):
+            return getattr(record, attribute)
+    return default
+
+
+def _deadline(seconds: float) -> Any:
+    """A deadline as the installed ``mcp`` takes it: seconds on 2.x, a ``timedelta`` on 1.x."""
+    return float(seconds) if _mcp_error().__name__ == "MCPError" else timedelta(seconds=seconds)
+
+
 def _first_error(exc: BaseException) -> BaseException:
     """The first leaf of an exception group (anyio task groups wrap the error that matters)."""
     while isinstance(getattr(exc, "exceptions", None), (list, tuple)) and exc.exceptions:  # type: ignore[attr-defined]
@@ -117,10 +151,11 @@ def content_text(result: Any) -> str:
         elif kind == "resource_link":
             parts.append(f"[resource {block.uri}]")
         else:
-            mime = getattr(block, "mimeType", None)
+            mime = mcp_field(block, "mime_type")
             parts.append(f"[{kind or 'unknown'} content{', ' + mime if mime else ''}]")
-    if not parts and getattr(result, "structuredContent", None) is not None:
-        parts.append(json.dumps(result.structuredContent, sort_keys=True))
+    structured = mcp_field(result, "structured_content")
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured, sort_keys=True))
     return "\n".join(parts)
 
 
@@ -194,6 +229,7 @@ class MCPConnection:
     async def _serve(self, ready: concurrent.futures.Future[list[Any]]) -> None:
         """Hold the transport and session open until ``close`` (the task that enters them must leave them)."""
         from mcp import ClientSession
+        from mcp.types import PaginatedRequestParams
 
         self._stop = asyncio.Event()
         try:
@@ -209,16 +245,16 @@ class MCPConnection:
                     from mcp.client.streamable_http import streamable_http_client
 
                     transport = streamable_http_client(str(self.server.url))
-                    read, write, _ = await stack.enter_async_context(transport)
-                deadline = timedelta(seconds=self.connect_timeout_s)
-                client = ClientSession(read, write, read_timeout_seconds=deadline)
+                    # 1.x yields (read, write, session-id getter), 2.x (read, write)
+                    read, write, *_ = await stack.enter_async_context(transport)
+                client = ClientSession(read, write, read_timeout_seconds=_deadline(self.connect_timeout_s))
                 session = await stack.enter_async_context(client)
                 await session.initialize()
                 tools, cursor = [], None
                 while True:  # servers may page their tool list
-                    page = await session.list_tools(cursor)
+                    page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
                     tools.extend(page.tools)
-                    cursor = page.nextCursor
+                    cursor = mcp_field(page, "next_cursor")
                     if not cursor:
                         break
                 self._session = session
@@ -242,7 +278,7 @@ class MCPConnection:
         if session is None or loop is None or (self._main is not None and self._main.done()):
             raise RemoteEnvError(f"MCP server {self.server.name} is not connected (it exited or closed the "
                                  "connection); reset the env to reconnect")
-        call = session.call_tool(name, arguments, read_timeout_seconds=timedelta(seconds=self.call_timeout_s))
+        call = session.call_tool(name, arguments, read_timeout_seconds=_deadline(self.call_timeout_s))
         future = asyncio.run_coroutine_threadsafe(call, loop)
         try:
             result = future.result(timeout=self.call_timeout_s + _GRACE_S)
@@ -252,15 +288,14 @@ class MCPConnection:
                                 f"{name!r} within {self.call_timeout_s + _GRACE_S:g} s") from None
         except Exception as exc:  # noqa: BLE001 - sorted below into "tool failed" and "server gone"
             return self._failed_call(name, exc)
-        return ToolOutcome(content_text(result), bool(getattr(result, "isError", False)))
+        return ToolOutcome(content_text(result), bool(mcp_field(result, "is_error", False)))
 
     def _failed_call(self, name: str, exc: Exception) -> ToolOutcome:
-        from mcp.shared.exceptions import McpError
         from mcp.types import CONNECTION_CLOSED
 
         leaf = _first_error(exc)
         code = getattr(getattr(leaf, "error", None), "code", None)
-        if isinstance(leaf, McpError) and code != CONNECTION_CLOSED:
+        if isinstance(leaf, _mcp_error()) and code != CONNECTION_CLOSED:
             if "timed out" in str(leaf).lower():
                 return ToolOutcome(f"the tool did not answer within {self.call_timeout_s:g} s", True)
             return ToolOutcome(str(leaf), True)  # the server refused this call (unknown tool, bad params)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.core import Env, TaskSplit
-from agentgym.envs.mcp.connection import MCPConnection, MCPServer
+from agentgym.envs.mcp.connection import MCPConnection, MCPServer, mcp_field
 from agentgym.envs.mcp.reward import DEFAULT_TOLERANCE, reward_function, score
 from agentgym.envs.tools.tool_calls import parse_tool_calls, tool_spec
 from agentgym.errors import ConfigError
@@ -41,7 +41,7 @@ Tools:
 
 def _mcp_spec(tool: Any) -> dict[str, Any]:
     """An MCP tool (name, description, JSON input schema) as an OpenAI-format function spec."""
-    schema = dict(tool.inputSchema or {"type": "object", "properties": {}})
+    schema = dict(mcp_field(tool, "input_schema") or {"type": "object", "properties": {}})
     return {"type": "function",
             "function": {"name": tool.name, "description": tool.description or "", "parameters": schema}}
 
