@@ -153,3 +153,73 @@ def test_an_override_whose_value_is_broken_yaml_gets_one_line_saying_where() -> 
     message = str(caught.value)
     assert "override 'rollout.group_size=[4,': value is not valid YAML (line 1, column 4:" in message
     assert "\n" not in message
+
+
+# --- paths written in a config --------------------------------------------------------------------------
+
+
+def _config_folder(tmp_path: Path) -> tuple[Path, Path]:
+    """A config in its own folder, naming files beside it, and an unrelated working folder."""
+    folder, working = tmp_path / "project" / "configs", tmp_path / "elsewhere"
+    (folder / "model").mkdir(parents=True)
+    working.mkdir()
+    (folder / "tasks.jsonl").write_text('{"id": "t0", "question": "2 + 2?", "answer": 4}\n')
+    (folder / "run.yaml").write_text(
+        "model:\n  path: model\n"
+        "env:\n  harness: agentgym.harness.examples:tool_agent\n  tasks: tasks.jsonl\n"
+        "  kwargs:\n    eval_tasks: ../held_out.jsonl\n"
+        "  judge:\n    base_url: http://127.0.0.1:9/v1\n    model: judge\n    rubric: solved?\n"
+        "    cache_file: verdicts.jsonl\n"
+        "sft:\n  from_run: ../runs/warm\n")
+    return folder, working
+
+
+def test_relative_paths_in_a_config_file_are_read_from_its_folder(tmp_path: Path, monkeypatch) -> None:
+    from agentgym.harness import load_tasks
+
+    folder, working = _config_folder(tmp_path)
+    monkeypatch.chdir(working)
+    cfg = load_config(folder / "run.yaml")
+    assert cfg.env.tasks == str(folder / "tasks.jsonl")
+    assert cfg.env.kwargs["eval_tasks"] == str(tmp_path / "project" / "held_out.jsonl")
+    assert cfg.env.judge is not None and cfg.env.judge.cache_file == str(folder / "verdicts.jsonl")
+    assert cfg.sft.from_run == str(tmp_path / "project" / "runs" / "warm")
+    assert cfg.model.path == str(folder / "model")  # a folder beside the config
+    assert load_tasks(cfg.env.tasks)[0]["id"] == "t0"
+    # the same file named relative to the working folder reads the same files
+    assert load_config(Path("..") / "project" / "configs" / "run.yaml") == cfg
+
+
+def test_a_path_given_with_set_is_read_from_the_working_folder(tmp_path: Path, monkeypatch) -> None:
+    folder, working = _config_folder(tmp_path)
+    monkeypatch.chdir(working)
+    cfg = load_config(folder / "run.yaml", ["env.tasks=mine.jsonl", "sft.from_run=runs/warm",
+                                            "env.judge.cache_file=/var/verdicts.jsonl"])
+    assert cfg.env.tasks == str(working / "mine.jsonl")
+    assert cfg.sft.from_run == str(working / "runs" / "warm")
+    assert cfg.env.judge is not None and cfg.env.judge.cache_file == "/var/verdicts.jsonl"  # absolute: as is
+    assert cfg.model.path == str(folder / "model")  # not overridden: still the file's
+    assert load_config(None, ["sft.from_run=warm"]).sft.from_run == str(working / "warm")
+
+
+def test_a_model_name_is_not_taken_for_a_path(tmp_path: Path, monkeypatch) -> None:
+    """``model.path`` is a path only when written as one or when it exists: a packaged model's name and a Hub
+    id stay as written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("model:\n  path: smollm2\n")
+    assert load_config(tmp_path / "run.yaml").model.path == "smollm2"
+    hub_id = "Qwen/Qwen2.5-0.5B-Instruct"
+    assert load_config(None, [f"model.path={hub_id}"]).model.path == hub_id
+    assert load_config(None, ["model.path=./Qwen"]).model.path == str(tmp_path / "Qwen")
+
+
+def test_env_arguments_named_like_paths_are_paths(tmp_path: Path) -> None:
+    from agentgym.training.config.loading import resolve_paths
+
+    data = {"env": {"id": "webshop-v0", "kwargs": {"data_dir": "shop", "game_cache_dir": "/cache",
+                                                    "eval_tasks": "held.jsonl", "num_products": 10}}}
+    kwargs = resolve_paths(data, tmp_path)["env"]["kwargs"]
+    # eval_tasks is a file for the harness env only
+    assert kwargs == {"data_dir": str(tmp_path / "shop"), "game_cache_dir": "/cache",
+                      "eval_tasks": "held.jsonl", "num_products": 10}
+    assert data["env"]["kwargs"]["data_dir"] == "shop"  # the input is left as it was

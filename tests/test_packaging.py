@@ -71,7 +71,7 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     for folder, prefix in ((ROOT / "envs", "agentgym.envs"), (ROOT / "trainers", "agentgym.trainers"),
-                           (ROOT / "agentgym", "agentgym")):
+                           (ROOT / "configs", "agentgym.configs"), (ROOT / "agentgym", "agentgym")):
         # The folders themselves, not pkgutil.walk_packages: walking from a bare path imports each nested
         # package by its short name, which finds the installed textworld/alfworld instead of envs/textworld.
         found = {".".join([prefix, *init.parent.relative_to(folder).parts])

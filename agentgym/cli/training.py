@@ -30,7 +30,7 @@ TRAIN_HELP = [
 
 def _train_help() -> str:
     presets = list_presets()
-    shipped = ([f"Shipped presets (in configs/; give the path or just the name): {', '.join(presets)}"]
+    shipped = ([f"Shipped presets (give the name, from any folder): {', '.join(presets)}"]
                if presets else [])
     return "\n\n".join(TRAIN_HELP + shipped)
 

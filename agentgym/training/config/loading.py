@@ -4,13 +4,18 @@
 then ``check_config``: the checks that need the registries — the algorithm and its arguments, its
 minimum group size, the policy loss, loss terms and rollout-hook options, the backend — so a config
 that cannot work fails here, before anything is built. An override that swaps the algorithm or the
-env (``--set algorithm.name=grpo``) drops the settings written for the old one (``retarget``).
+env (``--set algorithm.name=grpo``) drops the settings written for the old one (``retarget``). A relative
+path written in a config file is read from that file's folder, one given with ``--set`` from the working
+folder (``resolve_paths``); the presets ship inside the package (``presets_dir``).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,10 @@ from agentgym.training.config.schema import AlgorithmConfig, EnvConfig, TrainCon
 
 #: Settings that describe one env rather than the run: dropped when an override changes ``env.id``.
 ENV_SETTINGS = ("env.kwargs", "env.max_turns", "rollout.action_format")
+#: Fields that name a file or folder (``resolve_paths``); ``model.path`` too, when it is written as a path.
+PATH_FIELDS = ("env.tasks", "env.judge.cache_file", "sft.from_run")
+#: Env arguments (``env.kwargs``) read as paths: those whose names end so (``data_dir``, ``game_cache_dir``).
+PATH_ARGUMENT_SUFFIXES = ("_dir", "_file", "_path")
 
 
 def check_config(cfg: TrainConfig) -> TrainConfig:
@@ -57,13 +66,18 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def presets_dir() -> Path:
-    """The ``configs/`` folder of presets next to the package (a source checkout)."""
+    """The folder of the shipped presets: the ``agentgym.configs`` package, which pyproject.toml maps to the
+    checkout's ``configs/`` and a wheel installs inside ``agentgym``."""
+    spec = importlib.util.find_spec("agentgym.configs")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    # An editable install made before configs/ was mapped keeps the old mapping until it is reinstalled
+    # (make setup); its checkout's folder is the same one.
     return Path(__file__).resolve().parents[3] / "configs"
 
 
 def list_presets() -> list[str]:
-    """Names of the shipped presets (``configs/*.yaml`` without the suffix), sorted; empty outside a
-    checkout."""
+    """Names of the shipped presets (``configs/*.yaml`` without the suffix), sorted."""
     return sorted(p.stem for p in presets_dir().glob("*.yaml"))
 
 
@@ -76,8 +90,52 @@ def _config_file(path: str | Path) -> Path:
     if str(path) == file.name and preset.is_file():
         return preset
     presets = list_presets()
-    raise ConfigError(f"config file {str(file)!r} not found" + (
-        f"; presets in configs/: {', '.join(p + '.yaml' for p in presets)}" if presets else ""))
+    close = difflib.get_close_matches(file.stem, presets, n=1) if str(path) == file.name else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"config file {str(file)!r} not found{hint}" + (
+        f"; shipped presets (give the name): {', '.join(presets)}" if presets else ""))
+
+
+def resolve_paths(data: dict[str, Any], folder: Path, *, unless_as_in: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """``data`` with each relative path it holds made absolute against ``folder``.
+
+    The paths are the ``PATH_FIELDS``, the env arguments named like paths (``PATH_ARGUMENT_SUFFIXES``, and a
+    harness's ``eval_tasks`` file) and ``model.path`` when it is written as one: ``./`` or ``../`` in front,
+    or something that exists in ``folder``; otherwise it names a packaged model or a Hub model and stays as
+    written. Absolute paths (``~/`` too) and URLs stay as written.
+
+    Args:
+        data: the config as plain data (not changed).
+        folder: what the paths are relative to: the config file's folder, or the working folder for the
+            values ``--set`` gave.
+        unless_as_in: leave each path that has the same value here (the file's, resolved already).
+
+    Example:
+        >>> data = {"env": {"harness": "agent:run", "tasks": "tasks.jsonl"}, "model": {"path": "smollm2"}}
+        >>> resolved = resolve_paths(data, Path("/srv/runs"))
+        >>> resolved["env"]["tasks"], resolved["model"]["path"]
+        ('/srv/runs/tasks.jsonl', 'smollm2')
+    """
+    kwargs = _get(data, "env.kwargs")
+    harness = bool(_get(data, "env.harness")) or _get(data, "env.id") == "harness-v0"
+    fields = [*PATH_FIELDS, "model.path"] + [
+        f"env.kwargs.{key}" for key in (kwargs if isinstance(kwargs, dict) else {})
+        if isinstance(key, str) and (key.endswith(PATH_ARGUMENT_SUFFIXES) or harness and key == "eval_tasks")]
+    resolved = copy.deepcopy(data)
+    for name in fields:
+        value = _get(data, name)
+        if not isinstance(value, str) or not value or "://" in value:
+            continue
+        if Path(value).expanduser().is_absolute():
+            continue
+        if unless_as_in is not None and _get(unless_as_in, name) == value:
+            continue
+        path = folder / value
+        if name == "model.path" and not (value.startswith(("./", "../")) or path.exists()):
+            continue  # a packaged model's name or a Hub id
+        _set(resolved, name, os.path.normpath(path))
+    return resolved
 
 
 def yaml_file(file: Path) -> Any:
@@ -108,6 +166,14 @@ def _get(data: dict[str, Any], path: str, default: Any = None) -> Any:
             return default
         node = node[part]
     return node
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node: Any = data
+    for part in parents:
+        node = node[part]
+    node[last] = value
 
 
 def _pop(data: dict[str, Any], path: str) -> Any:
@@ -195,8 +261,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Read a YAML config (``None``: the embedded quickstart), apply ``key=value`` overrides, check it all.
 
     Args:
-        path: a YAML file, the name of a shipped preset (``quickstart_maze_grpo``), or None.
-        overrides: ``key.sub=value`` strings (``--set``).
+        path: a YAML file, the name of a shipped preset (``quickstart_maze_grpo``), or None. Relative paths
+            written in it are read from its folder (``resolve_paths``).
+        overrides: ``key.sub=value`` strings (``--set``); relative paths in them are read from the working
+            folder.
         on_note: told what an override of ``algorithm.name`` or ``env.id`` dropped (``retarget``).
 
     Raises:
@@ -213,7 +281,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(base, dict):
             raise ConfigError(f"{file}: a config must be a mapping at the top level, "
                               f"got {type(base).__name__}")
+        base = resolve_paths(base, file.absolute().parent)
     data, notes = retarget(base, overrides or [])
+    # What the overrides gave (any path left relative) is the working folder's; absolute from here on, so
+    # the run folder's config.json means the same from any folder (--resume, eval).
+    data = resolve_paths(data, Path.cwd(), unless_as_in=base)
     cfg = config_from_dict(data)
     for note in notes:
         if on_note is not None:
