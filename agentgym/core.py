@@ -182,7 +182,9 @@ class Env(gymnasium.Env[str, str]):
     Subclasses MAY provide (see ``INFO_KEYS`` for the optional ``info`` keys):
 
     - ``expert_action() -> str | None``: the action an expert (solver, planner, walkthrough) takes in
-      the current state, or ``None`` where it has none. Used for SFT demos and as a baseline.
+      the current state, or ``None`` where it has none. Used for SFT demos and as a baseline. Defining it
+      is what declares the expert: ``has_expert`` becomes True for that class and its subclasses, and
+      ``agentgym check`` runs the expert gates on it.
     - ``snapshot() -> bytes`` and ``restore(data)``: capture and reinstate the *whole* episode state,
       including ``self.np_random``. Set ``supports_snapshot = True`` when both exist. Without them,
       ``EpisodeGuard.fork`` (``agentgym.guard``) forks by deterministic replay (reset with the same seed
@@ -225,6 +227,9 @@ class Env(gymnasium.Env[str, str]):
     Changed in v0.1: the spaces are ``TextSpace`` (any string), because ``spaces.Text`` admits only
     alphanumerics and Gymnasium's ``check_env`` rejected every env's observations.
 
+    Changed in v0.1: overriding ``expert_action`` sets ``has_expert`` (it had to be set as well, and an env
+    that set only the method had its expert ignored by ``check``, ``eval --policy expert`` and SFT).
+
     Changed in v0.1: the task API (``task_splits``, ``task``, ``reset`` options ``split``/``index``,
     ``info["task_ref"]``), because users of an env want to discover its tasks and start a given one,
     not only to pass seeds.
@@ -235,7 +240,9 @@ class Env(gymnasium.Env[str, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: True when the subclass implements ``snapshot``/``restore`` (fast fork without replay).
     supports_snapshot: ClassVar[bool] = False
-    #: True when the subclass implements ``expert_action``.
+    #: True when the class has an expert: set for every subclass that overrides ``expert_action`` (in
+    #: ``__init_subclass__``). A class sets it itself only to say otherwise, and wrappers and remote envs
+    #: (whose ``expert_action`` forwards) set it per instance from the env they stand for.
     has_expert: ClassVar[bool] = False
     #: False when the expert plays well but cannot win every task (chance, a strong opponent, slippery
     #: ice): the quality gates (``agentgym.gates``) then ask only that it makes valid moves.
@@ -259,6 +266,10 @@ class Env(gymnasium.Env[str, str]):
         # Every subclass's reset learns the task options here, once, so no env repeats the code.
         if "reset" in cls.__dict__:
             cls.reset = _resolving_task_options(cls.__dict__["reset"])  # type: ignore[method-assign]
+        # One rule for the expert: defining expert_action declares it. A has_expert written in the same
+        # class body wins (an env whose expert depends on its arguments says False and sets it per instance).
+        if "expert_action" in cls.__dict__ and "has_expert" not in cls.__dict__:
+            cls.has_expert = True
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

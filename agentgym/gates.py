@@ -4,7 +4,9 @@ The gates in ``GATES`` play the seeds ``check_env`` checked with three policies 
 expert, a random policy and a do-nothing policy) on an instance of their own and judge the env as a
 task: the expert solves it, baselines score below the expert, the privileged answer stays out of what
 the agent sees, the seed picks the task, rewards stay in the declared range. Each gate is one function
-that raises ``CheckFailed`` naming itself with a one-line fix, or returns a note of what it measured.
+that raises ``CheckFailed`` naming itself with a one-line fix, or returns a note of what it measured, or,
+where it does not apply (no expert, no declared reward range...), a ``Skipped`` note saying why and what
+would enable it: a skipped gate is reported apart, never counted as passed.
 ``check_env(env, gates=GATES)`` runs them after the contract rules (opt-in there: a configuration may
 make a task easy or its expert imperfect, and the contract holds either way); ``grade_env`` and
 ``agentgym check`` run every gate, even after one fails, and report each with the policies' mean returns.
@@ -51,6 +53,33 @@ PRIVILEGED_KEYS: tuple[str, ...] = tuple(k for k, text in INFO_KEYS.items() if t
 #: The ``info`` keys whose text the prompt renderer shows the policy (admissible actions aside: a choice
 #: among options names the right one by design).
 _PROMPT_KEYS = ("instructions", "tools")
+
+
+class Skipped(str):
+    """A gate's note that it did not apply to the env: the text ``"skipped: <reason>"``.
+
+    A gate returns one instead of a measurement; ``grade_env`` then reports the gate as skipped (neither
+    passed nor failed), and ``check_env`` ignores it as it ignores every note.
+
+    Example:
+        >>> note = Skipped("the env declares no reward range")
+        >>> note, note.reason
+        ('skipped: the env declares no reward range', 'the env declares no reward range')
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, reason: str) -> Skipped:
+        return super().__new__(cls, f"skipped: {reason}")
+
+    @property
+    def reason(self) -> str:
+        """Why the gate did not apply (and what would make it apply)."""
+        return self.removeprefix("skipped: ")
+
+
+#: Why the expert gates skip an env without an expert, and how to enable them.
+NO_EXPERT = "the env has no expert (define expert_action() to enable the expert gates)"
 
 
 def expert_policy(raw: Env, info: Any, rng: np.random.Generator, last: Call) -> str:
@@ -169,7 +198,7 @@ def gate_expert_reaches_max_reward(run: CheckRun) -> str:
     (slippery ice, fewer guesses); then only valid actions are required here.
     """
     if not run.env.has_expert:
-        return "skipped: the env has no expert"
+        return Skipped(NO_EXPERT)
     must_solve = _expert_solves_every_task(run)
     reward_range = declared_reward_range(run.env.unwrapped)
     solved = 0
@@ -221,11 +250,12 @@ def gate_baseline_below_expert(run: CheckRun) -> str:
     check plays.
     """
     if not run.env.has_expert:
-        return "skipped: the env has no expert"
+        return Skipped(NO_EXPERT)
     means = mean_returns(run)
     summary = ", ".join(f"{name} {value:.3g}" for name, value in means.items())
     if not _expert_solves_every_task(run):
-        return f"skipped: the expert is declared imperfect (mean returns: {summary})"
+        return Skipped(f"the expert is declared imperfect, expert_solves_every_task = False; its edge needs "
+                       f"more episodes than a check plays (mean returns: {summary})")
     expert = means.pop("expert")
     needed = MIN_RETURN_GAP * max(1.0, abs(expert))
     for name, value in means.items():
@@ -308,7 +338,8 @@ def gate_answer_not_leaked(run: CheckRun) -> str:
                     raise _Broken(f"{label}: the privileged value {secret[:60]!r} shows in the {where}; keep "
                                   f"{', '.join(PRIVILEGED_KEYS)} out of observations and prompt text")
     if not with_secrets:
-        return "skipped: no privileged values in info"
+        return Skipped("no privileged values in info (an env with a ground-truth answer puts it in "
+                       "info['answer'] to enable this gate)")
     return f"privileged values of {with_secrets}/{len(labelled)} episodes never shown unearned"
 
 
@@ -349,7 +380,8 @@ def gate_reward_range(run: CheckRun) -> str:
     """Gate: every reward lies within the env's declared reward range (``declared_reward_range``)."""
     reward_range = declared_reward_range(run.env.unwrapped)
     if reward_range is None:
-        return "skipped: the env declares no reward range"
+        return Skipped("the env declares no reward range (declare reward_range = (low, high) to enable "
+                       "this gate)")
     low, high = reward_range
     played = [(f"{name} episode {n}", ep) for name in POLICIES if name != "expert" or run.env.has_expert
               for n, ep in enumerate(play(run, name))]
@@ -397,9 +429,12 @@ class GateResult:
     gate: str
     """The gate function's name."""
     passed: bool
-    """The gate held (or did not apply: then ``message`` starts with ``"skipped"``)."""
+    """The gate held (False when it failed or was skipped)."""
     message: str
-    """What it measured, or the failure with its fix."""
+    """What it measured, the failure with its fix, or (skipped) ``"skipped: <why>"``."""
+    skipped: bool = False
+    """The gate did not apply to this env (``message`` says why and what would enable it): neither passed
+    nor failed."""
 
 
 @dataclass(frozen=True)
@@ -413,8 +448,18 @@ class EnvGrade:
 
     @property
     def passed(self) -> bool:
-        """Every gate held."""
-        return all(result.passed for result in self.results)
+        """No gate failed (skipped gates neither pass nor fail)."""
+        return not self.failed
+
+    @property
+    def failed(self) -> list[GateResult]:
+        """The gates that failed."""
+        return [result for result in self.results if not result.passed and not result.skipped]
+
+    @property
+    def skipped(self) -> list[GateResult]:
+        """The gates that did not apply to this env."""
+        return [result for result in self.results if result.skipped]
 
 
 def grade_env(env: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps: int = 200,
@@ -443,6 +488,8 @@ def grade_env(env: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps
         (True, {'expert': 1.0, 'random': 0.0, 'do-nothing': 0.0})
         >>> [result.message for result in grade.results][:2]
         ['expert solved 3/3 checked tasks', 'mean returns: expert 1, random 0, do-nothing 0']
+        >>> [result.gate for result in grade.skipped]  # EchoEnv has no answer and no reward range
+        ['gate_answer_not_leaked', 'gate_reward_range']
     """
     run = CheckRun.start(env, seed=seed, num_episodes=num_episodes, max_steps=max_steps)
     try:
@@ -451,7 +498,9 @@ def grade_env(env: EnvSource, *, seed: int = 0, num_episodes: int = 3, max_steps
         results = []
         for gate in gates:
             try:
-                results.append(GateResult(gate.__name__, True, gate(run)))
+                note = gate(run)
+                skipped = isinstance(note, Skipped)
+                results.append(GateResult(gate.__name__, not skipped, note, skipped))
             except CheckFailed as exc:
                 results.append(GateResult(gate.__name__, False, str(exc).split(": ", 2)[-1]))
         return EnvGrade(results, mean_returns(run))

@@ -10,7 +10,7 @@ import agentgym
 from agentgym.cli.app import app, console, err_console, fail
 from agentgym.cli.serving import MAX_PORT, MIN_PORT, bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError
-from agentgym.gates import grade_env
+from agentgym.gates import EnvGrade, grade_env
 
 
 @app.command()
@@ -117,13 +117,28 @@ def check(
     table.add_column("result")
     table.add_column("detail")
     for result in grade.results:
-        verdict = "[green]pass[/]" if result.passed else "[bold red]FAIL[/]"
-        table.add_row(result.gate, verdict, escape(result.message))
+        verdict = ("[yellow]skipped[/]" if result.skipped else "[green]pass[/]" if result.passed
+                   else "[bold red]FAIL[/]")
+        table.add_row(result.gate, verdict, escape(result.message.removeprefix("skipped: ")))
     console.print(table)
     returns = ", ".join(f"{name} {value:.3g}" for name, value in grade.mean_returns.items())
     console.print(f"mean return over seeds {seed}..{seed + episodes - 1}: {returns}", highlight=False)
+    _print_gate_counts(grade)
     if not grade.passed:
         raise typer.Exit(code=1)
+
+
+def _print_gate_counts(grade: EnvGrade) -> None:
+    """How many gates passed, failed and were skipped; then each reason for skipping, with its gates: a gate
+    that did not apply is not a gate passed."""
+    passed = sum(result.passed for result in grade.results)
+    console.print(f"gates: {passed} passed, {len(grade.failed)} failed, {len(grade.skipped)} skipped (of "
+                  f"{len(grade.results)})", highlight=False)
+    reasons: dict[str, list[str]] = {}
+    for result in grade.skipped:
+        reasons.setdefault(result.message.removeprefix("skipped: "), []).append(result.gate)
+    for reason, names in reasons.items():
+        console.print(f"[yellow]skipped[/] {', '.join(names)}: {escape(reason)}", highlight=False)
 
 
 @app.command()
