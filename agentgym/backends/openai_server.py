@@ -13,8 +13,9 @@ Supported: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (vLLM extension), 
 carries ``token_ids`` — the generated ids, never re-tokenized, including the end-of-turn token when
 one was sampled — and ``prompt_token_ids``), and ``stream``. Streaming is the cheap kind: the answer
 is generated first and then sent as server-sent events, one token per chunk. ``GET /v1/models``
-entries carry ``agentgym.prompt``, the prompt settings of the run the model comes from, when the
-server was given them (``agentgym eval`` reads them, so a served run is evaluated as it trained).
+entries carry ``agentgym.prompt``, the prompt settings of the run the model comes from, and
+``agentgym.run``, its env and held-out task settings (``agentgym.eval.policies.run_settings``), when the
+server was given them (``agentgym eval`` reads both, so a served run is evaluated as its folder is).
 
 Concurrent requests are batched: requests that arrive while a batch is generating are collected
 and generated together (one batched ``generate`` per distinct set of sampling parameters), so an
@@ -162,7 +163,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                       max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS,
                       adapter_dirs: Sequence[str | Path] | None = None,
                       max_adapters: int = DEFAULT_MAX_ADAPTERS,
-                      prompt_settings: dict[str, Any] | None = None) -> PolicyGuard:
+                      prompt_settings: dict[str, Any] | None = None,
+                      run_settings: dict[str, Any] | None = None) -> PolicyGuard:
     """The ASGI app serving ``policy`` as model ``model_name`` (a FastAPI app behind ``PolicyGuard``).
 
     Args:
@@ -178,6 +180,8 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         max_adapters: most adapters loaded at once (each is a copy of the weights).
         prompt_settings: the prompt settings of the run the model comes from, listed in
             ``GET /v1/models`` entries as ``agentgym.prompt`` (None: not listed).
+        run_settings: the env and held-out task settings of that run (``run_settings`` of
+            ``agentgym.eval.policies``), listed as ``agentgym.run`` (None: not listed).
 
     Raises:
         ConfigError: a limit below 1.
@@ -257,8 +261,9 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
         for name in [model_name, *adapters]:
             entry = {"id": name, "object": "model", "created": created, "owned_by": "agentgym",
                      "max_model_len": context or None, "parent": None if name == model_name else model_name}
-            if prompt_settings is not None:
-                entry["agentgym"] = {"prompt": prompt_settings}
+            carried = {"prompt": prompt_settings, "run": run_settings}
+            if any(value is not None for value in carried.values()):
+                entry["agentgym"] = {key: value for key, value in carried.items() if value is not None}
             entries.append(entry)
         return {"object": "list", "data": entries}
 

@@ -113,8 +113,9 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
     ``--judge`` and ``--harness``/``--tasks`` (your agent on your tasks: ``harness-v0`` with those
     arguments).
 
-    With no ``--envs``, the envs of the run folders among the policies, with the kwargs, turn budget
-    and judge (``env.judge``) they trained with. ``--envs all`` is every built-in env. ``--split``
+    With no ``--envs``, the envs of the run folders among the policies (and of the runs that endpoints
+    among them serve: ``agentgym serve-policy RUN``), with the kwargs, turn budget and judge
+    (``env.judge``) they trained with. ``--envs all`` is every built-in env. ``--split``
     (a task split, which every env plays its tasks of) and ``--judge`` (settings checked by
     ``check_judge_settings``) go to every env.
 
@@ -126,7 +127,7 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
     from agentgym.eval.plan import EnvEntry
     from agentgym.eval.source import check_judge_settings
 
-    runs = [p.run_config for p in policies if p.kind == "run"]
+    runs = [p.run_config for p in policies if p.run_config is not None]  # run folders and served runs
     defaults: dict[str, tuple[dict[str, Any], int | None]] = {}
     judges: dict[str, dict[str, Any]] = {}
     if (harness is None) != (tasks is None):
@@ -139,7 +140,7 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
         if not runs:
             raise ConfigError("give the envs to evaluate: --envs ID[,ID...] (or --envs all); "
                               "`agentgym envs` lists them")
-        for spec in (p for p in policies if p.kind == "run"):
+        for spec in (p for p in policies if p.run_config is not None):
             env = spec.run_config.get("env")
             if not isinstance(env, dict) or not isinstance(env.get("id"), str):
                 raise ConfigError(f"policy {spec.text!r}: the run's config.json names no env (env.id); "
@@ -182,7 +183,7 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
 def _runs_held_out_split(specs: list[Any]) -> str | None:
     """The ``eval.split`` the run folders among ``specs`` were evaluated on, when they share one: their
     envs are then played on its tasks, so numbers compare with report.json's; else None."""
-    splits = {(s.run_config or {}).get("eval", {}).get("split") for s in specs if s.kind == "run"}
+    splits = {(s.run_config or {}).get("eval", {}).get("split") for s in specs if s.run_config is not None}
     return splits.pop() if len(splits) == 1 and None not in splits else None
 
 
@@ -207,12 +208,59 @@ def _task_seeds(specs: list[Any], seeds: str | None, episodes: int | None, split
                           "--tasks ENV_ID` lists an env's splits)")
     # Run folders were evaluated from their own eval.seed_offset: start there, so numbers compare.
     offsets = {int((s.run_config or {}).get("eval", {}).get("seed_offset", DEFAULT_SEED_START))
-               for s in specs if s.kind == "run"}
+               for s in specs if s.run_config is not None}
     start = offsets.pop() if len(offsets) == 1 else DEFAULT_SEED_START
     chosen = parse_seeds(seeds) if seeds else list(range(start, start + count))
     if seeds and episodes is not None and episodes != len(chosen):
         raise ConfigError(f"--seeds gives {len(chosen)} tasks but --episodes says {episodes}; drop one")
     return chosen
+
+
+def served_run_notes(plan: Any, env_args: list[str], given: set[str]) -> list[str]:
+    """One line per endpoint that serves a run (``agentgym serve-policy RUN``): the settings the plan took
+    from that run, as it takes them from a run folder. ``given`` names the flags the user set (``envs``,
+    ``max_turns``, ``seeds``, ``split``, ``judge``), which win over the run's settings, as do
+    ``env_args`` and the policy's own options.
+    """
+    from dataclasses import fields
+
+    from agentgym.rollout.prompt import PromptSettings
+
+    defaults = PromptSettings()
+    notes = []
+    for spec in plan.policies:
+        if spec.kind != "endpoint" or spec.run_config is None:
+            continue
+        run_env, run_eval = spec.run_config["env"], spec.run_config.get("eval") or {}
+        taken: list[str] = []
+        entry = next((e for e in plan.envs if e.id == run_env["id"]), None)
+        if entry is not None and "envs" not in given:
+            set_by_flag = {a.partition(":")[2].partition("=")[0] for a in env_args
+                           if a.partition(":")[0] == entry.id}
+            own = {**(run_env.get("kwargs") or {}),
+                   **{k: run_env[k] for k in ("harness", "tasks") if k in run_env}}
+            kwargs = [f"{k}={v}" for k, v in own.items() if k not in set_by_flag and entry.kwargs.get(k) == v]
+            if "max_turns" not in given and run_env.get("max_turns") is not None \
+                    and entry.max_turns == run_env["max_turns"]:
+                kwargs.append(f"max_turns={entry.max_turns}")
+            taken.append(f"env {entry.id}" + (f" ({', '.join(kwargs)})" if kwargs else ""))
+            if "judge" not in given and entry.judge is not None and entry.judge == run_env.get("judge"):
+                taken.append(f"judge {entry.judge.get('model')}")
+            if "split" not in given and "seeds" not in given and entry.split is not None \
+                    and entry.split == run_eval.get("split"):
+                taken.append(f"split {entry.split!r} (its eval.split)")
+        if "seeds" not in given and "split" not in given and all(e.split is None for e in plan.envs) \
+                and run_eval.get("seed_offset") is not None and plan.seeds[0] == run_eval["seed_offset"]:
+            taken.append(f"seeds {plan.seeds[0]}..{plan.seeds[-1]} (its eval.seed_offset)")
+        options = spec.options
+        prompt = [f"{f.name}={getattr(spec.prompt, f.name)}" for f in fields(PromptSettings)
+                  if f.name not in options and getattr(spec.prompt, f.name) != getattr(defaults, f.name)]
+        if prompt:
+            taken.append(f"prompt settings ({', '.join(prompt)})")
+        notes.append(f"policy {spec.name!r} serves an `agentgym train` run; from it: {'; '.join(taken)}"
+                     if taken else f"policy {spec.name!r} serves an `agentgym train` run; the flags given "
+                     "override all its settings")
+    return notes
 
 
 def _check_out(out: Path) -> None:
@@ -349,6 +397,8 @@ def evaluate(
             if not specs:
                 raise ConfigError("give at least one --policy (random, expert, a model directory, a run "
                                   "folder or an http://HOST:PORT/v1 endpoint)")
+            flags = {"envs": envs, "max_turns": max_turns, "seeds": seeds, "split": split, "judge": judge}
+            given = {k for k, v in flags.items() if v is not None}  # before split may come from a run
             if split is None and envs is None and seeds is None:
                 split = _runs_held_out_split(specs)
             task_seeds = _task_seeds(specs, seeds, episodes, split, task_range)
@@ -372,6 +422,10 @@ def evaluate(
 
     def note(text: str) -> None:
         err_console.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True, highlight=False)
+
+    if policy:  # a served run's settings are applied like a run folder's: say which, so none pass unseen
+        for line in served_run_notes(plan, env_arg, given):
+            note(line)
 
     if resume:
         try:

@@ -17,29 +17,44 @@ from agentgym.run_folder import RunFolder
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _run_folder(folder: Path) -> tuple[Path, dict[str, Any] | None]:
-    """The model directory to serve and, for an ``agentgym train`` run folder, its prompt settings.
+def _run_folder(folder: Path) -> tuple[Path, dict[str, Any] | None, dict[str, Any] | None]:
+    """The model directory to serve and, for an ``agentgym train`` run folder, its prompt settings and its
+    env and held-out task settings (``run_settings``), which clients such as ``agentgym eval`` read.
 
     Raises:
         ConfigError: a run folder without ``model/`` yet, or with an unreadable ``config.json``.
     """
     run = RunFolder(folder)
     if not (run.report.is_file() or run.checkpoint.is_file()):
-        return folder, None
+        return folder, None, None
     if not run.has_model():
         raise ConfigError(f"run folder {folder} has no model/ yet (the run has not finished); serve a "
                           "finished run or a model directory, or evaluate the checkpoint with agentgym eval "
                           f"--policy {run.checkpoint}")
-    from agentgym.eval.policies import run_prompt_settings
+    from agentgym.eval.policies import run_prompt_settings, run_settings
 
     if not run.config.is_file():
-        return run.model, None
+        return run.model, None, None
     try:
         config = json.loads(run.config.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{run.config} is not valid JSON ({exc}); serve {run.model} to go without the "
-                          "run's prompt settings") from None
-    return run.model, asdict(run_prompt_settings(config))
+                          "run's prompt and env settings") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{run.config} is not a run config (not a JSON object); restore it, or serve "
+                          f"{run.model} to go without the run's prompt and env settings")
+    settings = run_settings(config)
+    env_id = (settings.get("env") or {}).get("id")  # a config without an env: nothing for eval to play
+    return run.model, asdict(run_prompt_settings(config)), settings if isinstance(env_id, str) else None
+
+
+def _env_note(settings: dict[str, Any] | None) -> str:
+    """What the banner says of the env settings clients get: ``its env maze-v0 (size=2, max_turns=10)``."""
+    env = (settings or {}).get("env") or {}
+    details = [f"{k}={v}" for k, v in (env.get("kwargs") or {}).items()]
+    details += [f"{k}={env[k]}" for k in ("max_turns", "harness", "tasks") if env.get(k) is not None]
+    details += [f"eval.{k}={v}" for k, v in ((settings or {}).get("eval") or {}).items()]
+    return f"its env {env.get('id')}" + (f" ({', '.join(details)})" if details else "")
 
 
 @app.command("serve-policy")
@@ -75,7 +90,7 @@ def serve_policy(
                          "'agentgym-rl[server,train]'"))
     served = name or Path(model_dir).resolve().name
     try:
-        folder, prompt_settings = _run_folder(Path(model_dir))
+        folder, prompt_settings, env_settings = _run_folder(Path(model_dir))
         check_range("--max-new-tokens", max_new_tokens, 1)
         check_range("--max-body-bytes", max_body_bytes, 1)
         check_range("--max-request-rows", max_request_rows, 1)
@@ -95,11 +110,12 @@ def serve_policy(
                                   max_new_tokens=max_new_tokens, token=token, max_body_bytes=max_body_bytes,
                                   max_request_rows=max_request_rows,
                                   adapter_dirs=[str(Path(d).resolve()) for d in adapter_dir],
-                                  prompt_settings=prompt_settings)
+                                  prompt_settings=prompt_settings, run_settings=env_settings)
     except AgentGymError as exc:
         sock.close()
         fail(exc)
     shown = (("token required", token), ("the run's prompt settings", prompt_settings),
+             (_env_note(env_settings), env_settings),
              (f"adapters from {', '.join(adapter_dir)}", adapter_dir))
     notes = [note for note, given in shown if given]
     err_console.print(f"serving {folder} as model {served!r} on http://{host}:{port}/v1"

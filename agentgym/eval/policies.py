@@ -16,7 +16,9 @@ followed by optional ``,key=value`` options: ``name=LABEL`` (the label in report
 ``max_prompt_tokens``), endpoint settings (``timeout_s``, ``max_retries``, ``tools=off``) and local
 model settings (``device``, ``dtype``). A run folder brings the prompt settings it trained with, and
 so does an endpoint serving one (``agentgym serve-policy RUN`` lists them in ``GET /v1/models``);
-options given override them.
+options given override them. Such an endpoint also lists the run's env and held-out task settings
+(``run_settings``), which become the spec's ``run_config``: ``agentgym eval`` then plays it on the
+run's env, kwargs, turn budget and seeds exactly as it plays the run folder.
 """
 
 from __future__ import annotations
@@ -68,12 +70,24 @@ class PolicySpec:
     prompt: PromptSettings = field(default_factory=PromptSettings)
     """Prompt rendering and generation settings."""
     run_config: dict[str, Any] | None = None
-    """Run folders: the run's ``config.json`` (model, env, rollout, eval sections)."""
+    """Run folders: the run's ``config.json`` (model, env, rollout, eval sections). Endpoints serving a
+    run (``agentgym serve-policy RUN``): the run's ``run_settings`` the server lists. ``agentgym eval``
+    takes the envs, turn budget and seeds of every policy that has one, when no flag says otherwise."""
 
     @property
     def uses_model(self) -> bool:
         """True for policies that generate text (everything but ``random`` and ``expert``)."""
         return self.kind in ("endpoint", "model", "run")
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The ``,key=value`` options written after the policy (they override what a run brings).
+
+        Example:
+            >>> parse_policy("random,name=r").options
+            {'name': 'r'}
+        """
+        return _split_options(self.text)[1]
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (``from_json`` reads it back)."""
@@ -172,12 +186,36 @@ def _known_prompt_settings(values: dict[str, Any]) -> PromptSettings:
     return replace(PromptSettings(), **known)
 
 
-def served_prompt_settings(base_url: str, model: str | None, *,
-                           timeout_s: float = 5.0) -> PromptSettings | None:
-    """The prompt settings an endpoint lists for ``model`` (``agentgym.prompt`` in its ``GET /models``
-    entries, as ``agentgym serve-policy`` on a run folder does); None when it lists none or cannot be
-    asked (``eval`` then reports an unreachable server itself). Sends ``OPENAI_API_KEY`` as the
-    endpoint policy does."""
+#: What ``run_settings`` keeps of a run's config.json: the settings ``agentgym eval`` applies to a run
+#: folder's envs and tasks (never ``env.token``, ``env.url`` or other details of the training machine).
+RUN_SETTINGS: dict[str, tuple[str, ...]] = {
+    "env": ("id", "kwargs", "max_turns", "harness", "tasks", "judge"),
+    "eval": ("seed_offset", "split"),
+}
+
+
+def run_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The env and held-out task settings of a run, from its ``config.json``: the parts ``agentgym eval``
+    applies to a run folder (its env's id, kwargs, turn budget, harness and judge; the ``eval`` section's
+    ``seed_offset`` and ``split``), which ``agentgym serve-policy RUN`` lists for clients (``RUN_SETTINGS``
+    names the keys).
+
+    Example:
+        >>> run_settings({"env": {"id": "maze-v0", "kwargs": {"size": 2}, "max_turns": 10, "token": "s3"},
+        ...               "eval": {"seed_offset": 1000000, "num_episodes": 64}, "rollout": {}})
+        {'env': {'id': 'maze-v0', 'kwargs': {'size': 2}, 'max_turns': 10}, 'eval': {'seed_offset': 1000000}}
+    """
+    kept: dict[str, Any] = {}
+    for section, keys in RUN_SETTINGS.items():
+        values = config.get(section)
+        if isinstance(values, dict):
+            kept[section] = {key: values[key] for key in keys if values.get(key) is not None}
+    return kept
+
+
+def _served_entry(base_url: str, model: str | None, timeout_s: float) -> dict[str, Any] | None:
+    """The ``agentgym`` part of the ``GET /models`` entry of ``model`` (of the only settings listed when
+    ``model`` is None); None when there is none, the entries differ, or the server cannot be asked."""
     import os
 
     import httpx
@@ -187,15 +225,41 @@ def served_prompt_settings(base_url: str, model: str | None, *,
         answer = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {key}"} if key else {},
                            timeout=timeout_s)
         entries = answer.json()["data"] if answer.status_code == 200 else []
-        listed = [(e.get("agentgym") or {}).get("prompt") for e in entries if model in (None, e.get("id"))]
+        listed = [e.get("agentgym") for e in entries if model in (None, e.get("id"))]
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if not listed or not isinstance(listed[0], dict) or any(p != listed[0] for p in listed):
         return None  # several models with different settings and none named: the user must choose
+    return listed[0]
+
+
+def _prompt_of(entry: dict[str, Any] | None) -> PromptSettings | None:
+    prompt = (entry or {}).get("prompt")
+    if not isinstance(prompt, dict):
+        return None
     try:
-        return _known_prompt_settings(listed[0])
+        return _known_prompt_settings(prompt)
     except TypeError:
         return None
+
+
+def _run_of(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A served run's settings, if they are a run's (an env section naming the env)."""
+    run = (entry or {}).get("run")
+    if not isinstance(run, dict) or not isinstance(run.get("env"), dict):
+        return None
+    if not isinstance(run["env"].get("id"), str) or not isinstance(run.get("eval", {}), dict):
+        return None
+    return run_settings(run)
+
+
+def served_prompt_settings(base_url: str, model: str | None, *,
+                           timeout_s: float = 5.0) -> PromptSettings | None:
+    """The prompt settings an endpoint lists for ``model`` (``agentgym.prompt`` in its ``GET /models``
+    entries, as ``agentgym serve-policy`` on a run folder does); None when it lists none or cannot be
+    asked (``eval`` then reports an unreachable server itself). Sends ``OPENAI_API_KEY`` as the
+    endpoint policy does."""
+    return _prompt_of(_served_entry(base_url, model, timeout_s))
 
 
 def _read_run_config(folder: Path, text: str) -> dict[str, Any]:
@@ -236,9 +300,13 @@ def parse_policy(text: str) -> PolicySpec:
     elif head.startswith(("http://", "https://")):
         spec = PolicySpec(text, "endpoint", options.get("model") or head.split("//", 1)[1].split("/", 1)[0],
                           location=head.rstrip("/"))
-        served = served_prompt_settings(head.rstrip("/"), options.get("model"))
+        # A served run brings what its folder would: prompt settings, and the env and tasks it played.
+        entry = _served_entry(head.rstrip("/"), options.get("model"), 5.0)
+        served, run = _prompt_of(entry), _run_of(entry)
         if served is not None:
             spec = replace(spec, prompt=served)
+        if run is not None:
+            spec = replace(spec, run_config=run)
     else:
         spec = _parse_path(text, head)
     return _apply_options(spec, options)
