@@ -47,8 +47,9 @@ task's threshold, seconds per iteration, peak resident memory, update phases per
 mean negative log-prob per sampled response token in the first and last 5 iterations (an estimate of
 the sampling entropy: it falls towards 0 when the policy collapses onto deterministic answers).
 A second table compares each variant with the first one listed, per seed, task by task on the held-out
-tasks both played (``paired_table``: McNemar's exact test; rows keep each task's outcome in
-``after_by_task``, played on ``eval_seeds``).
+tasks both played (``paired_table``: McNemar's exact test; rows keep each seed's outcome in
+``after_by_task``, played on ``eval_seeds``, whose tasks ``eval_task_ids`` name: seeds that reset to the
+same task are paired as one task).
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def run_one(spec: dict) -> dict:
         "before": report["eval"]["before"]["success_rate"],
         "after": report["eval"]["after"]["success_rate"],
         "eval_seeds": [t["seed"] for t in held_out],
+        "eval_task_ids": [t["task_id"] for t in held_out],
         "after_by_task": [t["success"] for t in held_out],
         "iters_to_threshold": first_reaching(history, TASKS[spec["task"]][1]),
         "s_per_iteration": statistics.mean(h["perf/iteration_s"] for h in history),
@@ -508,9 +510,11 @@ def tool_table(runs: list[dict], task: str, variants: list[str]) -> str:
 def paired_table(runs: list[dict], task: str, variants: list[str]) -> str:
     """Each variant against the first one listed, per seed, on the held-out tasks both played: the paired
     difference in success (McNemar's exact test, a bootstrap interval), more sensitive than comparing the two
-    success rates when the tasks that are hard for one run are hard for the other. Rows without per-task
-    outcomes (older ones) are left out."""
-    from agentgym.eval.statistics import compare_paired
+    success rates when the tasks that are hard for one run are hard for the other. Seeds that reset to the
+    same task are one task (``scores_by_task``; older rows without ``eval_task_ids`` pair by seed), and the
+    success columns are means over tasks, each task weighing the same. Rows
+    without per-task outcomes (older ones) are left out."""
+    from agentgym.eval.statistics import compare_paired, scores_by_task
 
     lines = ["| seed | variant | vs | success (vs → variant) | difference, 95% CI | exact p "
              "| tasks better / worse |", "|---:|---|---|---:|---:|---:|---:|"]
@@ -522,7 +526,12 @@ def paired_table(runs: list[dict], task: str, variants: list[str]) -> str:
             other = paired_rows.get((variant, seed))
             if base is None or other is None or other["eval_seeds"] != base["eval_seeds"]:
                 continue
-            c = compare_paired(task, reference, variant, base["after_by_task"], other["after_by_task"],
+            # Same seeds reset to the same tasks; rows saved before task ids were kept pair by seed.
+            same = base.get("eval_task_ids") == other.get("eval_task_ids")
+            units = (same and base.get("eval_task_ids")) or [str(s) for s in base["eval_seeds"]]
+            a_scores = scores_by_task(units, base["after_by_task"])
+            b_scores = scores_by_task(units, other["after_by_task"])
+            c = compare_paired(task, reference, variant, list(a_scores.values()), list(b_scores.values()),
                                seed=seed)
             low, high = (100 * bound for bound in c.ci95)
             lines.append(f"| {seed} | {variant} | {reference} | {c.a_mean:.0%} → {c.b_mean:.0%} "

@@ -45,3 +45,16 @@ def test_paired_rows_by_hand(algorithms) -> None:
 def test_no_comparable_rows_give_no_table(algorithms) -> None:
     assert algorithms.paired_table([row("graphgpo", 0, None), row("gigpo", 0, None)], "webshop",
                                    ["graphgpo", "gigpo"]) == ""
+
+
+def test_seeds_that_reset_to_the_same_task_pair_as_one_task(algorithms) -> None:
+    # Four seeds, three tasks: seeds 1000 and 1002 reset to task "x". Per task, GraphGPO 1/2, 0, 1 and
+    # GiGPO 1/2, 1, 0: three pairs, one tied, not four.
+    ids = ["x", "y", "x", "z"]
+    runs = [{**row("graphgpo", 0, [1, 0, 0, 1]), "eval_task_ids": ids},
+            {**row("gigpo", 0, [0, 1, 1, 0]), "eval_task_ids": ids},
+            row("hgpo", 0, [0, 1, 1, 0])]  # a row saved before task ids were kept: pairs by seed
+    lines = algorithms.paired_table(runs, "webshop", ["graphgpo", "gigpo", "hgpo"]).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert cells[0][:4] == ["0", "gigpo", "graphgpo", "50% → 50%"] and cells[0][6] == "1 / 1"
+    assert cells[1][:4] == ["0", "hgpo", "graphgpo", "50% → 50%"] and cells[1][6] == "2 / 2"

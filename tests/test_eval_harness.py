@@ -116,7 +116,7 @@ def test_results_json_and_reports(tmp_path: Path) -> None:
     assert row["pass@3"] == pytest.approx(sum(any(o) for o in by_task) / 4)
     assert [c["metric"] for c in results["comparisons"]] == ["success"]  # the return is the success here
     md, html = (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
-    assert "| test/eval-counter-v0 | expert | 12 | 100% |" in md and "pass@3" in md
+    assert "| test/eval-counter-v0 | expert | 4 × 3 | 100% |" in md and "pass@3" in md  # 4 tasks × 3 episodes
     assert results["comparisons"][0]["verdict"] in md
     assert html.count("<svg") == 2 and "<script" not in html and "src=" not in html  # self-contained
 

@@ -285,10 +285,10 @@ def _saved_plan(out: Path, concurrency: int) -> Any:
 
 
 def _print_results(results: dict[str, Any], out: Path) -> None:
-    from agentgym.eval.report import results_table
+    from agentgym.eval.report import plays_text, results_table
 
     rows = results_table(results)
-    table = Table(title=f"evaluation ({len(results['seeds'])} tasks per env)")
+    table = Table(title=f"evaluation (per env: {plays_text(results)})")
     for name in rows[0]:
         table.add_column(name, justify="left" if name in ("env", "policy") else "right")
     for row in rows[1:]:

@@ -169,8 +169,10 @@ def _print_stop(report: dict[str, Any], folder: RunFolder, cfg: TrainConfig) -> 
 
 
 def _print_report(report: dict[str, Any], folder: RunFolder) -> None:
+    from agentgym.eval.summary import counts, interval_text
+
     before, after = report["eval"]["before"], report["eval"]["after"]
-    table = Table(title=f"held-out evaluation ({after['episodes']} unseen tasks, greedy)")
+    table = Table(title=f"held-out evaluation ({counts(after)}, greedy)")
     table.add_column("")
     table.add_column("success", justify="right")
     table.add_column("95% CI", justify="right")
@@ -181,8 +183,7 @@ def _print_report(report: dict[str, Any], folder: RunFolder) -> None:
     if report["eval"].get("before_sft"):
         rows.insert(0, ("before SFT", report["eval"]["before_sft"]))
     for name, e in rows:
-        low, high = e["success_ci95"]
-        table.add_row(name, f"{e['success_rate']:.0%}", f"{low:.0%}–{high:.0%}", f"{e['mean_return']:.2f}",
+        table.add_row(name, f"{e['success_rate']:.0%}", interval_text(e), f"{e['mean_return']:.2f}",
                       f"{e['mean_turns']:.1f}", f"{e['invalid_rate']:.0%}")
     console.print(table)
     # Percentage points between the two rates as printed, not a relative change.

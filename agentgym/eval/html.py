@@ -7,7 +7,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from agentgym.eval.report import results_table
+from agentgym.eval.report import plays_text, results_table
 
 _COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7")
 _STYLE = """
@@ -70,13 +70,17 @@ def html_report(results: dict[str, Any]) -> str:
 
     Example:
         >>> results = {"agentgym_version": "0", "created": "now", "command": None, "seeds": [0],
-        ...     "config": {"samples": 1, "temperature": 0.0, "policies": [{"name": "a", "text": "random"}]},
-        ...     "results": [{"env": "maze-v0", "policy": "a", "episodes": 1, "complete": True,
-        ...                  "success_rate": 1.0, "success_ci95": [0.2, 1.0], "mean_return": 1.0,
+        ...     "config": {"samples": 1, "temperature": 0.0, "policies": [{"name": "a", "text": "random"}],
+        ...                "envs": [{"id": "maze-v0"}]},
+        ...     "results": [{"env": "maze-v0", "policy": "a", "tasks": 1, "episodes": 1, "complete": True,
+        ...                  "episodes_per_task": [1, 1], "success_rate": 1.0, "success_ci95": [0.0, 1.0],
+        ...                  "success_ci95_method": "one-task", "mean_return": 1.0,
         ...                  "mean_turns": 2.0, "tokens_generated": 0, "invalid_rate": 0.0, "wall_s": 0.1}],
         ...     "comparisons": []}
         >>> page = html_report(results)
         >>> page.startswith("<!doctype html>") and "<svg" in page and "http" not in page.split("<svg")[0]
+        True
+        >>> "<td>1 × 1</td>" in page and "<td>0%–100% (one task)</td>" in page
         True
     """
     rows = results["results"]
@@ -105,8 +109,8 @@ def html_report(results: dict[str, Any]) -> str:
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>agentgym evaluation</title>"
         f"<style>{_STYLE}</style></head><body><h1>Evaluation report</h1>"
         f"<p>agentgym {escape(results['agentgym_version'])}, {escape(results['created'])}. "
-        f"{len(results['seeds'])} tasks per env, {config['samples']} episode(s) per task and policy, "
-        f"temperature {config['temperature']:g}. Every policy plays the same tasks.</p>{command}"
+        f"Per env, every policy plays the same {escape(plays_text(results))}, temperature "
+        f"{config['temperature']:g}; the table counts distinct tasks.</p>{command}"
         f"<p>Policies: {policies}</p>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         f"<h2>Plots</h2><div class=\"plots\">{''.join(plots)}</div>"

@@ -3,7 +3,8 @@
 ``build_results`` reads the saved episodes back and computes, per env and policy, the summary of
 ``agentgym.eval.summary.summarize`` (the same function training's held-out evaluations use) plus
 wall time, and for every env and pair of policies a paired comparison on the tasks both played
-(``agentgym.eval.statistics``).
+(``agentgym.eval.statistics``). A task is a distinct ``task_id``: seeds that reset to the same task count
+as one task played several times, in the counts, the success interval and the paired comparisons.
 """
 
 from __future__ import annotations
@@ -14,20 +15,18 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import agentgym
-from agentgym.eval.statistics import compare_paired
+from agentgym.eval.statistics import compare_paired, scores_by_task
 from agentgym.eval.store import EvalStore, groups_of
-from agentgym.eval.summary import summarize
+from agentgym.eval.summary import counts, interval_text, summarize
 
 if TYPE_CHECKING:
     from agentgym.eval.plan import EnvInfo, EvalPlan
 
 
-def _task_scores(records: list[dict[str, Any]], key: str) -> dict[int, float]:
-    """Per task index, the mean of ``key`` (``success`` or ``return``) over its samples."""
-    by_task: dict[int, list[float]] = {}
-    for r in records:
-        by_task.setdefault(int(r["task_index"]), []).append(float(r[key]))
-    return {task: sum(s) / len(s) for task, s in by_task.items()}
+def _task_scores(records: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Per task (``task_id``), the mean of ``key`` (``success`` or ``return``) over its episodes: the
+    samples of its seed, and of any other seed that reset to the same task (one pair, not two)."""
+    return scores_by_task([str(r["task_id"]) for r in records], [float(r[key]) for r in records])
 
 
 def _missing(plan: EvalPlan, records: list[dict[str, Any]]) -> list[tuple[int, int]]:
@@ -103,19 +102,33 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
+def plays_text(results: dict[str, Any]) -> str:
+    """What every policy plays on each env, as the plan asks: ``20 seeds, 1 episode each``. Seeds (and
+    task indices) are not distinct tasks: an env may reset two seeds to the same task.
+
+    Example:
+        >>> plays_text({"seeds": [3, 4], "config": {"samples": 2, "envs": [{"split": "test"}]}})
+        '2 task indices, 2 episodes each'
+    """
+    config = results["config"]
+    split = any(env.get("split") for env in config["envs"])
+    samples = config["samples"]
+    return (f"{len(results['seeds'])} {'task indices' if split else 'seeds'}, {samples} "
+            f"episode{'' if samples == 1 else 's'} each")
+
 
 def results_table(results: dict[str, Any]) -> list[list[str]]:
-    """Header + one row per (env, policy): the numbers report.md and report.html show."""
+    """Header + one row per (env, policy): the numbers report.md and report.html show. ``tasks ×
+    episodes`` counts distinct tasks (``task_id``) and the episodes of each (``summary.counts``)."""
     rows = results["results"]
     ks = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
     tools = any(r.get("has_tools") for r in rows)
-    header = ["env", "policy", "episodes", "success", "95% CI", "return", "turns", "tokens", "invalid",
-              *(["tool calls/ep"] if tools else []), *ks, "wall s"]
+    header = ["env", "policy", "tasks × episodes", "success", "95% CI", "return", "turns", "tokens",
+              "invalid", *(["tool calls/ep"] if tools else []), *ks, "wall s"]
     table = [header]
     for r in rows:
-        low, high = r["success_ci95"]
-        line = [r["env"], r["policy"], str(r["episodes"]) + ("" if r["complete"] else " (incomplete)"),
-                _pct(r["success_rate"]), f"{_pct(low)}–{_pct(high)}", f"{r['mean_return']:.2f}",
+        line = [r["env"], r["policy"], counts(r, short=True) + ("" if r["complete"] else " (incomplete)"),
+                _pct(r["success_rate"]), interval_text(r), f"{r['mean_return']:.2f}",
                 f"{r['mean_turns']:.1f}", str(r["tokens_generated"]), _pct(r["invalid_rate"])]
         if tools:
             line.append(f"{r['tool_calls_per_episode']:.2f}"
@@ -142,9 +155,9 @@ def markdown_report(results: dict[str, Any]) -> str:
     judged = [f"{env['id']} by {env['judge']['model']}" for env in config["envs"] if env.get("judge")]
     lines = ["# Evaluation report", "",
              (f"agentgym {results['agentgym_version']}, {results['created']}. "
-              f"{len(seeds)} tasks per env ({which}), {config['samples']} episode(s) per task and "
-              f"policy, temperature {config['temperature']:g}, sampling seed {config['sampling_seed']}. "
-              "Every policy plays the same tasks."), ""]
+              f"Per env, every policy plays the same {plays_text(results)} ({which}), temperature "
+              f"{config['temperature']:g}, sampling seed {config['sampling_seed']}. The table counts "
+              "distinct tasks: seeds that reset to the same task are one task."), ""]
     if judged:
         lines += [f"Judged rewards (an LLM judge's score from a rubric): {'; '.join(judged)}.", ""]
     if results.get("command"):
@@ -160,7 +173,10 @@ def markdown_report(results: dict[str, Any]) -> str:
             lines += ["", (f"**Incomplete:** {r['env']} × {r['policy']} lacks {len(r['missing'])} of "
                            f"{len(seeds) * config['samples']} episodes (task seeds {listed}); "
                            "`agentgym eval --out DIR --resume` plays them.")]
-    lines += ["", ("Success: share of episodes the env marked solved, with a Wilson 95% interval. Return: "
+    lines += ["", ("Tasks × episodes: distinct tasks (by task id) and the episodes each has. Success: share "
+                   "of episodes the env marked solved, with a 95% interval over tasks (episodes of one task "
+                   "are not independent: a Wilson interval at the effective number of episodes, from the "
+                   "between-task variance, corrected for few tasks; one task gives 0–100%). Return: "
                    "mean episode return. Turns: mean turns per episode. Tokens: generated tokens, all "
                    "episodes. Invalid: share of turns whose action could not be parsed or applied. Tool "
                    "calls/ep: tools the env ran per episode, as it reports them in info['tool_calls'] "

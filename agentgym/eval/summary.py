@@ -1,29 +1,63 @@
-"""Evaluation summaries: success rate with a Wilson 95% interval, returns, turns, tokens, invalid actions,
+"""Evaluation summaries: success rate with a 95% interval over tasks, returns, turns, tokens, invalid actions,
 pass@k; and the per-task outcomes that let two evaluations on the same tasks be compared task by task."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.eval.statistics import pass_at_k_table
+from agentgym.eval.statistics import count_text, pass_at_k_table, task_success, wilson_interval
 from agentgym.rollout.records import EpisodeGroup, Turn
 
+__all__ = ["count_text", "counts", "generated_tokens", "interval_text", "per_task", "summarize",
+           "task_outcomes", "wilson_interval"]
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion.
+
+def task_outcomes(groups: Sequence[EpisodeGroup]) -> list[list[bool]]:
+    """Per distinct task (``task_id``, in order of first appearance), the successes of all its episodes,
+    whichever groups they are in: two seeds that reset to the same task are one task played twice.
 
     Example:
-        >>> [round(x, 3) for x in wilson_interval(8, 10)]
-        [0.49, 0.943]
+        >>> from agentgym.rollout.records import Trajectory
+        >>> def group(task, seed, *wins):
+        ...     return EpisodeGroup(f"g{seed}", task, seed,
+        ...                         [Trajectory([], task, seed, success=w) for w in wins])
+        >>> task_outcomes([group("a", 0, True), group("b", 1, False, True), group("a", 2, False)])
+        [[True, False], [False, True]]
     """
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    by_task: dict[str, list[bool]] = {}
+    for group in groups:
+        by_task.setdefault(group.task_id, []).extend(bool(t.success) for t in group.trajectories)
+    return list(by_task.values())
+
+
+def counts(summary: dict[str, Any], *, short: bool = False) -> str:
+    """A summary's tasks and episodes in exact words (``count_text``): ``32 tasks × 2 episodes``; a
+    summary written before tasks were counted gives its episodes alone.
+
+    Example:
+        >>> counts({"tasks": 3, "episodes": 6, "episodes_per_task": [2, 2]})
+        '3 tasks × 2 episodes'
+        >>> counts({"episodes": 64})
+        '64 episodes'
+    """
+    if "episodes_per_task" not in summary:
+        return f"{summary['episodes']} episodes"
+    return count_text(summary["tasks"], summary["episodes"], summary["episodes_per_task"], short=short)
+
+
+def interval_text(summary: dict[str, Any]) -> str:
+    """A summary's success interval as a table shows it: ``49%–94%``; one task's, [0, 1], says why.
+
+    Example:
+        >>> interval_text({"success_ci95": [0.49, 0.943]})
+        '49%–94%'
+        >>> interval_text({"success_ci95": [0.0, 1.0], "success_ci95_method": "one-task"})
+        '0%–100% (one task)'
+    """
+    low, high = summary["success_ci95"]
+    one = summary.get("success_ci95_method") == "one-task"
+    return f"{100 * low:.0f}%–{100 * high:.0f}%" + (" (one task)" if one else "")
 
 
 def generated_tokens(turn: Turn) -> int:
@@ -34,32 +68,41 @@ def generated_tokens(turn: Turn) -> int:
 
 
 def summarize(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
-    """Per-episode statistics of a batch of groups (one group per task).
+    """Per-episode statistics of a batch of groups (one group per task seed).
 
-    Keys: ``episodes``, ``tasks``, ``success_rate`` and ``success_ci95`` (Wilson), ``mean_return``,
-    ``mean_turns``, ``invalid_rate`` (per turn), ``truncation_rate``, ``mean_response_tokens`` (per
-    turn), ``tokens_generated`` (total), ``tool_calls_per_episode``, and ``pass@k`` entries (k = 1, 2,
-    4, ..., K) when every task has K ≥ 2 episodes.
+    Keys: ``episodes``; ``tasks`` (distinct ``task_id``s: seeds that reset to the same task count once) and
+    ``episodes_per_task`` (the fewest and most episodes of a task); ``success_rate`` (share of episodes)
+    and ``success_ci95``, its 95% interval over tasks (``agentgym.eval.statistics.task_success``: episodes
+    of one task are correlated, so they are not counted as independent draws), with
+    ``success_ci95_method`` and ``success_effective_episodes``; ``mean_return``, ``mean_turns``,
+    ``invalid_rate`` (per turn), ``truncation_rate``, ``mean_response_tokens`` (per turn),
+    ``tokens_generated`` (total), ``tool_calls_per_episode``, and ``pass@k`` entries (k = 1, 2, 4, ...,
+    K) when every group has K ≥ 2 episodes.
+
+    Changed: ``tasks`` counted groups and ``success_ci95`` was a Wilson interval over episodes, which
+    overstated how much several episodes of one task tell.
 
     Example:
         >>> from agentgym.rollout.records import Trajectory
         >>> win = Trajectory([Turn([1], [2, 3], [0.0, 0.0], 1.0, "s")], "t", 0, success=True)
         >>> lose = Trajectory([Turn([1], [4], [0.0], 0.0, "s")], "t", 0)
         >>> s = summarize([EpisodeGroup("g0", "t", 0, [win, lose])])
-        >>> s["success_rate"], s["tokens_generated"], s["pass@2"]
-        (0.5, 3, 1.0)
+        >>> s["success_rate"], s["tokens_generated"], s["pass@2"], counts(s), s["success_ci95"]
+        (0.5, 3, 1.0, '1 task × 2 episodes', [0.0, 1.0])
     """
     trajectories = [t for g in groups for t in g.trajectories]
     n = len(trajectories)
-    successes = sum(t.success for t in trajectories)
     turns = [t for tr in trajectories for t in tr.turns]
     tokens = sum(generated_tokens(t) for t in turns)
-    low, high = wilson_interval(successes, n)
+    success = task_success(task_outcomes(groups))
     summary: dict[str, Any] = {
         "episodes": n,
-        "tasks": len(groups),
-        "success_rate": successes / n if n else 0.0,
-        "success_ci95": [low, high],
+        "tasks": success.tasks,
+        "episodes_per_task": list(success.episodes_per_task),
+        "success_rate": success.rate,
+        "success_ci95": list(success.ci95),
+        "success_ci95_method": success.method,
+        "success_effective_episodes": success.effective_episodes,
         "mean_return": sum(t.episode_return for t in trajectories) / n if n else 0.0,
         "mean_turns": len(turns) / n if n else 0.0,
         "invalid_rate": sum(t.invalid for t in turns) / len(turns) if turns else 0.0,
