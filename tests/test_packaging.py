@@ -1,14 +1,21 @@
-"""A non-editable wheel in a fresh venv imports agentgym.envs and serves without torch."""
+"""A non-editable wheel in a fresh venv imports agentgym.envs and serves without torch; a third-party env
+package installed with pip reaches every command through the ``agentgym.envs`` entry point."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import venv
 from pathlib import Path
 
+import httpx
 import pytest
+
+from agentgym.http.launcher import free_port, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,12 +37,17 @@ import agentgym
 from agentgym.core import Env
 
 class Coin(Env):
+    # Say "heads" to win. An expert_action and nothing else declares the expert.
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        return "flip", {"state_key": "start"}
+        return "Call the coin.", {"state_key": "start"}
 
     def step(self, action):
-        return "done", 1.0, True, False, {"state_key": "end", "success": True}
+        won = action.strip() == "heads"
+        return "heads" if won else "tails", float(won), True, False, {"state_key": "end", "success": won}
+
+    def expert_action(self):
+        return "heads"
 
 def register_envs():
     agentgym.register("acme/coin-v0", "acme_envs:Coin", description="A third-party env", max_turns=1)
@@ -52,7 +64,7 @@ obs, info = env.reset(seed=0)
 assert info["state_key"]
 coin = agentgym.make("acme/coin-v0")
 coin.reset(seed=0)
-assert coin.step("x")[1] == 1.0
+assert coin.step("heads")[1] == 1.0 and coin.has_expert
 from agentgym.http.server import create_app
 create_app(["maze-v0"])
 assert "torch" not in sys.modules
@@ -96,3 +108,81 @@ def test_wheel_installs_into_fresh_venv(tmp_path: Path) -> None:
     _run(python, "-m", "pip", "install", "--quiet", f"{wheel}[server]", plugin)
     out = _run(python, "-c", SCRIPT, cwd=tmp_path)
     assert "OK" in out and "acme/coin-v0" in out and "maze-v0" in out
+
+
+#: What a wheel is built from: the checkout less local state (a venv, git, build and run output).
+NOT_SOURCE = (".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache",
+              ".ruff_cache", "artifacts")
+
+
+def _installed_venv(tmp_path: Path) -> Path:
+    """A fresh venv holding the wheel of this checkout, as a user installs it; its dependencies come from this
+    interpreter's site-packages through a ``.pth`` path line (which leaves the editable agentgym there inert).
+    The wheel is built from a copy of the source: a build in the checkout reuses (and races on) its build/."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE), symlinks=True)
+    _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+         tmp_path / "dist", source)
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(symlinks=True).create(env_dir)  # no pip of its own: this interpreter's pip installs
+    python = env_dir / "bin" / "python"
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
+         *(tmp_path / "dist").glob("agentgym_rl-*.whl"))
+    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
+    (site / "dev_dependencies.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
+    return env_dir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_pip_installed_env_package_works_through_every_command(tmp_path: Path) -> None:
+    """What docs/envs.md tells a package author: the entry point in pyproject.toml, ``pip install
+    ./acme-plugin``, then ``envs``, ``check``, ``serve``, ``train`` and ``eval`` from any folder."""
+    env_dir = _installed_venv(tmp_path)
+    python, agentgym = env_dir / "bin" / "python", env_dir / "bin" / "agentgym"
+    plugin = tmp_path / "acme-plugin"
+    plugin.mkdir()
+    (plugin / "pyproject.toml").write_text(PLUGIN_SETUP)
+    (plugin / "acme_envs.py").write_text(textwrap.dedent(PLUGIN_CODE))
+    # `pip install ./acme-plugin`, non-editable (the build's setuptools is this venv's: no index needed)
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", plugin)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    where = _run(python, "-c", "import acme_envs, agentgym; print(acme_envs.__file__, agentgym.__file__)",
+                 cwd=empty).split()
+    assert all(Path(module).is_relative_to(env_dir) for module in where), where  # both installed copies
+
+    listed = _run(agentgym, "envs", cwd=empty)
+    assert "acme/coin-v0" in listed and "A third-party env" in listed
+
+    checked = " ".join(_run(agentgym, "check", "acme/coin-v0", "--episodes", "2", cwd=empty).split())
+    assert "acme/coin-v0 honours the env contract" in checked
+    assert "gates: 3 passed, 0 failed, 2 skipped (of 5)" in checked  # the expert gates ran (and passed)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    service = start_service([str(agentgym), "serve", "acme/coin-v0", "--port", str(port)], url, timeout_s=120,
+                            cwd=empty)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert [env["id"] for env in http.get("/envs").json()] == ["acme/coin-v0"]
+            sid = http.post("/sessions", json={"env_id": "acme/coin-v0"}).json()["session_id"]
+            assert http.post(f"/sessions/{sid}/reset", json={"seed": 0}).status_code == 200
+            assert http.post(f"/sessions/{sid}/step", json={"action": "heads"}).json()["reward"] == 1.0
+    finally:
+        stop_service(service)
+
+    # One short iteration of the embedded quickstart's tiny model on the plugin's env, after SFT on its expert
+    _run(agentgym, "train", "--set", "env.id=acme/coin-v0", "--set", "env.kwargs={}",
+         "--set", "env.max_turns=1", "--set", "iterations=1", "--set", "rollout.num_tasks=2",
+         "--set", "rollout.group_size=2", "--set", "sft.num_episodes=2", "--set", "sft.num_epochs=1",
+         "--set", "eval.num_episodes=2", "--out", "run", cwd=empty)
+    assert (empty / "run" / "report.json").is_file()
+
+    _run(agentgym, "eval", "--policy", "random", "--policy", "expert", "--policy", "run", "--envs",
+         "acme/coin-v0", "--episodes", "4", "--out", "eval", cwd=empty)
+    rows = json.loads((empty / "eval" / "results.json").read_text())["results"]
+    success = {row["policy"]: row["success_rate"] for row in rows}
+    assert success["expert"] == 1.0 and set(success) == {"random", "expert", "run"}, success
+    assert sorted(path.name for path in empty.iterdir()) == ["eval", "run"]
