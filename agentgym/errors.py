@@ -32,9 +32,20 @@
 A remote env raises the same classes a local env does: the service sends ``{"error": {"type":
 "ResetNeeded", "message": ...}}`` and the client maps ``type`` back to the class with that name
 (``agentgym.http.base`` says how, and when a request is sent again).
+
+The ``agentgym`` command exits with the status the class says (``exit_status``): 2 for a usage error,
+the command as typed cannot run (``ConfigError``, ``RegistryError``: a bad option or ``--set`` value,
+an invalid config, an unknown id, a missing file the user named); 1 for a runtime failure, the
+command was right and something it ran failed (every other class: an env broke the contract or
+crashed, a service could not be reached, a judge gave no score); 130 for Ctrl-C.
 """
 
 from __future__ import annotations
+
+#: Exit status of a usage error: the command as typed cannot run (click's own, for a bad option).
+USAGE_EXIT_STATUS = 2
+#: Exit status of a command stopped by Ctrl-C: 128 + SIGINT, as shells report a process the signal ended.
+INTERRUPTED_EXIT_STATUS = 130
 
 
 class AgentGymError(Exception):
@@ -42,12 +53,15 @@ class AgentGymError(Exception):
 
     #: HTTP status the service answers with when this error reaches a client.
     http_status: int = 500
+    #: Exit status of the ``agentgym`` command this error ends: 1, a runtime failure (see the module doc).
+    exit_status: int = 1
 
 
 class ConfigError(AgentGymError):
     """A configuration or argument value is invalid. The message names the field to fix."""
 
     http_status = 422
+    exit_status = USAGE_EXIT_STATUS
 
 
 class RegistryError(AgentGymError):
@@ -56,6 +70,7 @@ class RegistryError(AgentGymError):
     decoding constraint). An unknown name suggests the nearest; a duplicate says to pass ``override=True``."""
 
     http_status = 404
+    exit_status = USAGE_EXIT_STATUS
 
 
 class UnknownEnv(RegistryError):
@@ -186,6 +201,24 @@ class JudgeError(AgentGymError):
     def __init__(self, message: str, raw: str | None = None) -> None:
         super().__init__(message)
         self.raw = raw
+
+
+def exit_status(exc: BaseException) -> int:
+    """The ``agentgym`` command's exit status when ``exc`` ends it: the one rule every command follows.
+
+    Example:
+        >>> exit_status(ConfigError("--port must be in [1, 65535], got 0"))
+        2
+        >>> exit_status(RemoteTimeout("the env service did not answer in 60 s"))
+        1
+        >>> exit_status(KeyboardInterrupt())
+        130
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED_EXIT_STATUS
+    if isinstance(exc, AgentGymError):
+        return exc.exit_status
+    return 1
 
 
 #: Every public exception class by name, so the HTTP client can map ``error.type`` back.
