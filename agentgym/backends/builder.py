@@ -97,7 +97,14 @@ def _transformers(cfg: ModelConfig, seed: int) -> Policy:
     from agentgym.backends.transformers_backend import TransformersPolicy
 
     device = resolve_device(cfg.device)
-    source: Any = cfg.path if cfg.path else replace(cfg.tiny, seed=seed)
+    source: Any = replace(cfg.tiny, seed=seed)
+    if cfg.path:
+        from agentgym.backends.gguf import model_dir
+
+        # A Hub id becomes its folder in the Hugging Face cache here, where model.revision is known; a
+        # packaged model or a .gguf file, its converted folder. Every loader below reads local files only.
+        source = str(model_dir(cfg.path, revision=cfg.revision))
+        cfg = replace(cfg, path=source, revision=None)
     if cfg.lora is not None and cfg.lora.quantize is not None:
         from agentgym.backends.lora import load_quantized
 

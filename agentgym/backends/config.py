@@ -1,8 +1,8 @@
 """Model configuration (torch-free): ``TinyModelConfig`` (a model built from a config alone) and
 ``ModelConfig``.
 
-``ModelConfig`` says which policy to build — a local Hugging Face directory or a tiny model, on
-which backend, dtype and device — and ``agentgym.backends.make_policy`` builds it.
+``ModelConfig`` says which policy to build — a Hugging Face model (a local directory or a Hub id) or a
+tiny model, on which backend, dtype and device — and ``agentgym.backends.make_policy`` builds it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentgym.backends.hub import parse_hub_id
 from agentgym.errors import ConfigError
 
 ARCHS = ("llama", "qwen2")
@@ -138,7 +139,13 @@ class ModelConfig:
     """
 
     path: str | None = None
-    """Local Hugging Face model directory (with a chat template); None builds the tiny model ``tiny``."""
+    """The model: a local Hugging Face directory (with a chat template), a Hugging Face Hub id
+    (``Qwen/Qwen2.5-0.5B-Instruct``, loaded through the Hugging Face cache: ``agentgym.backends.hub``), a
+    ``.gguf`` file or a packaged model (``smollm2``); None builds the tiny model ``tiny``. An existing local
+    path is always a path."""
+    revision: str | None = None
+    """Hub ids only: the branch, tag or commit hash to load (None: ``main``); ``path: org/name@rev`` says
+    the same."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the tiny model built when ``path`` is None. In training, its ``seed`` is replaced by the
     run's ``seed`` so one number seeds the whole run."""
@@ -177,6 +184,13 @@ class ModelConfig:
     (``python benchmarks/threads.py``)."""
 
     def __post_init__(self) -> None:
+        if self.revision is not None and (not isinstance(self.revision, str) or not self.revision.strip()):
+            raise ConfigError(f"model.revision must be a branch, tag or commit hash of the Hub model in "
+                              f"model.path, or null, got {self.revision!r}")
+        if self.revision is not None and (self.path is None or parse_hub_id(self.path) is None):
+            raise ConfigError(f"model.revision ({self.revision!r}) picks a version of a Hugging Face Hub "
+                              f"model, but model.path ({self.path!r}) is not a Hub id (org/name): set "
+                              "model.path to one, or remove model.revision")
         top = self.train_top_layers
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
             raise ConfigError(f"model.train_top_layers must be a positive integer or null (train every "

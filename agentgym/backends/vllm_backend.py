@@ -305,7 +305,7 @@ def _model_dir(cfg: ModelConfig, trainer: Any) -> str:
     if cfg.path:
         from agentgym.backends.gguf import model_dir
 
-        return str(model_dir(cfg.path))
+        return str(model_dir(cfg.path, revision=cfg.revision))
     folder = tempfile.mkdtemp(prefix="agentgym-vllm-model-")
     from agentgym.backends.lora import is_lora, merged_state_dict
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from agentgym.backends.hub import as_hub_id
 from agentgym.cli.app import app, err_console, fail
 from agentgym.cli.serving import bind, check_exposure, check_range, run_uvicorn
 from agentgym.errors import AgentGymError, ConfigError
@@ -59,8 +60,10 @@ def _env_note(settings: dict[str, Any] | None) -> str:
 
 @app.command("serve-policy")
 def serve_policy(
-    model_dir: str = typer.Argument(..., help="A Hugging Face model directory, an `agentgym train` run "
-                                               "folder, a .gguf file or a packaged model (smollm2)."),
+    model_dir: str = typer.Argument(..., help="A Hugging Face model directory, a Hub id (org/name or "
+                                               "org/name@revision, through the Hugging Face cache), an "
+                                               "`agentgym train` run folder, a .gguf file or a packaged "
+                                               "model (smollm2)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind; any other than loopback needs --token."),
     port: int = typer.Option(8001, help="TCP port, 1-65535."),
     name: str | None = typer.Option(None, help="Model name clients pass (default: the directory's name)."),
@@ -88,7 +91,8 @@ def serve_policy(
     except ImportError as exc:
         fail(ImportError(f"{exc}; install the server and train extras: pip install "
                          "'agentgym-rl[server,train]'"))
-    served = name or Path(model_dir).resolve().name
+    hub = as_hub_id(model_dir)  # org/name[@revision], no local path: served under its Hub id, as vLLM does
+    served = name or (hub.repo_id if hub is not None else Path(model_dir).resolve().name)
     try:
         folder, prompt_settings, env_settings = _run_folder(Path(model_dir))
         check_range("--max-new-tokens", max_new_tokens, 1)

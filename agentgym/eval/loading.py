@@ -40,7 +40,9 @@ def _model_config(spec: PolicySpec, path: str | None, model: dict[str, Any] | No
 
     model = model or {}
     tiny = TinyModelConfig(**model["tiny"]) if model.get("tiny") else TinyModelConfig()
-    return ModelConfig(path=path, tiny=tiny, backend="transformers", dtype=model.get("dtype", spec.dtype),
+    # A run trained from a Hub id recorded it with its revision: its checkpoint goes onto that model.
+    return ModelConfig(path=path, revision=model.get("revision") if path else None, tiny=tiny,
+                       backend="transformers", dtype=model.get("dtype", spec.dtype),
                        device=spec.device)  # type: ignore[arg-type]
 
 

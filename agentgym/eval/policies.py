@@ -7,6 +7,8 @@ A policy is one of::
     http://HOST:PORT/v1[,model=NAME][,api=chat|completions][,tokenizer=DIR]
                                             an OpenAI-compatible endpoint (vLLM, SGLang, serve-policy...)
     DIR                                     a local Hugging Face model directory (with a chat template)
+    ORG/NAME[@REVISION]                     a Hugging Face Hub model (not a local path), loaded through
+                                            the Hugging Face cache (HF_HUB_CACHE, HF_HUB_OFFLINE)
     RUN | RUN/checkpoint.pt                 an `agentgym train` run folder (its final model/, else its
                                             latest checkpoint) or one checkpoint file
 
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentgym.backends.gguf import PACKAGED_MODELS, is_model_name
+from agentgym.backends.hub import as_hub_id
 from agentgym.errors import ConfigError
 from agentgym.rollout.prompt import PromptSettings
 from agentgym.run_folder import RunFolder
@@ -44,11 +47,12 @@ class PolicySpec:
     text: str
     """What the user wrote (kept in results.json)."""
     kind: PolicyKind
-    """``random``, ``expert``, ``endpoint``, ``model`` (HF directory) or ``run`` (train run / checkpoint)."""
+    """``random``, ``expert``, ``endpoint``, ``model`` (HF directory, Hub id, packaged model or .gguf file) or
+    ``run`` (train run / checkpoint)."""
     name: str
     """Label in reports and file names; unique within an evaluation."""
     location: str | None = None
-    """Endpoint base URL, model directory, or checkpoint file."""
+    """Endpoint base URL, model directory, Hub id (``org/name[@revision]``), or checkpoint file."""
     model: str | None = None
     """Endpoint model name (None: the only model the server lists)."""
     api: Literal["chat", "completions"] = "chat"
@@ -317,6 +321,10 @@ def _parse_path(text: str, head: str) -> PolicySpec:
         if head.endswith(".gguf") and not Path(head).is_file():
             raise ConfigError(f"policy {text!r}: no such .gguf file")
         return PolicySpec(text, "model", Path(head).stem if head.endswith(".gguf") else head, location=head)
+    hub = as_hub_id(head)  # org/name[@revision] that is no local path: loaded through the Hugging Face cache
+    if hub is not None:
+        label = hub.repo_id.split("/", 1)[1] + (f"@{hub.revision}" if hub.revision else "")
+        return PolicySpec(text, "model", label, location=str(hub))
     path = Path(head)
     if path.is_file() and path.suffix == ".pt":
         config = _read_run_config(path.parent, text)
@@ -329,8 +337,8 @@ def _parse_path(text: str, head: str) -> PolicySpec:
         close = difflib.get_close_matches(lead, ["random", "expert", *PACKAGED_MODELS], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else " (no such path)"
         raise ConfigError(f"policy {text!r} is not random, expert, an http(s):// endpoint, a packaged model "
-                          f"({', '.join(PACKAGED_MODELS)}), a .gguf file, a model directory or a run "
-                          f"folder{hint}")
+                          f"({', '.join(PACKAGED_MODELS)}), a .gguf file, a model directory, a Hub id "
+                          f"(org/name) or a run folder{hint}")
     run = RunFolder(path)
     if run.checkpoint.is_file() or run.report.is_file():
         config = _read_run_config(path, text)
