@@ -194,6 +194,8 @@ def test_eval_takes_hub_ids_with_revisions(offline: Path, tmp_path: Path) -> Non
 
 def test_eval_of_an_uncached_id_offline_is_one_line(offline: Path, tmp_path: Path) -> None:
     assert parse_policy(f"{REPO}@v2,name=second").name == "second"
+    spec = parse_policy(f"{REPO}@refs/pr/1")  # its label names files: no slash in it
+    assert (spec.kind, spec.name, spec.location) == ("model", "tiny-chat@refs-pr-1", f"{REPO}@refs/pr/1")
     result = runner.invoke(app, ["eval", "--policy", "acme/absent", "--envs", "maze-v0", "--episodes", "1",
                                  "--out", str(tmp_path / "eval")], env={"COLUMNS": "250"})
     line = one_line_error(result)

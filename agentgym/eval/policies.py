@@ -323,7 +323,8 @@ def _parse_path(text: str, head: str) -> PolicySpec:
         return PolicySpec(text, "model", Path(head).stem if head.endswith(".gguf") else head, location=head)
     hub = as_hub_id(head)  # org/name[@revision] that is no local path: loaded through the Hugging Face cache
     if hub is not None:
-        label = hub.repo_id.split("/", 1)[1] + (f"@{hub.revision}" if hub.revision else "")
+        # The label names files (trajectories/ENV/LABEL.jsonl): a revision like refs/pr/1 loses its slashes.
+        label = hub.repo_id.split("/", 1)[1] + (f"@{hub.revision.replace('/', '-')}" if hub.revision else "")
         return PolicySpec(text, "model", label, location=str(hub))
     path = Path(head)
     if path.is_file() and path.suffix == ".pt":
