@@ -48,6 +48,8 @@ def test_exit_status_of_what_is_not_an_agentgym_error() -> None:
     (["train", "no-such-preset.yaml"], "no-such-preset.yaml"),                # a file the user named
     (["train", "--set", "rollout.group_size=many"], "rollout.group_size"),    # a --set value
     (["eval", "--policy", "random", "--envs", "maze-v0", "--seeds", "5-1"], "5-1"),
+    (["serve", "--host", "0.0.0.0"], "set AGENTGYM_TOKEN to the bearer token clients must send"),
+    (["serve-mcp", "tools-v0", "--http", "--host", "0.0.0.0"], "has no token to ask for"),
 ])
 def test_usage_errors_exit_2_in_one_line(tmp_path: Path, args: list[str], said: str) -> None:
     result = agentgym(*args, cwd=tmp_path)

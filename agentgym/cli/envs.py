@@ -100,8 +100,8 @@ def check(
 ) -> None:
     """Run check_env (the env contract as code) over an env, then its quality gates.
 
-    Exit status: 0 when everything holds, 1 when the contract holds but a gate fails, 2 when the
-    contract breaks (or the id is unknown).
+    Exit status: 0 when everything holds, 1 when the contract breaks or a gate fails, 2 when the id
+    is unknown.
     """
     try:
         grade = grade_env(env_id, seed=seed, num_episodes=episodes) if gates else None
@@ -175,7 +175,8 @@ def serve(
         check_range("--ttl-s", ttl_s, 0, low_open=True)
         check_range("--step-timeout-s", step_timeout_s, 0, low_open=True)
         check_range("--max-body-bytes", max_body_bytes, 1)
-        check_exposure(host, token, allow_no_token, "create sessions and run env code")
+        check_exposure(host, token, allow_no_token, "create sessions and run env code",
+                       variable="AGENTGYM_TOKEN")
         sock = bind(host, port)  # before any worker process starts: an occupied port costs nothing
         service = create_app(
             env_ids or None, max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,

@@ -35,7 +35,8 @@ def sandbox_serve(
         check_range("--port", port, MIN_PORT, MAX_PORT)
         check_range("--pool-size", pool_size, 0)
         check_range("--max-concurrency", max_concurrency, 1)
-        check_exposure(host, token, allow_no_token, "run arbitrary code on this machine")
+        check_exposure(host, token, allow_no_token, "run arbitrary code on this machine",
+                       variable="AGENTGYM_SANDBOX_TOKEN")
         service = create_sandbox_app(default_backend(backend), pool_size=pool_size,  # type: ignore[arg-type]
                                      max_concurrency=max_concurrency, token=token)
         sock = bind(host, port)
@@ -105,7 +106,7 @@ def retrieval_serve(
     try:
         check_range("--port", port, MIN_PORT, MAX_PORT)
         check_range("--max-k", max_k, 1)
-        check_exposure(host, token, allow_no_token, "query this index")
+        check_exposure(host, token, allow_no_token, "query this index", variable="AGENTGYM_RETRIEVAL_TOKEN")
         service = create_retrieval_app(index, token=token, max_k=max_k)
         sock = bind(host, port)
     except AgentGymError as exc:
@@ -135,7 +136,7 @@ def serve_mcp(
         server = build_mcp_server(env_id, seed=seed)
         sock = None
         if http:
-            check_exposure(host, None, allow_no_token, "use this env's tools")
+            check_exposure(host, None, allow_no_token, "use this env's tools", has_token=False)
             sock = bind(host, port)
     except AgentGymError as exc:
         fail(exc)

@@ -51,21 +51,40 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, token: str | None, allow_no_token: bool, what: str) -> None:
+def check_exposure(host: str, token: str | None, allow_no_token: bool, what: str, *,
+                   variable: str | None = None, has_token: bool = True) -> None:
     """Refuse to serve on a non-loopback address without a token, unless explicitly acknowledged.
+
+    Anyone who can reach such an address could otherwise use the service (``what``); a container
+    binds 0.0.0.0, so its image or deploy file must supply the token (or demand it by name).
 
     Args:
         host: the address to bind.
         token: the bearer token, if any.
-        allow_no_token: the user passed ``--allow-no-token``.
+        allow_no_token: the user passed ``--allow-no-token`` (or set ``AGENTGYM_ALLOW_NO_TOKEN``).
         what: what anyone on the network could then do, for the message.
+        variable: the environment variable ``--token`` reads, named first in the message: where the
+            service runs from a deploy file, setting it is the fix.
+        has_token: False for a service without a token option (the message then offers none).
+
+    Example:
+        >>> check_exposure("0.0.0.0", None, False, "query this index", variable="AGENTGYM_RETRIEVAL_TOKEN")
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: --host 0.0.0.0 without --token would let anyone who can reach this \
+port query this index; set AGENTGYM_RETRIEVAL_TOKEN to the bearer token clients must send (or pass --token), \
+bind 127.0.0.1, or pass --allow-no-token (AGENTGYM_ALLOW_NO_TOKEN=1) to accept that
     """
     if token or allow_no_token or is_loopback(host):
         return
-    raise ConfigError(
-        f"--host {host} without --token would let anyone who can reach this port {what}; pass --token "
-        "(or its environment variable), bind 127.0.0.1, or pass --allow-no-token to accept that"
-    )
+    accept = "pass --allow-no-token (AGENTGYM_ALLOW_NO_TOKEN=1) to accept that"
+    if not has_token:
+        raise ConfigError(f"--host {host} has no token to ask for, so anyone who can reach this port could "
+                          f"{what}; bind 127.0.0.1, or {accept}")
+    set_token = (f"set {variable} to the bearer token clients must send (or pass --token)" if variable
+                 else "pass --token")
+    raise ConfigError(f"--host {host} without --token would let anyone who can reach this port {what}; "
+                      f"{set_token}, bind 127.0.0.1, or {accept}")
 
 
 def bind(host: str, port: int) -> socket.socket:
