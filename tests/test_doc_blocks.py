@@ -1,12 +1,16 @@
 """Every ```bash and ```python block of README.md and docs/*.md runs as a reader would run it, shortened.
 
-Each page's blocks run in order in one scratch folder (a later block uses what an earlier one made,
-as a reader's later commands do). Shell blocks run in bash with the project's venv first on PATH;
+The blocks run against what a user installs, not the checkout: a session fixture builds the wheel, installs
+it (no dependencies) into a fresh venv whose other packages come from the development venv, and checks that
+``agentgym`` imports from that wheel. Each page's blocks run in order in one empty scratch folder (a later
+block uses what an earlier one made, as a reader's later commands do). Shell blocks run in bash with that
+venv first on PATH;
 ``agentgym`` commands that serve (``serve``, ``serve-policy``, ``view``, ``retrieval serve``,
 ``sandbox serve``) start in the background on a free port, and every later ``127.0.0.1:PORT`` or
 ``localhost:PORT`` of that page, in shell and Python blocks alike, is pointed at it; they stop when
-the page is done. Training and evaluation lines are shortened by ``shorten`` (fewer iterations,
-episodes, tasks) and ``curl`` fails on an HTTP error; nothing else is changed.
+the page is done. Training and evaluation lines are shortened by ``shorten``, which may only set the keys of
+``SHORTENING_KEYS`` (fewer iterations, episodes, tasks; it asserts so), and ``curl`` fails on an HTTP error;
+nothing else is changed.
 
 Blocks that cannot run here are listed in ``SKIPPED_BY_DESIGN`` with the reason; blocks that take
 minutes even shortened are in ``SLOW`` and run only under ``-m slow``. Every ``agentgym`` command
@@ -16,12 +20,16 @@ that does not exist fails here.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import sysconfig
 import time
+import venv
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +44,6 @@ from agentgym.http.launcher import free_port, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BIN = Path(sys.executable).parent
 
 # (page, a string only that block contains) -> why the block does not run here. Its agentgym lines
 # are still parsed against the CLI.
@@ -47,6 +54,9 @@ SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
     ("docs/services.md", "docker compose"):
         "needs a Docker engine; tests/test_services.py checks the Dockerfile "
         "and compose file and runs each target's entry point",
+    ("docs/services.md", "kubectl create secret"):
+        "needs a Kubernetes cluster; tests/test_services.py runs the Secret line (kubectl printing its "
+        "arguments) and each manifest's container with that Secret's tokens",
     ("docs/training.md", "--out runs/alf\n"): "needs a GPU, vLLM and Qwen2.5-1.5B weights",
     ("docs/training.md", "--num_processes 8"): "needs 8 GPUs (the 2-process CPU line is what "
                                                "tests/test_distributed.py runs over gloo)",
@@ -60,14 +70,16 @@ SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
 SLOW: dict[tuple[str, str], str] = {
     ("README.md", "agentgym train quickstart_maze_grpo"): "four training runs and two resumes",
     ("README.md", "search_qa_arpo_smollm2 --out"): "trains the packaged 135 M model (converting it first)",
+    ("README.md", "harness_calculator_grpo_smollm2"):
+        "trains and evaluates the packaged 135 M model through the rollout proxy (converting it first)",
     ("README.md", "agentgym serve-policy runs/quickstart"):
         "evaluates a trained model in-process and through serve-policy (needs the prerequisite run)",
     ("docs/training.md", "--out runs/grpo-g4"): "two training runs and a resume",
     ("docs/training.md", "search_qa_grpo_tiny --out"): "two tool-task training runs",
     ("docs/training.md", "--policy smollm2"): "converts the packaged 135 M model, evaluates and trains it",
     ("docs/services.md", "--workers 2 --port 8000"): "alfworld-v0 in two worker processes and a training run",
-    ("docs/harness.md", "--out runs/my-agent"): "a harness training run and its evaluation (README's tour "
-                                                "runs the same commands in the fast suite)",
+    ("docs/harness.md", "--out runs/my-agent"): "trains and evaluates the packaged 135 M model through the "
+                                                "rollout proxy (README's block runs the same preset)",
     ("docs/baselines.md", "--envs all"): "a training run and every registered env, TextWorld and ALFWorld "
                                          "games included",
     ("docs/baselines.md", "--episodes 64 --out runs/baselines-quickstart"):
@@ -81,9 +93,25 @@ PREREQUISITES: dict[str, list[str]] = {
 }
 
 SERVING_COMMANDS = {("serve",), ("serve-policy",), ("view",), ("retrieval", "serve"), ("sandbox", "serve")}
-SHORT_TRAINING = ("--set iterations=1 --set checkpoint_every=1 --set sft.num_episodes=2 "
-                  "--set sft.num_epochs=1 --set eval.num_episodes=2 --set rollout.num_tasks=2 "
-                  "--set rollout.group_size=2 --set rollout.require_tool_calls=false")
+# What a test may change in a documented command: how much work it does, nothing else. Each entry leaves the
+# command doing what the reader's does, on fewer iterations, episodes or tasks; a behaviour switch, another
+# model or a looser check would test a command nobody runs. `shorten` asserts it changes no other setting.
+SHORTENING_KEYS: dict[str, str] = {
+    # `agentgym train --set KEY=VALUE`
+    "iterations": "fewer RL iterations of the same loop (a resume extends the run by fewer)",
+    "sft.num_episodes": "the same SFT warm start on fewer expert episodes",
+    "eval.num_episodes": "the same held-out evaluation on fewer episodes",
+    "rollout.num_tasks": "fewer tasks per iteration, each played the same way",
+    "rollout.group_size": "fewer episodes per task: a smaller group for the same advantage estimator",
+    # `agentgym eval` options
+    "--episodes": "fewer episodes per env and policy",
+    "--samples": "fewer samples per task (pass@k over fewer k)",
+    "--seeds": "a shorter seed range from the same first seed",
+    "--task-range": "fewer tasks of the split from the same first task",
+}
+SHORT_SETTINGS = {"iterations": "1", "sft.num_episodes": "2", "eval.num_episodes": "2",
+                  "rollout.num_tasks": "2", "rollout.group_size": "2"}
+SHORT_RESUME_ITERATIONS = "3"
 SHORT_EPISODES = "2"
 BLOCK_TIMEOUT_S = 900
 
@@ -154,13 +182,19 @@ class CliLineError(Exception):
     """A documented ``agentgym`` command line that the CLI would refuse."""
 
 
+@functools.cache
+def cli_command() -> Any:
+    """The CLI's click command tree (built once: typer rebuilds it on every call)."""
+    return typer.main.get_command(app)
+
+
 def resolve_command(argv: list[str]) -> tuple[tuple[str, ...], Any, list[str]]:
     """The command path, its click command and its own arguments.
 
     Raises:
         CliLineError: a command name the CLI does not have.
     """
-    command = typer.main.get_command(app)
+    command = cli_command()
     path: list[str] = []
     rest = list(argv)
     while isinstance(getattr(command, "commands", None), dict) and rest and not rest[0].startswith("-"):
@@ -188,16 +222,62 @@ def check_cli_line(argv: list[str]) -> None:
             raise CliLineError(error.format_message()) from error
         raise
     if path == ("train",):
+        from agentgym.training.config.loading import list_presets
+
         for config in (word for word in rest if word.endswith((".yaml", ".yml"))):
             if config.startswith("configs/") and not (ROOT / config).is_file():
                 raise CliLineError(f"{config} is not a shipped config")
+        config = parsed_options(argv).get("config")
+        if config and "/" not in config and not config.endswith((".yaml", ".yml")) \
+                and config not in list_presets():
+            raise CliLineError(f"{config} is not a shipped preset; the presets: {list_presets()}")
 
 
 # --- shortening -------------------------------------------------------------------------------
 
 
+def parsed_options(argv: list[str]) -> dict[str, Any]:
+    """The values the CLI's click objects give an ``agentgym`` command line, by option (``--episodes``); the
+    ``--set KEY=VALUE`` settings each by its key, the last one winning as in the CLI."""
+    path, command, rest = resolve_command(argv)
+    params = command.make_context(" ".join(["agentgym", *path]), list(rest)).params
+    options: dict[str, Any] = {}
+    for param in command.params:
+        value = params.get(param.name)
+        if param.opts == ["--set"]:
+            options.update(setting.split("=", 1) for setting in value or ())
+        else:
+            options[param.opts[0]] = value
+    return options
+
+
+def changed_options(line: str, shortened: str) -> set[str]:
+    """The settings and options whose value ``shortened`` changes or adds to ``line``'s agentgym command."""
+    before, after = agentgym_argv(line), agentgym_argv(shortened)
+    assert before is not None and after is not None and before[:1] == after[:1]
+    if before == after:
+        return set()
+    old, new = parsed_options(before), parsed_options(after)
+    return {key for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
+
+
+def check_shortening(line: str, shortened: str) -> None:
+    """Fail unless ``shortened`` is ``line`` with only ``SHORTENING_KEYS`` changed."""
+    if agentgym_argv(line) is None:
+        return
+    others = changed_options(line, shortened) - SHORTENING_KEYS.keys()
+    assert not others, (f"shortening `{line}` would change {sorted(others)}, which change what the command "
+                        f"does; a test may only shorten it ({sorted(SHORTENING_KEYS)})")
+
+
+def _at_most(match: re.Match, short: str) -> str:
+    """``--option N`` (or ``key=N``) with N lowered to ``short``, never raised."""
+    return f"{match.group(1)}{min(int(match.group(2)), int(short))}"
+
+
 def shorten(line: str) -> str:
-    """The same command with less work: shortened training and evaluation, no venv activation."""
+    """The same command with less work: shortened training and evaluation, no venv activation (the test's
+    venv is first on PATH already). Asserts it changes nothing but ``SHORTENING_KEYS``."""
     argv = agentgym_argv(line)
     if line.strip().startswith((". .venv/bin/activate", "source .venv/bin/activate")):
         return ":"
@@ -208,17 +288,22 @@ def shorten(line: str) -> str:
     code = line.split(" #", 1)[0].rstrip()
     if words[:1] == ["train"] and "--help" not in words:
         if "--resume" in words:
-            return re.sub(r"iterations=\d+", "iterations=3", code)
-        return f"{code} {SHORT_TRAINING}"
-    if words[:1] == ["eval"]:
-        code = re.sub(r"--episodes \d+", f"--episodes {SHORT_EPISODES}", code)
-        code = re.sub(r"--samples \d+", "--samples 2", code)
-        code = re.sub(r"--seeds (\d+)-\d+", lambda m: f"--seeds {m.group(1)}-{int(m.group(1)) + 1}", code)
-        code = re.sub(r"--task-range (\d+):\d+", lambda m: f"--task-range {m.group(1)}:{int(m.group(1)) + 2}",
+            code = re.sub(r"(iterations=)(\d+)", lambda m: _at_most(m, SHORT_RESUME_ITERATIONS), code)
+        else:
+            written = parsed_options(argv)
+            code += "".join(f" --set {key}={value}" for key, value in SHORT_SETTINGS.items()
+                            if not (key in written and int(written[key]) <= int(value)))
+    elif words[:1] == ["eval"]:
+        code = re.sub(r"(--episodes )(\d+)", lambda m: _at_most(m, SHORT_EPISODES), code)
+        code = re.sub(r"(--samples )(\d+)", lambda m: _at_most(m, SHORT_EPISODES), code)
+        code = re.sub(r"--seeds (\d+)-(\d+)",
+                      lambda m: f"--seeds {m.group(1)}-{min(int(m.group(2)), int(m.group(1)) + 1)}", code)
+        code = re.sub(r"--task-range (\d+):(\d+)",
+                      lambda m: f"--task-range {m.group(1)}:{min(int(m.group(2)), int(m.group(1)) + 2)}",
                       code)
         if not {"--resume", "--episodes", "--seeds", "--task-range"} & set(words):
             code += f" --episodes {SHORT_EPISODES}"
-        return code
+    check_shortening(line, code)
     return code
 
 
@@ -231,13 +316,17 @@ class PageSession:
     names."""
 
     workdir: Path
+    venv: Path
+    """The venv the wheel is installed in (``installed_venv``)."""
     services: dict[int, tuple[int, subprocess.Popen]] = field(default_factory=dict)
     logs: list = field(default_factory=list)
     ran: int = 0
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                "PYTHONUNBUFFERED": "1"}
+        # The installed venv as `activate` sets it up; no PYTHONPATH, which could bring in the checkout.
+        env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
+        return {**env, "PATH": f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                "VIRTUAL_ENV": str(self.venv), "PYTHONUNBUFFERED": "1"}
 
     def repoint(self, text: str) -> str:
         """Point every ``127.0.0.1:PORT``/``localhost:PORT`` of a port the page served at the real service."""
@@ -261,7 +350,7 @@ class PageSession:
         port = free_port()
         log = open(self.workdir / f"service-{port}.log", "w")  # noqa: SIM115 - closed in close()
         self.logs.append(log)
-        process = start_service([str(BIN / "agentgym"), *path, *rest, "--port", str(port)],
+        process = start_service([str(self.venv / "bin" / "agentgym"), *path, *rest, "--port", str(port)],
                                 f"http://127.0.0.1:{port}", timeout_s=120, cwd=self.workdir, env=self.env(),
                                 stdout=log, stderr=subprocess.STDOUT)
         self.services[page_port] = (port, process)
@@ -289,8 +378,9 @@ class PageSession:
             self.run_shell("\n".join(pending), block.label)
 
     def run_python(self, block: Block) -> None:
-        done = subprocess.run([sys.executable, "-"], input=self.repoint(block.text), cwd=self.workdir,
-                              env=self.env(), capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+        done = subprocess.run([str(self.venv / "bin" / "python"), "-"], input=self.repoint(block.text),
+                              cwd=self.workdir, env=self.env(), capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT_S)
         if done.returncode != 0:
             raise AssertionError(f"{block.label}: exit {done.returncode}\n"
                                  f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -342,10 +432,52 @@ def report_count(request: pytest.FixtureRequest) -> Iterator[None]:
         reporter.write_line(message)
 
 
-def run_page(page: str, tmp_path: Path, include_slow: bool) -> None:
-    # A reader runs the commands in the clone: `configs/NAME.yaml` paths resolve there.
-    (tmp_path / "configs").symlink_to(ROOT / "configs", target_is_directory=True)
-    session = PageSession(tmp_path)
+# What a wheel build needs from the checkout: everything but local state (copied, so the build's own
+# build/ and *.egg-info land in the copy, not in a checkout other processes may be building in).
+NOT_IN_THE_BUILD = shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "*.egg-info",
+                                          "__pycache__", ".pytest_cache", ".ruff_cache")
+
+
+def _check(*cmd: str | Path, cwd: Path | None = None) -> str:
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=600)
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def installed_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel built from this checkout installed, as a user installs it.
+
+    Only ``agentgym-rl`` is installed there (``--no-deps``); its dependencies come from the development
+    venv through a path line in a ``.pth`` file. A path line adds that folder to ``sys.path`` without
+    running the ``.pth`` files inside it, so the editable install's import hook there stays inert and
+    ``agentgym`` comes from the wheel (asserted).
+    """
+    base = tmp_path_factory.mktemp("installed")
+    shutil.copytree(ROOT, base / "src", ignore=NOT_IN_THE_BUILD, symlinks=True)
+    _check(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+           "-w", base / "dist", base / "src")
+    wheel = next((base / "dist").glob("agentgym_rl-*.whl"))
+    env_dir = base / "venv"
+    venv.EnvBuilder(symlinks=True).create(env_dir)  # no pip of its own: the development venv's installs
+    python = env_dir / "bin" / "python"
+    _check(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
+           wheel)
+    site = Path(_check(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
+    (site / "agentgym_test_dependencies.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
+    where = _check(python, "-c", "import agentgym, agentgym.envs, agentgym.trainers as t; "
+                                 "print(agentgym.__file__, agentgym.envs.__file__, t.__file__)",
+                   cwd=base)
+    for module in where.split():
+        assert Path(module).is_relative_to(site), f"{module} is not the wheel's (in {site})"
+    assert (env_dir / "bin" / "agentgym").is_file()
+    return env_dir
+
+
+def run_page(page: str, workdir: Path, venv_dir: Path, include_slow: bool) -> None:
+    """Run a page's blocks in ``workdir``, an empty folder: nothing of the checkout is there."""
+    assert not any(workdir.iterdir())
+    session = PageSession(workdir, venv_dir)
     started = time.monotonic()
     try:
         for command in PREREQUISITES.get(page, []) if include_slow else []:
@@ -402,17 +534,55 @@ def test_a_wrong_option_is_caught() -> None:
         check_cli_line(["retrieval", "search", "x"])
     with pytest.raises(CliLineError, match="configs/nope.yaml"):
         check_cli_line(["train", "configs/nope.yaml"])
+    with pytest.raises(CliLineError, match="nope_preset is not a shipped preset"):
+        check_cli_line(["train", "nope_preset", "--out", "runs/x"])
     check_cli_line(["train", "--help"])
 
 
+def documented_lines() -> list[str]:
+    """Every command line of every bash block, and the prerequisites' commands."""
+    return [*(line for block in BLOCKS if block.language == "bash" for line in command_lines(block.text)),
+            *(command for commands in PREREQUISITES.values() for command in commands)]
+
+
+def test_shortening_changes_only_what_the_list_allows() -> None:
+    assert SHORT_SETTINGS.keys() <= SHORTENING_KEYS.keys()
+    shortened = 0
+    for line in documented_lines():
+        if shorten(line) != line:  # asserts that only SHORTENING_KEYS change
+            shortened += 1
+    assert shortened >= 10
+    line = "agentgym train quickstart_maze_grpo --set iterations=120 --set seed=1 --out runs/x"
+    assert changed_options(line, shorten(line)) == set(SHORT_SETTINGS)
+    assert "iterations=120 " in shorten(line) and " --set iterations=1 " in shorten(line)
+
+
+def test_an_override_that_changes_behaviour_is_refused() -> None:
+    # The guard shorten relies on: a setting outside SHORTENING_KEYS fails, whatever its value.
+    line = "agentgym train --set env.harness=a:b --out runs/my-agent"
+    with pytest.raises(AssertionError, match="rollout.require_tool_calls"):
+        check_shortening(line, f"{line} --set iterations=1 --set rollout.require_tool_calls=false")
+    with pytest.raises(AssertionError, match="model.path"):
+        check_shortening(line, f"{line} --set model.path=tiny")
+    with pytest.raises(AssertionError, match="--temperature"):
+        check_shortening("agentgym eval --policy random", "agentgym eval --policy random --temperature 0")
+    check_shortening(line, f"{line} --set iterations=1 --set rollout.group_size=2")
+    check_shortening("agentgym eval --episodes 20", "agentgym eval --episodes 2")
+
+
+def test_readme_prerequisite_is_what_make_demo_runs() -> None:
+    recipe = re.search(r"^demo: setup\n\t(.+)$", (ROOT / "Makefile").read_text(), flags=re.MULTILINE)
+    assert PREREQUISITES["README.md"] == [recipe.group(1).removeprefix("$(BIN)/")]
+
+
 @pytest.mark.parametrize("page", PAGE_NAMES)
-def test_page_blocks_run(page: str, tmp_path: Path) -> None:
-    run_page(page, tmp_path, include_slow=False)
+def test_page_blocks_run(page: str, tmp_path: Path, installed_venv: Path) -> None:
+    run_page(page, tmp_path, installed_venv, include_slow=False)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # a page's slow blocks together: several real-model runs on docs/training.md
 @pytest.mark.parametrize("page", [p for p in PAGE_NAMES
                                   if any(b.page == p and b.listed_in(SLOW) for b in BLOCKS)])
-def test_page_blocks_run_with_slow_ones(page: str, tmp_path: Path) -> None:
-    run_page(page, tmp_path, include_slow=True)
+def test_page_blocks_run_with_slow_ones(page: str, tmp_path: Path, installed_venv: Path) -> None:
+    run_page(page, tmp_path, installed_venv, include_slow=True)
