@@ -581,7 +581,7 @@ def test_page_blocks_run(page: str, tmp_path: Path, installed_venv: Path) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # a page's slow blocks together: several real-model runs on docs/training.md
+@pytest.mark.timeout(2700)  # a page's slow blocks together: several real-model runs (README, training)
 @pytest.mark.parametrize("page", [p for p in PAGE_NAMES
                                   if any(b.page == p and b.listed_in(SLOW) for b in BLOCKS)])
 def test_page_blocks_run_with_slow_ones(page: str, tmp_path: Path, installed_venv: Path) -> None:

@@ -106,3 +106,26 @@ def test_relative_links_reach_a_file_and_heading() -> None:
             assert linked.exists(), f"{page.name} links {target}: no such file"
             if anchor and linked.suffix == ".md":
                 assert anchor in _anchors(linked.read_text()), f"{page.name} links {target}: no such heading"
+
+
+def test_harness_block_numbers_are_the_presets_and_its_benchmarks() -> None:
+    # README's "Train the agent you already have" states what the preset does and what its runs measured.
+    import json
+
+    import yaml
+
+    text = " ".join(README.read_text().split())
+    assert "agentgym train harness_calculator_grpo_smollm2 " in text
+    preset = yaml.safe_load((README.parent / "configs" / "harness_calculator_grpo_smollm2.yaml").read_text())
+    assert preset["model"]["path"] == "smollm2" and preset["sft"]["enabled"]
+    assert (f"SFT on {preset['sft']['num_episodes']} expert episodes teaches it the tool call, then "
+            f"{preset['iterations']} {preset['algorithm']['name'].upper()} iterations") in text
+    results = README.parent / "benchmarks" / "results" / "harness_learning.json"
+    rows = [row for row in json.loads(results.read_text())["rows"]
+            if row["preset"].endswith("harness_calculator_grpo_smollm2.yaml") and not row.get("tag")]
+    sft = sorted(round(100 * row["after_sft"]) for row in rows)
+    rl = sorted(round(100 * row["after_rl"]) for row in rows)
+    seeds = sorted(row["seed"] for row in rows)
+    assert (f"held-out success went from {sft[0]}–{sft[-1]}% after SFT to {rl[0]}–{rl[-1]}% "
+            f"(seeds {seeds[0]}–{seeds[-1]}); a run alone on 2 cores with one torch thread took "
+            f"{round(min(row['wall_s'] for row in rows) / 60)} minutes") in text
