@@ -4,13 +4,12 @@ The blocks run against what a user installs, not the checkout: a session fixture
 it (no dependencies) into a fresh venv whose other packages come from the development venv, and checks that
 ``agentgym`` imports from that wheel. Each page's blocks run in order in one empty scratch folder (a later
 block uses what an earlier one made, as a reader's later commands do). Shell blocks run in bash with that
-venv first on PATH;
-``agentgym`` commands that serve (``serve``, ``serve-policy``, ``view``, ``retrieval serve``,
-``sandbox serve``) start in the background on a free port, and every later ``127.0.0.1:PORT`` or
-``localhost:PORT`` of that page, in shell and Python blocks alike, is pointed at it; they stop when
-the page is done. Training and evaluation lines are shortened by ``shorten``, which may only set the keys of
-``SHORTENING_KEYS`` (fewer iterations, episodes, tasks; it asserts so), and ``curl`` fails on an HTTP error;
-nothing else is changed.
+venv first on PATH; ``agentgym`` commands that serve (``serve``, ``serve-policy``, ``view``, ``retrieval
+serve``, ``sandbox serve``) start in the background on a free port, and every later ``127.0.0.1:PORT`` or
+``localhost:PORT`` of that page, in shell and Python blocks alike, is pointed at it; they stop when the page
+is done. Training and evaluation lines are shortened by ``shorten``, which may only set the keys of
+``SHORTENING_KEYS`` (fewer iterations, episodes, tasks; it asserts so; ``AS_WRITTEN`` lists blocks that
+keep some of them as written), and ``curl`` fails on an HTTP error; nothing else is changed.
 
 Blocks that cannot run here are listed in ``SKIPPED_BY_DESIGN`` with the reason; blocks that take
 minutes even shortened are in ``SLOW`` and run only under ``-m slow``. Every ``agentgym`` command
@@ -68,7 +67,7 @@ SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
 
 # (page, a string only that block contains) -> why it is slow even shortened. Run with -m slow.
 SLOW: dict[tuple[str, str], str] = {
-    ("README.md", "agentgym train quickstart_maze_grpo"): "four training runs and two resumes",
+    ("README.md", "agentgym train quickstart_maze_grpo"): "three training runs and a resume",
     ("README.md", "search_qa_arpo_smollm2 --out"): "trains the packaged 135 M model (converting it first)",
     ("README.md", "harness_calculator_grpo_smollm2"):
         "trains and evaluates the packaged 135 M model through the rollout proxy (converting it first)",
@@ -84,6 +83,15 @@ SLOW: dict[tuple[str, str], str] = {
                                          "games included",
     ("docs/baselines.md", "--episodes 64 --out runs/baselines-quickstart"):
         "needs the trained run of the block before it",
+}
+
+# (page, a string only that block contains) -> settings of SHORT_SETTINGS its training lines keep as written,
+# and why. Shortening less is always allowed; these blocks would otherwise test a run the reader never gets.
+AS_WRITTEN: dict[tuple[str, str], tuple[frozenset[str], str]] = {
+    ("docs/training.md", "--policy smollm2"): (
+        frozenset({"sft.num_episodes"}),
+        "after SFT on 2 episodes SmolLM2 makes no search call and the run stops there; the preset's 16 "
+        "teach it"),
 }
 
 # Commands a page's slow blocks rely on that its reader ran elsewhere: README's run folder comes from
@@ -134,7 +142,12 @@ class Block:
     def label(self) -> str:
         return f"{self.page}:{self.line}"
 
-    def listed_in(self, table: dict[tuple[str, str], str]) -> str | None:
+    def kept_settings(self) -> frozenset[str]:
+        """The settings its training lines keep as written (``AS_WRITTEN``)."""
+        return next((keep for (page, marker), (keep, _) in AS_WRITTEN.items()
+                     if page == self.page and marker in self.text), frozenset())
+
+    def listed_in(self, table: dict[tuple[str, str], Any]) -> str | None:
         return next((why for (page, marker), why in table.items()
                      if page == self.page and marker in self.text), None)
 
@@ -275,9 +288,10 @@ def _at_most(match: re.Match, short: str) -> str:
     return f"{match.group(1)}{min(int(match.group(2)), int(short))}"
 
 
-def shorten(line: str) -> str:
-    """The same command with less work: shortened training and evaluation, no venv activation (the test's
-    venv is first on PATH already). Asserts it changes nothing but ``SHORTENING_KEYS``."""
+def shorten(line: str, keep: frozenset[str] = frozenset()) -> str:
+    """The same command with less work: shortened training and evaluation (but the ``keep`` settings), no
+    venv activation (the test's venv is first on PATH already). Asserts it changes nothing but
+    ``SHORTENING_KEYS``."""
     argv = agentgym_argv(line)
     if line.strip().startswith((". .venv/bin/activate", "source .venv/bin/activate")):
         return ":"
@@ -292,7 +306,7 @@ def shorten(line: str) -> str:
         else:
             written = parsed_options(argv)
             code += "".join(f" --set {key}={value}" for key, value in SHORT_SETTINGS.items()
-                            if not (key in written and int(written[key]) <= int(value)))
+                            if key not in keep and not (key in written and int(written[key]) <= int(value)))
     elif words[:1] == ["eval"]:
         code = re.sub(r"(--episodes )(\d+)", lambda m: _at_most(m, SHORT_EPISODES), code)
         code = re.sub(r"(--samples )(\d+)", lambda m: _at_most(m, SHORT_EPISODES), code)
@@ -373,7 +387,7 @@ class PageSession:
                     pending = []
                 self.start_service(argv, block.label)
             else:
-                pending.append(self.repoint(shorten(line)))
+                pending.append(self.repoint(shorten(line, block.kept_settings())))
         if pending:
             self.run_shell("\n".join(pending), block.label)
 
@@ -500,7 +514,7 @@ PAGE_NAMES = sorted({block.page for block in BLOCKS})
 
 def test_every_page_has_blocks_and_every_table_entry_names_one() -> None:
     assert {"README.md", "docs/training.md", "docs/evaluation.md", "docs/services.md"} <= set(PAGE_NAMES)
-    for table in (SKIPPED_BY_DESIGN, SLOW):
+    for table in (SKIPPED_BY_DESIGN, SLOW, AS_WRITTEN):
         for page, marker in table:
             matching = [b for b in BLOCKS if b.page == page and marker in b.text]
             assert len(matching) == 1, f"{page}: {marker!r} names {len(matching)} blocks, not one"
@@ -555,6 +569,8 @@ def test_shortening_changes_only_what_the_list_allows() -> None:
     line = "agentgym train quickstart_maze_grpo --set iterations=120 --set seed=1 --out runs/x"
     assert changed_options(line, shorten(line)) == set(SHORT_SETTINGS)
     assert "iterations=120 " in shorten(line) and " --set iterations=1 " in shorten(line)
+    assert changed_options(line, shorten(line, frozenset({"sft.num_episodes"}))) == \
+        set(SHORT_SETTINGS) - {"sft.num_episodes"}
 
 
 def test_an_override_that_changes_behaviour_is_refused() -> None:
