@@ -345,3 +345,26 @@ def mcp_facts_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop_process(process)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The wheel-and-extras matrix (tests/test_extras.py): each test records its row as the user property
+# ``extras_matrix``; the process that reports (under xdist, the controller) prints the table at the end.
+
+_EXTRAS_MATRIX: list[dict[str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _EXTRAS_MATRIX.extend(value for name, value in report.user_properties if name == "extras_matrix")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _EXTRAS_MATRIX:
+        return
+    terminalreporter.section("each extra installed alone from the wheel: its smoke command")
+    header = f"{'extra':<18} {'result':<15} {'install s':>9} {'total s':>7}  smoke command"
+    terminalreporter.write_line(header)
+    for row in sorted(_EXTRAS_MATRIX, key=lambda row: row["extra"]):
+        terminalreporter.write_line(f"{row['extra']:<18} {row['result']:<15} {row.get('install_s', '-'):>9} "
+                                    f"{row['seconds']:>7}  {row['command']}")
