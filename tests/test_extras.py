@@ -290,9 +290,8 @@ def smoke_mcp(box: Venv) -> None:
 
 
 def smoke_ray(box: Venv) -> None:
-    # docs/services.md's `env: {backend: ray, ...}`, set on the quickstart. Without its SFT start: envs in
-    # Ray actors offer no expert to play the demonstrations with.
-    _train(box, "--set env.backend=ray --set env.ray_workers=1 --set sft.enabled=false")
+    # docs/services.md's `env: {backend: ray, ...}`, set on the quickstart, SFT start included.
+    _train(box, "--set env.backend=ray --set env.ray_workers=1")
 
 
 def smoke_lora(box: Venv) -> None:
@@ -367,7 +366,7 @@ SMOKES = {
                      smoke_openenv),
     "mcp": Smoke("mcp", "mcp-v0 against agentgym serve-mcp tools-v0: docs/envs.md's block + a failing call",
                  smoke_mcp),
-    "ray": Smoke("train,ray", "agentgym train --set env.backend=ray (1 iteration, no SFT)", smoke_ray,
+    "ray": Smoke("train,ray", "agentgym train --set env.backend=ray (1 iteration)", smoke_ray,
                  torch=True),
     "lora": Smoke("train,lora", "agentgym train --set model.lora.r=4 (1 iteration)", smoke_lora, torch=True),
     "accelerate": Smoke("train,accelerate", "accelerate launch --num_processes 2 -m agentgym train "

@@ -42,3 +42,22 @@ def test_an_unknown_env_fails_before_ray_starts() -> None:
         RayEnvPool("no-such-env-v0")
     with pytest.raises(ConfigError, match="num_workers"):
         RayEnvPool("maze-v0", num_workers=0)
+
+
+def test_a_run_on_ray_actors_takes_its_sft_start_from_the_expert(tmp_path) -> None:
+    # Envs in Ray actors answer resets and steps, not expert calls: the run's check and demonstrations play
+    # in-process envs of the same id and settings, so the quickstart's SFT start works with backend: ray.
+    from learning import small
+
+    from agentgym.training.config.loading import load_config
+    from agentgym.training.run.loop import train
+
+    local = train(load_config(None, small("iterations=1")), tmp_path / "local")["sft"]
+    on_ray = train(load_config(None, small("iterations=1", "env.backend=ray", "env.ray_workers=1")),
+                   tmp_path / "ray")["sft"]
+    assert on_ray["demo_turns"] > 0
+    assert (on_ray["expert_success_rate"], on_ray["demo_turns"]) == (local["expert_success_rate"],
+                                                                     local["demo_turns"])
+    import ray
+
+    assert not ray.is_initialized()  # the run's pool shut down the instance it started

@@ -239,6 +239,14 @@ class EnvSource:
                               num_workers=self.ray_workers, address=self.ray_address)
         return self.factory()
 
+    def demo_factory(self, pool: Callable[[], Env] | EnvPool) -> Callable[[], Env]:
+        """Envs an expert can be asked through (SFT demonstrations): ``pool``, the answer of ``pool()``,
+        except for ``backend: ray``, whose envs live in Ray actors that answer resets and steps but no expert
+        calls: in-process envs of the same id and settings then (demonstrations are few and cheap)."""
+        if self.urls or self.backend != "ray":
+            return pool
+        return self.factory()
+
     def action_format(self, client: EnvClient | None = None) -> str:
         """The action format the env's spec asks for (its service's spec when it runs on one), else
         ``plain``."""

@@ -73,6 +73,7 @@ from agentgym.training.run.pipeline import RolloutPipeline, gather_groups, merge
 from agentgym.training.run.progress import Progress, iteration_status
 from agentgym.training.run.setup import (  # noqa: F401  (flatten, env_factory: re-exported)
     action_format,
+    demo_env_factory,
     env_factory,
     env_urls,
     flatten,
@@ -149,6 +150,7 @@ class Trainer:
         fmt = action_format(cfg)
         self.renderer = r.renderer(self.tokenizer, fmt)  # type: ignore[arg-type]
         self.make_env = env_factory(cfg)
+        self.demo_envs = demo_env_factory(cfg, self.make_env)
         self.has_tools = self._check_env()
         self.task_sampler = task_sampler(cfg, self.train_tasks)
         self.generator, self.weights = rollout_generator(self.policy, self.model, r, seed=cfg.seed,
@@ -202,7 +204,7 @@ class Trainer:
     def _check_env(self) -> bool:
         """Reset one env before anything else: a bad env id or argument fails here, and so does an
         algorithm whose needs the env or backend cannot meet. Returns whether the env has tools."""
-        env = self.make_env()
+        env = self.demo_envs()
         try:
             # How many tasks the named splits hold (before a reset, whose error would not name the key).
             self.train_tasks, self.held_out_episodes = split_sizes(self.cfg, env)
@@ -288,7 +290,7 @@ class Trainer:
         if cfg.sft.enabled:
             demo_seeds = [cfg.sft.seed_offset + i for i in range(cfg.sft.num_episodes)]
             progress.start(f"expert demos ({cfg.sft.num_episodes} episodes)")
-            demos, demo_stats = collect_demos(self.make_env, self.renderer, demo_seeds,
+            demos, demo_stats = collect_demos(self.demo_envs, self.renderer, demo_seeds,
                                               action_format=self.collector.action_format)
             progress.finish(f"{len(demos)} turns")
             progress.start("SFT")

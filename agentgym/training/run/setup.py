@@ -64,6 +64,13 @@ def env_factory(cfg: TrainConfig) -> Callable[[], Env] | EnvPool:
     return env_source(cfg).pool()
 
 
+def demo_env_factory(cfg: TrainConfig, pool: Callable[[], Env] | EnvPool) -> Callable[[], Env]:
+    """Envs whose expert the run can ask, for its check and its SFT demonstrations
+    (``EnvSource.demo_factory``): ``pool`` itself, except that envs in Ray actors offer no expert, so those
+    are made in-process."""
+    return env_source(cfg).demo_factory(pool)
+
+
 def action_format(cfg: TrainConfig) -> str:
     """``rollout.action_format``, or the format the env's spec asks for, or ``plain``."""
     if cfg.rollout.action_format is not None:
