@@ -336,7 +336,7 @@ def _print_early_ends(results: dict[str, Any], out: Path) -> None:
 @app.command("eval")
 def evaluate(
     policy: list[str] = typer.Option([], "--policy", help="random | expert | MODEL_DIR | "
-                                     "RUN[/checkpoint.pt] | "
+                                     "ORG/NAME[@REVISION] (a Hub id) | RUN[/checkpoint.pt] | "
                                      "http://HOST:PORT/v1[,model=NAME][,api=chat|completions] (repeatable; "
                                      "options ,name=LABEL,max_new_tokens=N,...)."),
     envs: str | None = typer.Option(None, "--envs", help="Env ids, comma-separated, or 'all' (default: "

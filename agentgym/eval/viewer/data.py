@@ -298,7 +298,11 @@ class RunFolder:
         if isinstance(model, dict) and model.get("path"):
             from transformers import AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(model["path"], local_files_only=True)
+            from agentgym.backends.gguf import model_dir
+
+            # The one resolver of model.path: a directory, a packaged model, a .gguf file or a Hub id.
+            folder = model_dir(model["path"], revision=model.get("revision"))
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
         from agentgym.backends.tiny import ByteTokenizer
 
         return ByteTokenizer()
