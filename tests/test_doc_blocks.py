@@ -23,18 +23,15 @@ import functools
 import os
 import re
 import shlex
-import shutil
 import subprocess
-import sys
-import sysconfig
 import time
-import venv
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import installed
 import pytest
 import typer
 
@@ -446,46 +443,11 @@ def report_count(request: pytest.FixtureRequest) -> Iterator[None]:
         reporter.write_line(message)
 
 
-# What a wheel build needs from the checkout: everything but local state (copied, so the build's own
-# build/ and *.egg-info land in the copy, not in a checkout other processes may be building in).
-NOT_IN_THE_BUILD = shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "*.egg-info",
-                                          "__pycache__", ".pytest_cache", ".ruff_cache")
-
-
-def _check(*cmd: str | Path, cwd: Path | None = None) -> str:
-    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=600)
-    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
 @pytest.fixture(scope="session")
 def installed_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel built from this checkout installed, as a user installs it.
-
-    Only ``agentgym-rl`` is installed there (``--no-deps``); its dependencies come from the development
-    venv through a path line in a ``.pth`` file. A path line adds that folder to ``sys.path`` without
-    running the ``.pth`` files inside it, so the editable install's import hook there stays inert and
-    ``agentgym`` comes from the wheel (asserted).
-    """
-    base = tmp_path_factory.mktemp("installed")
-    shutil.copytree(ROOT, base / "src", ignore=NOT_IN_THE_BUILD, symlinks=True)
-    _check(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-           "-w", base / "dist", base / "src")
-    wheel = next((base / "dist").glob("agentgym_rl-*.whl"))
-    env_dir = base / "venv"
-    venv.EnvBuilder(symlinks=True).create(env_dir)  # no pip of its own: the development venv's installs
-    python = env_dir / "bin" / "python"
-    _check(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
-           wheel)
-    site = Path(_check(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
-    (site / "agentgym_test_dependencies.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
-    where = _check(python, "-c", "import agentgym, agentgym.envs, agentgym.trainers as t; "
-                                 "print(agentgym.__file__, agentgym.envs.__file__, t.__file__)",
-                   cwd=base)
-    for module in where.split():
-        assert Path(module).is_relative_to(site), f"{module} is not the wheel's (in {site})"
-    assert (env_dir / "bin" / "agentgym").is_file()
-    return env_dir
+    """A fresh venv with the wheel built from this checkout installed, as a user installs it
+    (``installed.overlay_venv``: the wheel alone, its dependencies from the development venv)."""
+    return installed.overlay_venv(tmp_path_factory, tmp_path_factory.mktemp("installed") / "venv")
 
 
 def run_page(page: str, workdir: Path, venv_dir: Path, include_slow: bool) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import installed
 import pytest
 
 from agentgym.http.launcher import free_port, start_service, stop_service
@@ -46,11 +47,6 @@ SHORT_TRAIN = ("--set iterations=1 --set sft.num_episodes=2 --set eval.num_episo
 INSTALL_TIMEOUT_S = 900
 SMOKE_TIMEOUT_S = 600
 SERVICE_START_S = 120.0
-#: What the checkout holds that a wheel is not built from.
-_NOT_SOURCE = shutil.ignore_patterns(".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__",
-                                     ".pytest_cache", ".ruff_cache")
-
-
 def _run(command: list[str] | str, *, cwd: Path, env: dict[str, str] | None = None,
          timeout: float = SMOKE_TIMEOUT_S) -> str:
     """Run a command; fail the test with the end of its output when it exits non-zero."""
@@ -64,14 +60,8 @@ def _run(command: list[str] | str, *, cwd: Path, env: dict[str, str] | None = No
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built once per test process from a copy of the checkout (a build writes ``build/``
-    beside its sources, and two workers or other tests may be building at the same time)."""
-    scratch = tmp_path_factory.mktemp("wheel")
-    source = scratch / "source"
-    shutil.copytree(ROOT, source, ignore=_NOT_SOURCE)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w",
-          str(scratch / "dist"), str(source)], cwd=scratch, timeout=INSTALL_TIMEOUT_S)
-    return next((scratch / "dist").glob("agentgym_rl-*.whl"))
+    """The wheel, built once per test process (``installed.wheel``)."""
+    return installed.wheel(tmp_path_factory)
 
 
 @dataclass

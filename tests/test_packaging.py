@@ -4,15 +4,14 @@ package installed with pip reaches every command through the ``agentgym.envs`` e
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import venv
 from pathlib import Path
 
 import httpx
+import installed
 import pytest
 
 from agentgym.http.launcher import free_port, start_service, stop_service
@@ -94,10 +93,8 @@ def test_every_subpackage_is_listed_in_pyproject() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_wheel_installs_into_fresh_venv(tmp_path: Path) -> None:
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist",
-         ROOT)
-    wheel = next((tmp_path / "dist").glob("agentgym_rl-*.whl"))
+def test_wheel_installs_into_fresh_venv(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    wheel = installed.wheel(tmp_path_factory)
     plugin = tmp_path / "plugin"
     plugin.mkdir()
     (plugin / "pyproject.toml").write_text(PLUGIN_SETUP)
@@ -110,35 +107,13 @@ def test_wheel_installs_into_fresh_venv(tmp_path: Path) -> None:
     assert "OK" in out and "acme/coin-v0" in out and "maze-v0" in out
 
 
-#: What a wheel is built from: the checkout less local state (a venv, git, build and run output).
-NOT_SOURCE = (".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache",
-              ".ruff_cache", "artifacts")
-
-
-def _installed_venv(tmp_path: Path) -> Path:
-    """A fresh venv holding the wheel of this checkout, as a user installs it; its dependencies come from this
-    interpreter's site-packages through a ``.pth`` path line (which leaves the editable agentgym there inert).
-    The wheel is built from a copy of the source: a build in the checkout reuses (and races on) its build/."""
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE), symlinks=True)
-    _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-         tmp_path / "dist", source)
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(symlinks=True).create(env_dir)  # no pip of its own: this interpreter's pip installs
-    python = env_dir / "bin" / "python"
-    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
-         *(tmp_path / "dist").glob("agentgym_rl-*.whl"))
-    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
-    (site / "dev_dependencies.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
-    return env_dir
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_pip_installed_env_package_works_through_every_command(tmp_path: Path) -> None:
+def test_a_pip_installed_env_package_works_through_every_command(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """What docs/envs.md tells a package author: the entry point in pyproject.toml, ``pip install
     ./acme-plugin``, then ``envs``, ``check``, ``serve``, ``train`` and ``eval`` from any folder."""
-    env_dir = _installed_venv(tmp_path)
+    env_dir = installed.overlay_venv(tmp_path_factory, tmp_path / "venv")
     python, agentgym = env_dir / "bin" / "python", env_dir / "bin" / "agentgym"
     plugin = tmp_path / "acme-plugin"
     plugin.mkdir()

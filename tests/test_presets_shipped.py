@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
-import sysconfig
-import venv
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import installed
 import pytest
 import yaml
 
@@ -23,10 +20,6 @@ from agentgym.training.config.loading import list_presets, presets_dir, resolve_
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-#: What a wheel is built from: the checkout less what is not source (a venv, git, build and run output).
-NOT_SOURCE = (".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache",
-              ".ruff_cache", "artifacts")
-
 # Run by the wheel's venv from an empty folder: where agentgym comes from, and the preset by name.
 LOAD_BY_NAME = """
 import json, sys
@@ -99,33 +92,10 @@ def _ok(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout
 
 
-def _wheel(tmp_path: Path) -> Path:
-    """The wheel built from a copy of the source (a build in the checkout would reuse its build/ folder, whose
-    stale files end up in the wheel, and race with other builds)."""
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE), symlinks=True)
-    _ok(_run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-             "-w", tmp_path / "dist", source))
-    return next((tmp_path / "dist").glob("agentgym_rl-*.whl"))
-
-
-def _venv_with(wheel: Path, folder: Path) -> Path:
-    """A fresh venv holding ``wheel`` (no dependencies); the rest comes from this interpreter's site-packages
-    through a ``.pth`` line (a path, not a site folder: its editable install of agentgym is not loaded)."""
-    venv.EnvBuilder(with_pip=False).create(folder)
-    python = folder / "bin" / "python"
-    # this interpreter's pip installs into the new venv (quicker than bootstrapping pip into it)
-    _ok(_run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
-             wheel))
-    site = Path(_ok(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")).strip())
-    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-    (site / "dev_dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
-    return python
-
-
 @pytest.mark.timeout(600)
-def test_the_wheel_ships_the_presets_and_runs_them_by_name_from_an_empty_folder(tmp_path: Path) -> None:
-    wheel = _wheel(tmp_path)
+def test_the_wheel_ships_the_presets_and_runs_them_by_name_from_an_empty_folder(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    wheel = installed.wheel(tmp_path_factory)
     names = set(zipfile.ZipFile(wheel).namelist())
     presets = sorted(CONFIGS.glob("*.yaml"))
     assert presets
@@ -134,18 +104,18 @@ def test_the_wheel_ships_the_presets_and_runs_them_by_name_from_an_empty_folder(
     shipped = [f"agentgym/configs/{path.relative_to(CONFIGS).as_posix()}" for path in [*presets, *named]]
     assert [name for name in shipped if name not in names] == []
 
-    env = tmp_path / "venv"
-    python = _venv_with(wheel, env)
+    env = installed.overlay_venv(tmp_path_factory, tmp_path / "venv")
+    python = env / "bin" / "python"
     empty = tmp_path / "empty"
     empty.mkdir()
     helped = _ok(_run(env / "bin" / "agentgym", "train", "--help", cwd=empty))
     assert "Shipped presets" in helped
     assert [preset.stem for preset in presets if preset.stem not in _words(helped)] == []
     loaded = json.loads(_ok(_run(python, "-c", LOAD_BY_NAME, cwd=empty)).strip().splitlines()[-1])
-    installed = env.resolve()
-    assert installed in Path(loaded["agentgym"]).resolve().parents, loaded["agentgym"]
+    venv_dir = env.resolve()
+    assert venv_dir in Path(loaded["agentgym"]).resolve().parents, loaded["agentgym"]
     tasks = Path(loaded["tasks"]).resolve()
-    assert installed in tasks.parents and tasks.is_file() and loaded["algorithm"] == "grpo"
+    assert venv_dir in tasks.parents and tasks.is_file() and loaded["algorithm"] == "grpo"
     missing = _run(env / "bin" / "agentgym", "train", "quickstart_maze_grp", cwd=empty)
     assert missing.returncode != 0
     assert "did you mean 'quickstart_maze_grpo'?" in _words(missing.stderr)

@@ -4,10 +4,10 @@ with the project, and each service starts as the files declare it.
 No Docker engine or cluster runs here, so the images are not built. Instead each service's command line
 and environment are read from the files (the stage's ENTRYPOINT and ENV, compose's ``command`` and
 ``environment``, a manifest's ``args`` and ``env``) and run as a process, as the container would run it:
-bound to 0.0.0.0 on the declared port, with the agentgym of a wheel installed in a fresh venv, from a
-folder holding the sources (the images' ``WORKDIR /src``). Only three things are substituted: what the
-files leave to the user (the tokens, set by the commands docs/services.md gives), a container path (under
-a folder standing for the container's root) and the port, when the declared one is taken here.
+bound to 0.0.0.0, with the agentgym of a wheel installed in a fresh venv, from a folder holding the
+sources (the images' ``WORKDIR /src``). Only three things are substituted: what the files leave to the user
+(the tokens, set by the commands docs/services.md gives), a container path (under a folder standing for the
+container's root) and the port (a free one: services that declare the same port run side by side here).
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
-import socket
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import installed
 import pytest
 import tomllib
 import yaml
@@ -311,43 +309,17 @@ DEPLOYMENTS = deployments()
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with agentgym from a wheel of this checkout, installed without its requirements; those
-    come from this venv's site-packages through a ``.pth`` (a path only: the editable install's hook there
-    does not run, so ``import agentgym`` can only find the wheel)."""
-    work = tmp_path_factory.mktemp("wheel")
-    # The wheel builds from a copy: setuptools writes build/ into the tree it builds.
-    source = work / "source"
-    skipped = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
-                                     ".*_cache", "runs", "tests", "benchmarks")
-    shutil.copytree(ROOT, source, ignore=skipped)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(work / "dist"), str(source)], check=True, capture_output=True, timeout=300)
-    [wheel] = (work / "dist").glob("agentgym_rl-*.whl")
-    env_dir = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
-    python = env_dir / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    (Path(purelib) / "agentgym-requirements.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # --ignore-installed: pip sees the development venv's editable agentgym-rl too, and must not touch it.
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
-                    "--no-compile", str(wheel)], check=True, capture_output=True, timeout=300)
+    """A fresh venv with agentgym from a wheel of this checkout (``installed.overlay_venv``: the wheel alone,
+    its requirements from the development venv)."""
+    env_dir = installed.overlay_venv(tmp_path_factory, tmp_path_factory.mktemp("wheel") / "venv")
     # The console script, run from the folder holding the sources as the images' WORKDIR /src does,
     # imports the wheel's agentgym.
     where = subprocess.run([str(env_dir / "bin" / "agentgym"), "doctor", "--json"], capture_output=True,
                            text=True, cwd=ROOT, timeout=240)
     assert where.returncode == 0, where.stderr
-    assert json.loads(where.stdout)["agentgym"]["location"] == str(Path(purelib) / "agentgym")
+    location = Path(json.loads(where.stdout)["agentgym"]["location"])
+    assert location.is_relative_to(env_dir) and location.name == "agentgym", location
     return env_dir
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def launch(deployment: Deployment, venv: Path, root: Path, *,
@@ -365,13 +337,14 @@ def launch(deployment: Deployment, venv: Path, root: Path, *,
     argv = list(deployment.argv)
     if argv[0] in stage["copies"]:  # a script the image copied in: the file it copied
         argv[0] = str(ROOT / stage["copies"][argv[0]])
-    port = declared = stage["expose"][0]
-    if not port_is_free(declared):
-        port = free_port("0.0.0.0")
-        if "--port" in argv and argv[argv.index("--port") + 1] == str(declared):
-            argv[argv.index("--port") + 1] = str(port)
-        else:
-            environ["AGENTGYM_PORT"] = str(port)  # retrieval-entrypoint.sh's port
+    # A free port stands in for the declared one (which the static tests above check against EXPOSE and the
+    # manifests): services declaring the same port start side by side in the test workers, and a probe for
+    # "is it free" before the start races with them.
+    declared, port = stage["expose"][0], free_port("0.0.0.0")
+    if "--port" in argv and argv[argv.index("--port") + 1] == str(declared):
+        argv[argv.index("--port") + 1] = str(port)
+    else:
+        environ["AGENTGYM_PORT"] = str(port)  # retrieval-entrypoint.sh's port
     process = subprocess.Popen(argv, env=environ, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     return process, port
