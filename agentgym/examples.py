@@ -18,8 +18,6 @@ class EchoEnv(Env):
         (1.0, True, False)
     """
 
-    has_expert = True
-
     def __init__(self, target: str = "hi") -> None:
         self.target = target
 

@@ -4,8 +4,9 @@ an agent on a non-OpenAI, Chat Completions provider: an ``Agent`` with a ``@func
 ``base_url``/``api_key`` and the model name are the ones the harness is given; nothing else knows about
 agentgym::
 
-    PYTHONPATH=examples/harness agentgym train --set env.harness=agents_sdk_agent:run \\
-                                               --set env.tasks=tasks.jsonl
+    cd examples/harness   # the harness is found in the working folder
+    agentgym train harness_calculator_grpo_smollm2 --set env.harness=agents_sdk_agent:run \\
+        --set env.tasks=tasks.jsonl
 
 Tasks have ``question`` and ``answer`` (``agentgym.harness.examples.write_arithmetic_tasks`` writes some);
 the reward is 1.0 when the final answer states the task's answer.

@@ -4,8 +4,9 @@ with the tools bound, a ``ToolNode`` that runs the calls, and ``tools_condition`
 until the model answers. The model is ``ChatOpenAI``; only its ``base_url``/``api_key`` and the model
 name are the ones the harness is given, nothing else knows about agentgym::
 
-    PYTHONPATH=examples/harness agentgym train --set env.harness=langgraph_agent:run \\
-                                               --set env.tasks=tasks.jsonl
+    cd examples/harness   # the harness is found in the working folder
+    agentgym train harness_calculator_grpo_smollm2 --set env.harness=langgraph_agent:run \\
+        --set env.tasks=tasks.jsonl
 
 Tasks have ``question`` and ``answer`` (``agentgym.harness.examples.write_arithmetic_tasks`` writes some);
 the reward is 1.0 when the final answer states the task's answer.
