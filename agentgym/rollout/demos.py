@@ -52,7 +52,8 @@ def collect_demos(make_env: Callable[[], Env], renderer: PromptRenderer, seeds: 
     finally:
         probe.close()
     if not has_expert:
-        raise ConfigError("sft.enabled needs an env with an expert; set sft.enabled=false for this env")
+        raise ConfigError("sft.enabled needs an env with an expert (an env declares one by defining "
+                          "expert_action()); set sft.enabled=false for this env")
     # A pool's own slots may live elsewhere (Ray actors, batched services); the expert needs envs it can ask.
     collector = Collector(LocalEnvPool(make_env), ExpertActor(renderer.tokenizer, action_format), renderer,
                           max_prompt_tokens=None)

@@ -214,7 +214,8 @@ class Trainer:
             env.close()
         if self.cfg.sft.enabled and not has_expert:
             raise ConfigError(f"sft.enabled needs expert demonstrations, but {self.cfg.env.id!r} has no "
-                              "expert; set sft.enabled=false to start RL from the untrained policy")
+                              "expert (an env declares one by defining expert_action()); set "
+                              "sft.enabled=false to start RL from the untrained policy")
         self.plugins.check_needs(self.policy, self.cfg.env.id, info)
         return bool(info.get("tools"))
 
