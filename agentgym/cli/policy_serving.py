@@ -105,7 +105,8 @@ def serve_policy(
                 raise ConfigError(f"--adapter-dir {allowed}: not a directory; create it or name the "
                                   "directory the trainer saves adapters under")
         check_exposure(host, token, allow_no_token, "generate with this model"
-                       + (" and load adapters from --adapter-dir" if adapter_dir else ""))
+                       + (" and load adapters from --adapter-dir" if adapter_dir else ""),
+                       variable="AGENTGYM_POLICY_TOKEN")
         sock = bind(host, port)  # an occupied port is one line, before the model loads
     except AgentGymError as exc:
         fail(exc)

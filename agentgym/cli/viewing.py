@@ -29,7 +29,8 @@ def view(
         fail(ImportError(f"{exc}; install the server extra: pip install 'agentgym-rl[server]'"))
     try:
         check_range("--port", port, 1, 65535)
-        check_exposure(host, token, allow_no_token, "read every prompt and response in this folder")
+        check_exposure(host, token, allow_no_token, "read every prompt and response in this folder",
+                       variable="AGENTGYM_VIEWER_TOKEN")
         try:
             service = create_viewer_app(folder, token=token)
         except OSError as exc:  # a file of the folder that cannot be read (permissions, a vanished disk)
