@@ -95,6 +95,11 @@ def test_dockerfile_stages_copy_real_paths_and_install_real_extras() -> None:
         if name != "base":
             assert stage["entrypoint"], f"stage {name} has no exec-form ENTRYPOINT"
             assert stage["expose"], f"stage {name} exposes no port"
+    # `pip install .` in the image builds from what the base stage copied: every folder the wheel maps.
+    copied = {source for line in stages["base"]["lines"] if line.startswith("COPY ")
+              for source in line.split()[1:-1]}
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert set(package_dirs.values()) - copied == set(), "the base stage must COPY every package-dir folder"
 
 
 def test_compose_services_build_existing_stages_and_publish_the_exposed_port() -> None:
