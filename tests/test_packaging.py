@@ -4,7 +4,6 @@ package installed with pip reaches every command through the ``agentgym.envs`` e
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 import venv
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 import installed
 import pytest
+from installed import run_ok
 
 from agentgym.http.launcher import free_port, start_service, stop_service
 
@@ -71,12 +71,6 @@ print("OK", sorted(s.id for s in agentgym.list_envs()))
 """
 
 
-def _run(*cmd: str | Path, cwd: Path | None = None) -> str:
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=600)
-    assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result.stdout
-
-
 def test_every_subpackage_is_listed_in_pyproject() -> None:
     import tomllib
 
@@ -102,8 +96,8 @@ def test_wheel_installs_into_fresh_venv(tmp_path: Path, tmp_path_factory: pytest
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    _run(python, "-m", "pip", "install", "--quiet", f"{wheel}[server]", plugin)
-    out = _run(python, "-c", SCRIPT, cwd=tmp_path)
+    run_ok(python, "-m", "pip", "install", "--quiet", f"{wheel}[server]", plugin)
+    out = run_ok(python, "-c", SCRIPT, cwd=tmp_path)
     assert "OK" in out and "acme/coin-v0" in out and "maze-v0" in out
 
 
@@ -120,18 +114,18 @@ def test_a_pip_installed_env_package_works_through_every_command(
     (plugin / "pyproject.toml").write_text(PLUGIN_SETUP)
     (plugin / "acme_envs.py").write_text(textwrap.dedent(PLUGIN_CODE))
     # `pip install ./acme-plugin`, non-editable (the build's setuptools is this venv's: no index needed)
-    _run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
+    run_ok(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "--no-index",
          "--no-build-isolation", plugin)
     empty = tmp_path / "empty"
     empty.mkdir()
-    where = _run(python, "-c", "import acme_envs, agentgym; print(acme_envs.__file__, agentgym.__file__)",
+    where = run_ok(python, "-c", "import acme_envs, agentgym; print(acme_envs.__file__, agentgym.__file__)",
                  cwd=empty).split()
     assert all(Path(module).is_relative_to(env_dir) for module in where), where  # both installed copies
 
-    listed = _run(agentgym, "envs", cwd=empty)
+    listed = run_ok(agentgym, "envs", cwd=empty)
     assert "acme/coin-v0" in listed and "A third-party env" in listed
 
-    checked = " ".join(_run(agentgym, "check", "acme/coin-v0", "--episodes", "2", cwd=empty).split())
+    checked = " ".join(run_ok(agentgym, "check", "acme/coin-v0", "--episodes", "2", cwd=empty).split())
     assert "acme/coin-v0 honours the env contract" in checked
     assert "gates: 3 passed, 0 failed, 2 skipped (of 5)" in checked  # the expert gates ran (and passed)
 
@@ -149,13 +143,13 @@ def test_a_pip_installed_env_package_works_through_every_command(
         stop_service(service)
 
     # One short iteration of the embedded quickstart's tiny model on the plugin's env, after SFT on its expert
-    _run(agentgym, "train", "--set", "env.id=acme/coin-v0", "--set", "env.kwargs={}",
+    run_ok(agentgym, "train", "--set", "env.id=acme/coin-v0", "--set", "env.kwargs={}",
          "--set", "env.max_turns=1", "--set", "iterations=1", "--set", "rollout.num_tasks=2",
          "--set", "rollout.group_size=2", "--set", "sft.num_episodes=2", "--set", "sft.num_epochs=1",
          "--set", "eval.num_episodes=2", "--out", "run", cwd=empty)
     assert (empty / "run" / "report.json").is_file()
 
-    _run(agentgym, "eval", "--policy", "random", "--policy", "expert", "--policy", "run", "--envs",
+    run_ok(agentgym, "eval", "--policy", "random", "--policy", "expert", "--policy", "run", "--envs",
          "acme/coin-v0", "--episodes", "4", "--out", "eval", cwd=empty)
     rows = json.loads((empty / "eval" / "results.json").read_text())["results"]
     success = {row["policy"]: row["success_rate"] for row in rows}
