@@ -9,6 +9,8 @@ adapter switched off (``agentgym.backends.lora``); when an SFT warm start change
 from __future__ import annotations
 
 import copy
+import errno
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,35 @@ from agentgym.backends.lora import (
 )
 from agentgym.errors import ConfigError
 from agentgym.run_folder import RunFolder
-from agentgym.training.run.checkpoint import write_torch
+
+
+def write_torch(obj: Any, path: Path) -> Path:
+    """``torch.save`` to ``path`` atomically (a temporary file, then a rename).
+
+    Raises:
+        OSError: the write failed (a full disk...): one line naming ``path``; the file there is untouched.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save(obj, tmp)
+    except (OSError, RuntimeError) as exc:  # torch's writer reports a failed write as a RuntimeError
+        tmp.unlink(missing_ok=True)
+        raise write_error(exc, path) from None
+    return tmp.replace(path)
+
+
+def write_error(exc: BaseException, path: Path) -> OSError:
+    """``exc`` (raised while writing ``path``) as an ``OSError`` naming the file, on one line; a full disk is
+    said to be one."""
+    code = getattr(exc, "errno", None)
+    try:
+        full = shutil.disk_usage(path.parent).free < (1 << 20)
+    except OSError:
+        full = False
+    if full or code == errno.ENOSPC:
+        return OSError(errno.ENOSPC, "no space left on the device", str(path))
+    reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+    return OSError(code or errno.EIO, reason, str(path))
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
