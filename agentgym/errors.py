@@ -31,7 +31,7 @@
 
 A remote env raises the same classes a local env does: the service sends ``{"error": {"type":
 "ResetNeeded", "message": ...}}`` and the client maps ``type`` back to the class with that name
-(``agentgym.http.base`` says how, and when a request is sent again).
+(``agentgym.service_kit.base`` says how, and when a request is sent again).
 
 The ``agentgym`` command exits with the status the class says (``exit_status``): 2 for a usage error,
 the command as typed cannot run (``ConfigError``, ``RegistryError``: a bad option or ``--set`` value,

@@ -24,11 +24,11 @@ from typing import Any
 from provenance import provenance
 
 import agentgym
-from agentgym.http.launcher import free_port, start_service, stop_service
 from agentgym.rollout.collector import Collector
 from agentgym.rollout.hooks import RolloutHooks
 from agentgym.rollout.policy import Generation, SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 HOST = "127.0.0.1"
 BIN = Path(sys.executable).parent

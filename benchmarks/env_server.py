@@ -14,7 +14,7 @@ For each number of concurrent sessions it measures steps/s and p50/p99 latency o
 HTTP modes run twice: with ``raw``, a minimal asyncio HTTP/1.1 client (hand-built request bytes,
 Content-Length framing, keep-alive) that costs a few tens of microseconds per request, so the
 numbers measure the server; and with ``httpx`` (``agentgym.http.client.AsyncEnvClient``), what a
-user's client gets (httpx's API over ``agentgym.http.transport.LeanAsyncTransport``: about a
+user's client gets (httpx's API over ``agentgym.service_kit.transport.LeanAsyncTransport``: about a
 hundred microseconds of client CPU per request, where httpx's own transport spent ~1 ms). The
 server is a separate process (``python -m agentgym serve``), so it does not share a GIL with the
 load generator -- but it does share the machine's cores, which the output states.
@@ -42,7 +42,7 @@ from typing import Any
 from http_load import ENV_ID, HOST, install_uvloop, run_http_cell, run_inproc_cell
 from provenance import provenance
 
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

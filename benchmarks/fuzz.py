@@ -35,7 +35,7 @@ from typing import Any
 
 from provenance import provenance, stamp
 
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 HOST = "127.0.0.1"
 RESULTS = Path(__file__).resolve().parent / "results"

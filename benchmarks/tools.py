@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_server import HOST, start_server, stop_server
 from provenance import provenance
 
-from agentgym.http.launcher import free_port
+from agentgym.service_kit.launcher import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROGRAM = "print(sum(i * i for i in range(10_000)))"

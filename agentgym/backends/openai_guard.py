@@ -14,7 +14,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from agentgym.backends.openai_wire import ErrorBody
-from agentgym.http.gate import (
+from agentgym.service_kit.gate import (
     AppGate,
     BodyTooLarge,
     bearer_matches,

@@ -67,9 +67,9 @@ from agentgym.backends.openai_guard import (
 from agentgym.backends.openai_wire import ChatRequest, CompletionRequest
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.errors import ConfigError
-from agentgym.http.responses import keep_integer_bounds
 from agentgym.rollout.chat_messages import render_messages
 from agentgym.rollout.policy import Generation, SamplingParams
+from agentgym.service_kit.responses import keep_integer_bounds
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 
 A ``RemoteEnv`` is a session on a service that behaves like the local env: same return values,
 same exceptions (``ResetNeeded``, ``EpisodeFinished``, ``UnknownEnv``...), fork included. The
-clients are ``agentgym.http.base`` clients: errors come back as the class the service names, and
+clients are ``agentgym.service_kit.base`` clients: errors come back as the class the service names, and
 a request is sent again only where that is safe (create, reset, step and fork only when they never
 reached the service), so a retried step can never run twice.
 """
@@ -25,7 +25,13 @@ from agentgym.errors import (
     EnvCrashed,
     RemoteEnvError,
 )
-from agentgym.http.base import AsyncServiceClient, RetryPolicy, ServiceClient, error_from_detail, quoted
+from agentgym.service_kit.base import (
+    AsyncServiceClient,
+    RetryPolicy,
+    ServiceClient,
+    error_from_detail,
+    quoted,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -103,7 +109,8 @@ class EnvClient(ServiceClient):
         base_url: e.g. ``"http://127.0.0.1:8000"`` (the default); ``None``: the ``client``'s base URL.
         token: bearer token, if the service was started with one.
         timeout_s: per-request timeout (connect, read, write).
-        retries: extra attempts for requests that are safe to repeat (``agentgym.http.base.RetryPolicy``).
+        retries: extra attempts for requests that are safe to repeat
+            (``agentgym.service_kit.base.RetryPolicy``).
         client: an ``httpx.Client`` to use instead (tests pass FastAPI's ``TestClient``).
         transport: an ``httpx`` transport for the client made here.
 

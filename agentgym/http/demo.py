@@ -12,7 +12,7 @@ import sys
 
 from rich.console import Console
 
-from agentgym.http.launcher import free_port, python_command, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, python_command, start_service, stop_service
 
 console = Console()
 

@@ -36,8 +36,8 @@ from agentgym.errors import (
     SessionLost,
     UnknownSession,
 )
-from agentgym.http.base import RetryPolicy
 from agentgym.http.client import DEFAULT_TIMEOUT_S, EnvClient, RemoteEnv, _reset_body, _step_body
+from agentgym.service_kit.base import RetryPolicy
 
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 

@@ -55,10 +55,10 @@ from agentgym.errors import (
     RemoteTimeout,
     SessionCapacityError,
 )
-from agentgym.http.responses import error_payload, error_responses, json_response
 from agentgym.http.sessions import Session, SessionStore
 from agentgym.http.wire import MAX_ACTION_CHARS, JsonObject
 from agentgym.registry import spec as lookup_spec
+from agentgym.service_kit.responses import error_payload, error_responses, json_response
 
 
 class OpenEnvAction(BaseModel):

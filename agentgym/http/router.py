@@ -29,8 +29,8 @@ from typing import Any
 
 import agentgym
 from agentgym.errors import AgentGymError, RemoteEnvError, RemoteTimeout, SessionCapacityError, SessionLost
-from agentgym.http.responses import dumps, error_payload
 from agentgym.http.workers import Worker, WorkerSet
+from agentgym.service_kit.responses import dumps, error_payload
 
 _BATCH_KEYS = {"/batch/step": "steps", "/batch/reset": "resets", "/batch/fork": "forks"}
 _DROPPED = {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date", b"server"}

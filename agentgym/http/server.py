@@ -57,10 +57,14 @@ from agentgym.errors import (
 )
 from agentgym.guard import EpisodeGuard
 from agentgym.http import wire
-from agentgym.http.fastpath import GuardMiddleware, HotRoute, HotRoutes
+from agentgym.http.fastpath import HotRoute, HotRoutes
 from agentgym.http.metrics import ServiceMetrics
 from agentgym.http.openenv import install_openenv
-from agentgym.http.responses import (
+from agentgym.http.sessions import Session, SessionStore
+from agentgym.registry import list_envs, load_env_creator
+from agentgym.registry import spec as lookup_spec
+from agentgym.service_kit.guard import GuardMiddleware
+from agentgym.service_kit.responses import (
     TELEMETRY_OFF,
     ErrorResponses,
     error_payload,
@@ -69,9 +73,6 @@ from agentgym.http.responses import (
     keep_integer_bounds,
     text_responses,
 )
-from agentgym.http.sessions import Session, SessionStore
-from agentgym.registry import list_envs, load_env_creator
-from agentgym.registry import spec as lookup_spec
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from agentgym.service_kit.wire import ErrorBody, whole_number
 
 #: Longest action string a request may carry (characters).
 MAX_ACTION_CHARS = 100_000
@@ -37,60 +39,19 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_depth_ok)]
 SEED_BOUND = 2**63
 
 
-def _integral(value: Any) -> Any:
-    # JSON Schema's "integer" is a mathematical integer: 2305.0 is one, true is not. Strict models
-    # would refuse the first; this lets it through as 2305 and leaves everything else to them.
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-#: An integer field of a strict request model that also takes integral floats (``2305.0``), not bools.
-WholeNumber = Annotated[int, BeforeValidator(_integral)]
-
-
-def whole_number(**bounds: int) -> Any:
-    """``WholeNumber`` with bounds (``ge``, ``gt``, ``le``, ``lt``) that show in the JSON schema.
-
-    The bounds sit on the ``int`` before the validator that admits ``3.0``; put after it (or on an
-    optional field) pydantic would write them into the schema under names no client knows.
-
-    Example:
-        >>> from pydantic import TypeAdapter
-        >>> TypeAdapter(whole_number(ge=1, le=9)).json_schema()
-        {'maximum': 9, 'minimum': 1, 'type': 'integer'}
-    """
-    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]  # type: ignore[call-overload]
-
-
 #: An episode seed: a whole number in [0, SEED_BOUND).
 Seed = whole_number(ge=0, lt=SEED_BOUND)
 
 
 class _Request(BaseModel):
     # strict: "3" is not a seed and true is not 1; a client sending them has a bug worth a 422.
-    # Integer fields are ``WholeNumber``: 3.0 is a JSON integer and is accepted as 3.
+    # Integer fields are ``whole_number``s (``agentgym.service_kit.wire``): 3.0 is a JSON integer and is
+    # accepted as 3.
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ErrorDetail(_Response):
-    type: str = Field(description="Exception class name, e.g. 'UnknownSession' or 'RequestRejected'.")
-    message: str = Field(description="What was wrong and how to fix it.")
-
-
-class ErrorBody(_Response):
-    """The one shape of every error response."""
-
-    error: ErrorDetail
-
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"error": {"type": "UnknownSession",
-                                                   "message": "no live session 'abc'"}}]}
-    )
 
 
 class CreateSessionRequest(_Request):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.errors import ConfigError, RemoteEnvError, SessionCapacityError
-from agentgym.http.launcher import python_command
+from agentgym.service_kit.launcher import python_command
 
 _PR_SET_PDEATHSIG = 1
 

@@ -11,15 +11,15 @@ from typing import Any
 import httpx
 
 from agentgym.errors import RemoteEnvError
-from agentgym.http.base import RetryPolicy, ServiceClient, quoted
 from agentgym.retrieval.index import Hit
+from agentgym.service_kit.base import RetryPolicy, ServiceClient, quoted
 
 
 class RetrievalClient(ServiceClient):
     """Client of a retrieval service (``agentgym retrieval serve``); ``search`` as on a local ``Index``.
 
     A retrieval changes nothing on the service, so ``POST /retrieve`` is sent again like a ``GET``
-    (``agentgym.http.base.RetryPolicy``, ``retries`` extra attempts) after a connection error, a
+    (``agentgym.service_kit.base.RetryPolicy``, ``retries`` extra attempts) after a connection error, a
     transport error or a 503. Service errors raise the agentgym exception the service named
     (``RequestRejected`` for 413/422, ``AuthenticationError`` for 401), transport failures
     ``RemoteEnvError`` / ``RemoteTimeout``.

@@ -42,7 +42,7 @@ def retrieve_request_model(max_k: int = 50, max_queries: int = MAX_QUERIES) -> t
         >>> model.model_json_schema()["properties"]["k"]["maximum"]
         5
     """
-    from agentgym.http.wire import whole_number
+    from agentgym.service_kit.wire import whole_number
 
     query = Annotated[str, Field(max_length=MAX_QUERY_CHARS)]
     return create_model(
@@ -95,8 +95,8 @@ def create_retrieval_app(
     from fastapi.responses import Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
-    from agentgym.http.fastpath import GuardMiddleware
-    from agentgym.http.responses import (
+    from agentgym.service_kit.guard import GuardMiddleware
+    from agentgym.service_kit.responses import (
         TELEMETRY_OFF,
         ErrorResponses,
         error_responses,

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import httpx
 
 from agentgym.errors import AgentGymError, RemoteEnvError, SandboxBusy
-from agentgym.http.base import STATUS_ERRORS, RetryPolicy, ServiceClient, quoted
 from agentgym.sandbox.backends import Limits, Result
+from agentgym.service_kit.base import STATUS_ERRORS, RetryPolicy, ServiceClient, quoted
 
 
 class SandboxClient(ServiceClient):
@@ -22,7 +22,7 @@ class SandboxClient(ServiceClient):
     Raises the classes the service names (``RequestRejected``, ``AuthenticationError``,
     ``SandboxBusy``...); transport failures become ``RemoteEnvError``/``RemoteTimeout``. A run is
     sent again after a transport error only when it never reached the service (see
-    ``agentgym.http.base.RetryPolicy``): a program is never run twice by accident.
+    ``agentgym.service_kit.base.RetryPolicy``): a program is never run twice by accident.
 
     Args:
         base_url: the service root (default ``http://127.0.0.1:8100``).

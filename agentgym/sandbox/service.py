@@ -35,20 +35,20 @@ from prometheus_client import (
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from agentgym.errors import ConfigError, RequestRejected, SandboxBusy
-from agentgym.http.fastpath import GuardMiddleware
-from agentgym.http.responses import (
+from agentgym.sandbox.backends import Backend, default_backend
+from agentgym.sandbox.cgroup import clean_stale_cgroups
+from agentgym.sandbox.limits import Limits, Result
+from agentgym.sandbox.pool import WarmPool
+from agentgym.sandbox.worker import clean_stale_scratch
+from agentgym.service_kit.guard import GuardMiddleware
+from agentgym.service_kit.responses import (
     ErrorResponses,
     error_responses,
     json_response,
     keep_integer_bounds,
     text_responses,
 )
-from agentgym.http.wire import whole_number
-from agentgym.sandbox.backends import Backend, default_backend
-from agentgym.sandbox.cgroup import clean_stale_cgroups
-from agentgym.sandbox.limits import Limits, Result
-from agentgym.sandbox.pool import WarmPool
-from agentgym.sandbox.worker import clean_stale_scratch
+from agentgym.service_kit.wire import whole_number
 
 _LIMIT_MEANINGS = {
     "wall_clock_s": "Wall-clock budget of the run (seconds).",

@@ -16,7 +16,7 @@ import secrets
 from typing import Any
 from urllib.parse import parse_qs
 
-from agentgym.http.gate import AppGate, BodyTooLarge, bearer_matches, header, read_body, send_answer
+from agentgym.service_kit.gate import AppGate, BodyTooLarge, bearer_matches, header, read_body, send_answer
 
 #: The largest sign-in form body read; a token is far shorter.
 MAX_LOGIN_BYTES = 4096

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from agentgym.eval.viewer.data import MAX_LIST_PAGE, MAX_TURN_PAGE, RunFolder
 from agentgym.eval.viewer.gate import TokenGate
-from agentgym.http.responses import (
+from agentgym.service_kit.responses import (
     TELEMETRY_OFF,
     ErrorResponses,
     error_payload,
@@ -29,7 +29,7 @@ from agentgym.http.responses import (
     json_response,
     keep_integer_bounds,
 )
-from agentgym.http.wire import ErrorBody
+from agentgym.service_kit.wire import ErrorBody
 
 _log = logging.getLogger(__name__)
 #: OpenAPI ``responses=`` for the viewer's own 404 and 409.

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from agentgym.errors import AgentGymError
-from agentgym.http.wire import ErrorBody
+from agentgym.service_kit.wire import ErrorBody
 
 JSON = "application/json"
 BODY_NOT_JSON = "the request body must be a JSON object sent with 'Content-Type: application/json'"

@@ -3,7 +3,7 @@ through), header look-up, the bearer-token check, reading a body within a size l
 and sending a whole answer.
 
 The gates themselves differ in what they answer (the env service's error shape, OpenAI's, the viewer's
-sign-in page): ``agentgym.http.fastpath.GuardMiddleware``, ``agentgym.backends.openai_guard.PolicyGuard``,
+sign-in page): ``agentgym.service_kit.guard.GuardMiddleware``, ``agentgym.backends.openai_guard.PolicyGuard``,
 ``agentgym.eval.viewer.gate.TokenGate``. They are pure ASGI rather than Starlette middleware because a
 body over the limit must be refused before it is read whole.
 """
