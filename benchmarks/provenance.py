@@ -89,6 +89,58 @@ def provenance(args: list[str] | None = None, *, script: str | None = None) -> d
             "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+#: What a record of a result saved before provenance existed holds instead of commit, command and machine.
+BEFORE_PROVENANCE = ("recorded_before_provenance", "added_in_commit", "last_changed_in_commit")
+
+
+def is_record(record: Any) -> bool:
+    """Whether ``record`` says where a result came from: commit, command and machine, or the mark of a
+    result recorded before provenance existed (``BEFORE_PROVENANCE``: the commits where git first and last
+    saw it)."""
+    if not isinstance(record, dict):
+        return False
+    if all(record.get(key) for key in ("commit", "command", "machine")):
+        return True
+    return record.get("recorded_before_provenance") is True and all(record.get(k) for k in BEFORE_PROVENANCE)
+
+
+def unrecorded(results: Any) -> list[str]:
+    """Where a results file's data lacks provenance (empty: every result carries it).
+
+    A file is traced when its top-level ``provenance`` (or ``meta.provenance``) is a record, or a dict of one
+    record per section it holds (``env_scale.py``, ``tools.py``); otherwise each row of its row list (the
+    file itself, ``rows``, ``runs`` or ``services``) must carry one.
+
+    Example:
+        >>> record = {"commit": "abc", "command": "python benchmarks/envs.py", "machine": {"cpu_cores": 2}}
+        >>> unrecorded({"rows": [{"x": 1, "provenance": record}]}), unrecorded({"provenance": record})
+        ([], [])
+        >>> unrecorded({"rows": [{"x": 1}], "note": "no provenance"})
+        ['rows[0]']
+        >>> unrecorded({"fleet": [1], "ws": [2], "provenance": {"fleet": record}})
+        ['provenance.ws']
+    """
+    if isinstance(results, dict):
+        meta = results.get("meta") if isinstance(results.get("meta"), dict) else {}
+        top = results.get("provenance", meta.get("provenance"))
+        if is_record(top):
+            return []
+        if isinstance(top, dict) and top:  # one record per section; every section of results needs one
+            sections = {k for k, v in results.items()
+                        if isinstance(v, (list, dict)) and k not in ("provenance", "meta")}
+            return [f"provenance.{part}" for part in sorted({*top, *sections})
+                    if not is_record(top.get(part))]
+        for name in ("rows", "runs", "services"):
+            if isinstance(results.get(name), list):
+                return [f"{name}[{i}]" for i, row in enumerate(results[name])
+                        if not (isinstance(row, dict) and is_record(row.get("provenance")))]
+        return ["provenance"]
+    if isinstance(results, list):
+        return [f"[{i}]" for i, row in enumerate(results)
+                if not (isinstance(row, dict) and is_record(row.get("provenance")))]
+    return ["(not a JSON object or list)"]
+
+
 def stamp(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:
     """``rows`` each carrying ``record`` under ``provenance`` (for files that keep rows of earlier runs)."""
     return [{**row, "provenance": record} for row in rows]
