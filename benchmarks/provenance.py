@@ -125,7 +125,8 @@ def unrecorded(results: Any) -> list[str]:
         top = results.get("provenance", meta.get("provenance"))
         if is_record(top):
             return []
-        if isinstance(top, dict) and top:  # one record per section; every section of results needs one
+        if isinstance(top, dict) and top and all(isinstance(v, dict) for v in top.values()):
+            # one record per section; every section of the results needs one
             sections = {k for k, v in results.items()
                         if isinstance(v, (list, dict)) and k not in ("provenance", "meta")}
             return [f"provenance.{part}" for part in sorted({*top, *sections})
