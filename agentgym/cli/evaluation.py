@@ -66,14 +66,14 @@ def parse_task_range(text: str) -> list[int]:
 
 def read_judge(path: str) -> dict[str, Any]:
     """``--judge FILE``: judge settings from a JSON or YAML file, with ``JudgeConfig``'s field names
-    (``agentgym.eval.source.JUDGE_FIELDS``).
+    (``agentgym.sources.env_source.JUDGE_FIELDS``).
 
     Raises:
         ConfigError: the file is missing or unreadable, or its settings are not a judge's.
     """
     import yaml
 
-    from agentgym.eval.source import check_judge_settings
+    from agentgym.sources.env_source import check_judge_settings
 
     try:
         data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
@@ -125,7 +125,7 @@ def env_entries(envs: str | None, env_args: list[str], env_urls: list[str], spli
     """
     import agentgym
     from agentgym.eval.plan import EnvEntry
-    from agentgym.eval.source import check_judge_settings
+    from agentgym.sources.env_source import check_judge_settings
 
     runs = [p.run_config for p in policies if p.run_config is not None]  # run folders and served runs
     defaults: dict[str, tuple[dict[str, Any], int | None]] = {}

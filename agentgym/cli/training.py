@@ -169,7 +169,7 @@ def _print_stop(report: dict[str, Any], folder: RunFolder, cfg: TrainConfig) -> 
 
 
 def _print_report(report: dict[str, Any], folder: RunFolder) -> None:
-    from agentgym.eval.summary import counts, interval_text
+    from agentgym.rollout.summary import counts, interval_text
 
     before, after = report["eval"]["before"], report["eval"]["after"]
     table = Table(title=f"held-out evaluation ({counts(after)}, greedy)")

@@ -27,17 +27,17 @@ from agentgym.core import HELD_OUT_SEED_START, Env
 from agentgym.errors import AgentGymError, AuthenticationError, ConfigError, RemoteEnvError, RequestRejected
 from agentgym.eval.html import html_report
 from agentgym.eval.loading import LoadedPolicy, load_policy
-from agentgym.eval.local import collect_episodes
 from agentgym.eval.plan import EnvEntry, EnvInfo, EvalError, EvalPlan
 from agentgym.eval.policies import PolicySpec
 from agentgym.eval.report import build_results, markdown_report
-from agentgym.eval.source import EnvSource, make_judge
 from agentgym.eval.store import EvalStore, episode_record
 from agentgym.rollout.actors import Actor, ExpertActor, RandomActor
 from agentgym.rollout.collector import Collector
+from agentgym.rollout.evaluation import collect_episodes
 from agentgym.rollout.policy import Policy, SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
 from agentgym.rollout.records import EpisodeGroup, Trajectory
+from agentgym.sources.env_source import EnvSource, make_judge
 
 #: Turns after which an episode of an env without a turn limit of its own is cut (truncated).
 MAX_TURNS = 1000

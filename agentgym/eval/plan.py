@@ -31,8 +31,8 @@ class EnvEntry:
     """A task split of the env (``--split``): the plan's ``seeds`` are then task indices of it, task ``i``
     played as ``reset(options={"split": split, "index": seeds[i]})``; None: they are reset seeds."""
     judge: dict[str, Any] | None = None
-    """Judge settings (``agentgym.eval.source.JUDGE_FIELDS``; ``--judge`` or the run's ``env.judge``): the
-    episodes' rewards are the judge's scores; None: the env's own rewards."""
+    """Judge settings (``agentgym.sources.env_source.JUDGE_FIELDS``; ``--judge`` or the run's ``env.judge``):
+    the episodes' rewards are the judge's scores; None: the env's own rewards."""
 
     def to_json(self) -> dict[str, Any]:
         """The entry as JSON-safe data, without ``split`` and ``judge`` when they are None (so a plan

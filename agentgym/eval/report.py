@@ -1,7 +1,7 @@
 """An evaluation's results (``results.json``, machine-readable) and ``report.md``.
 
 ``build_results`` reads the saved episodes back and computes, per env and policy, the summary of
-``agentgym.eval.summary.summarize`` (the same function training's held-out evaluations use) plus
+``agentgym.rollout.summary.summarize`` (the same function training's held-out evaluations use) plus
 wall time, and for every env and pair of policies a paired comparison on the tasks both played
 (``agentgym.eval.statistics``). A task is a distinct ``task_id``: seeds that reset to the same task count
 as one task played several times, in the counts, the success interval and the paired comparisons.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import agentgym
 from agentgym.eval.statistics import compare_paired, scores_by_task
 from agentgym.eval.store import EvalStore, groups_of
-from agentgym.eval.summary import counts, interval_text, summarize
+from agentgym.rollout.summary import counts, interval_text, summarize
 
 if TYPE_CHECKING:
     from agentgym.eval.plan import EnvInfo, EvalPlan

@@ -116,7 +116,7 @@ def test_bad_split_and_index_name_the_valid_choices(env: agentgym.EpisodeGuard) 
 
 
 def test_seeded_splits_are_disjoint_seed_ranges_split_at_the_held_out_start() -> None:
-    from agentgym.eval.source import HELD_OUT_SEED_START as EVAL_HELD_OUT_SEED_START
+    from agentgym.sources.env_source import HELD_OUT_SEED_START as EVAL_HELD_OUT_SEED_START
 
     assert HELD_OUT_SEED_START == EVAL_HELD_OUT_SEED_START
     train, test = SEEDED_SPLITS

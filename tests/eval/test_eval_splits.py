@@ -23,8 +23,8 @@ from agentgym.errors import ConfigError
 from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
-from agentgym.eval.source import JUDGE_FIELDS, EnvSource
 from agentgym.eval.store import EvalStore
+from agentgym.sources.env_source import JUDGE_FIELDS, EnvSource
 
 runner = CliRunner()
 

@@ -22,17 +22,13 @@ from agentgym.eval.report import markdown_report, results_table
 from agentgym.eval.statistics import (
     compare_paired,
     mcnemar_exact_p,
-    mean_pass_at_k,
     paired_bootstrap_ci,
-    pass_at_k,
-    pass_at_k_table,
     scores_by_task,
     sign_flip_p,
-    t_quantile,
-    task_success,
 )
-from agentgym.eval.summary import counts, per_task, summarize, task_outcomes, wilson_interval
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
+from agentgym.rollout.success import mean_pass_at_k, pass_at_k, pass_at_k_table, t_quantile, task_success
+from agentgym.rollout.summary import counts, per_task, summarize, task_outcomes, wilson_interval
 
 Z95 = 1.959964  # the normal distribution's two-sided 95% critical value
 

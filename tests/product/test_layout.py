@@ -144,16 +144,21 @@ def test_the_cycle_finder_finds_cycles() -> None:
 #: Which agentgym sub-packages each layer may import (besides itself and the top level's env API).
 LAYERS = {
     "agentgym.rollout": set(),
-    # serve-policy is a service like the sandbox and retrieval: it shares the service helpers of http/
-    "agentgym.backends": {"agentgym.rollout", "agentgym.http"},
-    "agentgym.eval": {"agentgym.rollout", "agentgym.backends", "agentgym.http"},
-    "agentgym.training": {"agentgym.rollout", "agentgym.backends", "agentgym.eval", "agentgym.http"},
+    # the helper kit of every HTTP service and client; it knows no service
+    "agentgym.service_kit": set(),
+    # serve-policy is a service like the sandbox and retrieval: it stands on the service kit
+    "agentgym.backends": {"agentgym.rollout", "agentgym.service_kit"},
+    # where the envs of training and evaluation come from: in-process, env services (http/), Ray
+    "agentgym.sources": {"agentgym.rollout", "agentgym.http"},
+    "agentgym.eval": {"agentgym.rollout", "agentgym.backends", "agentgym.sources", "agentgym.http",
+                      "agentgym.service_kit"},
+    "agentgym.training": {"agentgym.rollout", "agentgym.backends", "agentgym.sources"},
     # a user's agent as an env behind an OpenAI-compatible proxy: the chat rendering of rollout/, the wire
     # models of the policy server, the held-out seed range of eval/
     "agentgym.harness": {"agentgym.rollout", "agentgym.backends", "agentgym.eval", "agentgym.http"},
-    "agentgym.http": set(),
-    "agentgym.sandbox": {"agentgym.http"},
-    "agentgym.retrieval": {"agentgym.http"},
+    "agentgym.http": {"agentgym.service_kit"},
+    "agentgym.sandbox": {"agentgym.service_kit"},
+    "agentgym.retrieval": {"agentgym.service_kit"},
 }
 SUBPACKAGES = {*LAYERS, "agentgym.envs", "agentgym.trainers"}
 

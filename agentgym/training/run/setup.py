@@ -14,10 +14,10 @@ import torch
 
 from agentgym.core import Env
 from agentgym.errors import ConfigError
-from agentgym.eval.source import EnvSource
-from agentgym.eval.task_split import TaskRoute
 from agentgym.rollout.pool import EnvPool
 from agentgym.rollout.records import EpisodeGroup, Turn
+from agentgym.sources.env_source import EnvSource
+from agentgym.sources.task_split import TaskRoute
 from agentgym.training.config.coercion import to_plain
 from agentgym.training.config.schema import TrainConfig
 from agentgym.training.run.sampler_registry import TASK_SAMPLERS

@@ -11,8 +11,8 @@ import agentgym
 from agentgym.eval.harness import DEFAULT_SEED_START, Evaluation
 from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy, run_prompt_settings
-from agentgym.eval.source import HELD_OUT_SEED_START, EnvSource
 from agentgym.rollout.prompt import PromptSettings
+from agentgym.sources.env_source import HELD_OUT_SEED_START, EnvSource
 from agentgym.training import load_config
 from agentgym.training.config.schema import EvalConfig, RolloutConfig
 from agentgym.training.run.setup import action_format, env_factory, env_source

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import agentgym
 from agentgym.cli import app
 from agentgym.errors import ConfigError
-from agentgym.eval.task_split import RoutedTaskEnv, TaskRoute
+from agentgym.sources.task_split import RoutedTaskEnv, TaskRoute
 from agentgym.training.config.loading import load_config
 from agentgym.training.run.loop import Trainer, train
 from agentgym.training.run.setup import env_factory

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym.eval.statistics import count_text, pass_at_k_table, task_success, wilson_interval
 from agentgym.rollout.records import EpisodeGroup, Turn
+from agentgym.rollout.success import count_text, pass_at_k_table, task_success, wilson_interval
 
 __all__ = ["count_text", "counts", "generated_tokens", "interval_text", "per_task", "summarize",
            "task_outcomes", "wilson_interval"]
@@ -72,7 +72,7 @@ def summarize(groups: Sequence[EpisodeGroup]) -> dict[str, Any]:
 
     Keys: ``episodes``; ``tasks`` (distinct ``task_id``s: seeds that reset to the same task count once) and
     ``episodes_per_task`` (the fewest and most episodes of a task); ``success_rate`` (share of episodes)
-    and ``success_ci95``, its 95% interval over tasks (``agentgym.eval.statistics.task_success``: episodes
+    and ``success_ci95``, its 95% interval over tasks (``agentgym.rollout.success.task_success``: episodes
     of one task are correlated, so they are not counted as independent draws), with
     ``success_ci95_method`` and ``success_effective_episodes``; ``mean_return``, ``mean_turns``,
     ``invalid_rate`` (per turn), ``truncation_rate``, ``mean_response_tokens`` (per turn),

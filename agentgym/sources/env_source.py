@@ -1,15 +1,15 @@
 """``EnvSource``: where the envs of a training run or an evaluation come from, which tasks they play and
 how they are rewarded.
 
-Training (``agentgym.training.run.setup``) and ``agentgym eval`` (``agentgym.eval.harness``) describe their
-envs with the same fields (id, arguments, turn budget, env services) and build them here, so both
+Training (``agentgym.training.run.setup``) and ``agentgym eval`` (``agentgym.eval.harness``) describe
+their envs with the same fields (id, arguments, turn budget, env services) and build them here, so both
 make the same envs the same way: in-process (``agentgym.make``), sessions on an env service
 (``RemoteEnv``), a fleet of services stepped through their batched routes (``EnvFleet``), or Ray
 actors (``RayEnvPool``). The action format an env asks for is read from its spec, or from its
 service when it runs on one. A source may also name a task split (its envs' task seeds are then task
 indices of that split: ``TaskSplitEnv``) and a judge (``JUDGE_FIELDS``: its envs' rewards are then the
-judge's scores, ``agentgym.judge.JudgedReward``). The module lives in the evaluation package because
-both users may import it and it needs the HTTP client.
+judge's scores, ``agentgym.judge.JudgedReward``). It sits below training and evaluation, which both
+import it, and above the rollout package and the env service's client, which it builds on.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import agentgym
 from agentgym.core import HELD_OUT_SEED_START, Env
 from agentgym.errors import ConfigError
-from agentgym.eval.task_split import TaskRoute
 from agentgym.rollout.pool import EnvPool
+from agentgym.sources.task_split import TaskRoute
 
 if TYPE_CHECKING:
     from agentgym.http.client import EnvClient
@@ -193,7 +193,7 @@ class EnvSource:
                 return agentgym.make(self.id, max_turns=self.max_turns, **self.kwargs)
 
         def of_split() -> Env:
-            from agentgym.eval.task_split import RoutedTaskEnv, TaskSplitEnv
+            from agentgym.sources.task_split import RoutedTaskEnv, TaskSplitEnv
 
             if self.routes:
                 return RoutedTaskEnv(plain(), self.routes)
