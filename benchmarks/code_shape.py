@@ -40,11 +40,14 @@ Everything is read with ``ast`` and regular expressions; nothing is imported or 
   ``if``/conditional expressions, ``for``, ``while``, ``try``, ``except`` clauses, boolean operators (each
   extra operand), comprehension clauses and ``match`` cases in it, nested functions included.
 * ``test files``: ``test_*.py`` directly in tests/ and in its subfolders.
-* ``documented result numbers``: numbers with a unit of measurement (``%``, ``×``/``x``, ``s``, ``ms``,
-  ``min``, ``h``, ``s/iteration`` and other ``/s``, ``/it`` rates, ``GiB``/``GB``/``MiB``/``MB``, ``pp``)
-  in the prose of README.md, docs/*.md and benchmarks/README.md (fenced code blocks and inline code are
-  commands, not results, and are left out), and how many of them appear in more than one of those files
-  (``duplicated``). ``doc_numbers`` lists each duplicated one with its files.
+* ``documented result numbers``: the claims of README.md, docs/*.md and benchmarks/README.md (``claims``)
+  and how many of them more than one of those files states (``duplicated``; ``duplicates`` lists each
+  with its files and lines). A result number is a number with a unit of measurement (``%``, ``×``/``x``,
+  ``s``, ``ms``, ``min``, ``h``, ``s/iteration``, ``tokens/s`` and other rates, ``GiB``/``GB``/``MB``,
+  ``pp``) in the prose: fenced code blocks and inline code are commands, and a number in a link's text
+  refers to the page it links to. A distinctive number (``1.74×``, ``37.7 s``, ``3.8%``) is a claim of its
+  own; a common integer (``27%``, ``3×``) is one only paired with its neighbour on the line (``27% -> 58%``),
+  since single ones recur by chance. ``NOT_RESULTS`` lists the numbers that are settings, not results.
 """
 
 from __future__ import annotations
@@ -78,14 +81,23 @@ RECORDS = "agentgym/rollout/records.py"
 CODE_ROOTS = ("agentgym", "envs", "trainers")
 EPISODE_WORDS = ("episode", "trajector", "group", "records")
 
-#: A result number: a number and a unit that measures something. ``(?<![\w.])`` keeps it from starting in
-#: the middle of a word or a version (``v0.5``).
+#: A result number: a number and a unit that measures something. It does not start inside a word, a version
+#: (``v0.5``) or a product (``2×2``); a range (``75–78%``) is one number; ``×`` followed by a number is a
+#: product (a maze's size), not a speed-up.
 NUMBER = re.compile(
-    r"(?<![\w.\-/])(?P<num>\d+(?:[.,]\d+)*)\s?"
-    r"(?P<unit>%|×|x(?![\w])|pp\b|ms\b|min\b|GiB\b|GB\b|MiB\b|MB\b|"
-    r"s/(?:iteration|it|step|update)\b|(?:tokens|steps|episodes|requests|req|turns|sessions)/s\b|s\b|h\b)")
+    r"(?<![\w.\-/–×])(?P<num>\d+(?:[.,]\d+)*(?:[–-]\d+(?:[.,]\d+)*)?)\s?"
+    r"(?P<unit>%|×(?!\s?\d)|x(?![\w])|pp\b|ms\b|min\b|minutes\b|GiB\b|GB\b|MiB\b|MB\b|"
+    r"s/(?:iteration|it|step|update)\b|(?:tokens|steps|episodes|requests|req|turns|sessions)/s\b|s\b|h\b|"
+    r"hours\b)")
 FENCE = re.compile(r"^(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
+#: A markdown link's text: a number in it refers to the page it links to (a headline), it states nothing.
+LINK_TEXT = re.compile(r"\[[^\]\n]*\]\([^)\n]*\)")
+#: Integers such as ``27%`` or ``3×`` recur by chance across unrelated claims, so they count as one claim
+#: only in the pair they form with the result number next to them on the line (``27% ... 58%``).
+COMMON = re.compile(r"\d+(%|×|x| s| min| minutes| h| hours)")
+#: Numbers with a unit that are not results: settings and levels that many pages name.
+NOT_RESULTS = {"95%": "the confidence level of every interval"}
 
 
 def doc_files(root: Path) -> list[Path]:
@@ -95,40 +107,59 @@ def doc_files(root: Path) -> list[Path]:
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
-    """``(line number, line)`` of the prose: outside fenced code blocks, with inline code removed."""
+    """``(line number, line)`` of the prose: outside fenced code blocks, without inline code and link text."""
     out, fenced = [], False
     for number, line in enumerate(text.splitlines(), 1):
         if FENCE.match(line.strip()):
             fenced = not fenced
             continue
         if not fenced:
-            out.append((number, INLINE_CODE.sub(" ", line)))
+            out.append((number, LINK_TEXT.sub(" ", INLINE_CODE.sub(" ", line))))
     return out
 
 
-def result_numbers(text: str) -> list[tuple[int, str]]:
-    """``(line number, number with its unit)`` of each result number in the prose of a markdown ``text``.
+def result_numbers(line: str) -> list[str]:
+    """The result numbers of one line of prose, in order, each with its unit.
 
     Example:
-        >>> result_numbers("GiGPO reaches 72% in 1.5 s/iteration, 2× faster; `--seed 7s`\\n```\\n9%\\n```")
-        [(1, '72%'), (1, '1.5 s/iteration'), (1, '2×')]
+        >>> result_numbers("GiGPO reaches 72% in 1.5 s/iteration, 2× faster on 2×2 mazes (75–78%)")
+        ['72%', '1.5 s/iteration', '2×', '75–78%']
     """
     found = []
-    for number, line in prose_lines(text):
-        for match in NUMBER.finditer(line):
-            unit = match["unit"]
-            spaced = "" if unit in ("%", "×", "x") else " "
-            found.append((number, f"{match['num']}{spaced}{unit}"))
-    return found
+    for match in NUMBER.finditer(line):
+        unit = match["unit"]
+        found.append(f"{match['num']}{'' if unit in ('%', '×', 'x') else ' '}{unit}")
+    return [n for n in found if n not in NOT_RESULTS]
 
 
-def doc_numbers(root: Path) -> dict[str, dict[str, list[int]]]:
-    """Every result number of the doc pages: ``{number: {file: [line, ...]}}``."""
+def claims(line: str) -> list[str]:
+    """What a line states, as keys that two pages stating the same result share: each distinctive result
+    number (``1.74×``, ``37.7 s``, ``75–78%``), and each pair of neighbouring common integers (``27% -> 58%``:
+    neighbours among the line's common integers).
+
+    Example:
+        >>> claims("from 27% after SFT to 58% after RL, 1.74× the steps/s; 2× and 3×")
+        ['1.74×', '27% -> 58%', '58% -> 2×', '2× -> 3×']
+    """
+    numbers = result_numbers(line)
+    common = [n for n in numbers if COMMON.fullmatch(n)]
+    pairs = [f"{a} -> {b}" for a, b in zip(common, common[1:], strict=False)]
+    return [n for n in numbers if not COMMON.fullmatch(n)] + pairs
+
+
+def doc_claims(root: Path) -> dict[str, dict[str, list[int]]]:
+    """Every claim of the doc pages (``claims``): ``{claim: {file: [line, ...]}}``."""
     where: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for path in doc_files(root):
-        for line, token in result_numbers(path.read_text(encoding="utf-8")):
-            where[token][path.relative_to(root).as_posix()].append(line)
+        for line_number, line in prose_lines(path.read_text(encoding="utf-8")):
+            for key in claims(line):
+                where[key][path.relative_to(root).as_posix()].append(line_number)
     return {k: dict(v) for k, v in sorted(where.items())}
+
+
+def repeated_claims(root: Path) -> dict[str, dict[str, list[int]]]:
+    """The claims that more than one doc page states."""
+    return {k: v for k, v in doc_claims(root).items() if len(v) > 1}
 
 
 def names_in(node: ast.AST) -> set[str]:
@@ -381,7 +412,7 @@ def test_files(root: Path) -> dict[str, int]:
 
 def measure(root: Path) -> dict[str, Any]:
     """Every measurement of the module docstring, for the checkout at ``root``."""
-    numbers = doc_numbers(root)
+    numbers = doc_claims(root)
     duplicated = {k: v for k, v in numbers.items() if len(v) > 1}
     return {"loop": loop_shape(root), "packages": package_pairs(root), "turn": turn_builders(root),
             "episode_io": episode_io(root), "longest_functions": longest_functions(root),
@@ -408,7 +439,7 @@ def table(shape: dict[str, Any]) -> str:
                                       f"{len(shape['episode_io']['episode_readers'])}"),
         ("test files root / in folders", f"{shape['test_files']['root']} / "
                                          f"{shape['test_files']['in_folders']}"),
-        ("doc result numbers duplicated", f"{shape['doc_numbers']['duplicated']} of "
+        ("doc result claims in 2+ files", f"{shape['doc_numbers']['duplicated']} of "
                                           f"{shape['doc_numbers']['distinct']}"),
     ]
     width = max(len(name) for name, _ in rows)
