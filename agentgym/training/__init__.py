@@ -44,6 +44,10 @@ from agentgym.training.config.schema import (
     config_to_dict,
 )
 
+# The run's task samplers check rollout.task_sampler in every config check; importing them here (as the
+# algorithm API above) registers that check whatever module of the package is imported first.
+from agentgym.training.run import sampler_registry  # noqa: F401, E402  (registers its config check)
+
 __all__ = [
     "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig",
     "HookOption", "LossConfig", "OptimConfig", "Phase", "RolloutConfig", "SFTConfig", "TrainConfig",

@@ -17,14 +17,14 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import HookChain, RolloutHooks
 from agentgym.rollout.policy import SamplingParams, Scorer, capability
 from agentgym.training.api.algorithm import Algorithm, AlgorithmNeeds, get_algorithm
-from agentgym.training.api.loss_registry import POLICY_LOSSES
+from agentgym.training.api.loss_registry import POLICY_LOSSES, PolicyLoss, get_policy_loss
 from agentgym.training.api.options import get_hook_option
 from agentgym.training.api.plan import UpdatePlan
 from agentgym.training.api.terms import EntropyArgs, EntropyTerm, KLArgs, KLTerm, LossTerm, get_loss_term
+from agentgym.training.config.loading import SETTINGS_TYPES, register_config_check
 
 if TYPE_CHECKING:
     from agentgym.training.config.schema import TrainConfig
-    from agentgym.training.engine.losses import PolicyLoss
 
 
 @dataclass
@@ -75,9 +75,7 @@ class PluginSet:
 
     @property
     def policy_loss(self) -> PolicyLoss:
-        """The policy loss function (imports the torch loss module: only the trainer asks for it)."""
-        from agentgym.training.engine.losses import get_policy_loss
-
+        """The policy loss function (a built-in's once the update engine, which defines it, is imported)."""
         return get_policy_loss(self.policy_loss_name)
 
     @property
@@ -134,3 +132,9 @@ class PluginSet:
         if needs.answer and "answer" not in reset_info:
             raise ConfigError(f"{name!r} needs the env's privileged info['answer'], which {env_id!r} does "
                               "not provide; pick an env with ground-truth answers (e.g. search-qa-v0)")
+
+
+# The config checks a run's plug-ins and states an algorithm's defaults through these (the config is below
+# the algorithm API and names no plug-in).
+register_config_check(PluginSet.from_config)
+SETTINGS_TYPES["algorithm.args"] = lambda name: get_algorithm(name).args_type

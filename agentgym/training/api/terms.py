@@ -30,9 +30,9 @@ from agentgym.training.config.coercion import build
 if TYPE_CHECKING:
     import torch
 
+    from agentgym.training.api.aggregation import Aggregation
+    from agentgym.training.api.batch import TokenBatch
     from agentgym.training.config.schema import LossConfig
-    from agentgym.training.engine.aggregation import Aggregation
-    from agentgym.training.engine.packing import TokenBatch
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,7 +122,7 @@ def total_loss(policy_loss: Callable[..., tuple[torch.Tensor, dict[str, float]]]
         ``(loss, metrics)``: the policy loss's metrics, each term's, and ``loss/total``.
     """
     if outputs.agg is None:
-        from agentgym.training.engine.aggregation import Aggregation
+        from agentgym.training.api.aggregation import Aggregation
 
         outputs = replace(outputs, agg=Aggregation.from_config(cfg))
     loss, metrics = policy_loss(outputs.logprobs, batch.old_logprobs, batch.advantages, batch.response_mask,
@@ -180,7 +180,7 @@ class KLArgs:
     coef: float = 0.0
     """β: weight of the KL to the reference policy."""
     kl_type: Literal["k1", "k2", "k3"] = "k3"
-    """Estimator: ``k1``, ``k2`` or ``k3`` (see ``agentgym.training.engine.losses.kl_penalty``)."""
+    """Estimator: ``k1``, ``k2`` or ``k3`` (see ``agentgym.training.api.aggregation.kl_penalty``)."""
 
 
 class KLTerm(LossTerm):
@@ -206,8 +206,7 @@ class KLTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-        from agentgym.training.engine.aggregation import Aggregation
-        from agentgym.training.engine.losses import kl_penalty
+        from agentgym.training.api.aggregation import Aggregation, kl_penalty
 
         if outputs.ref_logprobs is None:
             raise ConfigError("the kl term got no reference log-probs; a term that reads them must set "
@@ -237,7 +236,7 @@ class EntropyTerm(LossTerm):
 
     def __call__(self, batch: TokenBatch, outputs: ForwardOutputs, cfg: LossConfig
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-        from agentgym.training.engine.aggregation import Aggregation
+        from agentgym.training.api.aggregation import Aggregation
 
         if outputs.entropy is None:
             raise ConfigError("the entropy term got no entropies; a term that reads them must set "

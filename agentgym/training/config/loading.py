@@ -25,9 +25,8 @@ import yaml
 from agentgym.backends.builder import list_backends, make_policy
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout.constraints import make_constraint
-from agentgym.training.api.algorithm import get_algorithm
-from agentgym.training.api.plugin_set import PluginSet
 from agentgym.training.config.coercion import build, yaml_problem
+from agentgym.training.config.quickstart import QUICKSTART
 from agentgym.training.config.schema import AlgorithmConfig, EnvConfig, TrainConfig, apply_overrides
 
 #: Settings that describe one env rather than the run: dropped when an override changes ``env.id``.
@@ -36,6 +35,23 @@ ENV_SETTINGS = ("env.kwargs", "env.max_turns", "rollout.action_format")
 PATH_FIELDS = ("env.tasks", "env.judge.cache_file", "sft.from_run")
 #: Env arguments (``env.kwargs``) read as paths: those whose names end so (``data_dir``, ``game_cache_dir``).
 PATH_ARGUMENT_SUFFIXES = ("_dir", "_file", "_path")
+
+
+#: The checks of the plug-in registries built on the config (the algorithm API's plug-in set, the run's task
+#: samplers), which add themselves when imported (``register_config_check``); importing any of
+#: ``agentgym.training`` imports them all first, so ``check_config`` always runs every one.
+CONFIG_CHECKS: list[Callable[[TrainConfig], object]] = []
+#: Per config section holding a plug-in's settings (``algorithm.args``), the settings type a plug-in name
+#: declares there (its registry adds the lookup, as ``CONFIG_CHECKS``); ``retarget`` states its defaults.
+SETTINGS_TYPES: dict[str, Callable[[str], type]] = {}
+
+
+def register_config_check(check: Callable[[TrainConfig], object]) -> Callable[[TrainConfig], object]:
+    """Run ``check(cfg)`` in every ``check_config`` (a plug-in registry's names and settings); it raises
+    ``RegistryError`` or ``ConfigError`` naming the field. Registering the same check again is a no-op."""
+    if check not in CONFIG_CHECKS:
+        CONFIG_CHECKS.append(check)
+    return check
 
 
 def check_config(cfg: TrainConfig) -> TrainConfig:
@@ -48,7 +64,8 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
             raise type(exc)(f"rollout.constraint: {exc}") from None
     if cfg.model.backend not in list_backends():
         make_policy(cfg.model)  # raises the registry's error, with suggestions
-    PluginSet.from_config(cfg)
+    for check in CONFIG_CHECKS:
+        check(cfg)
     return cfg
 
 
@@ -248,9 +265,12 @@ def _env_name(data: dict[str, Any]) -> str:
 
 
 def _defaults(name: str) -> str:
+    lookup = SETTINGS_TYPES.get("algorithm.args")
     try:
-        args_type = get_algorithm(name).args_type
+        args_type = lookup(name) if lookup is not None else None
     except RegistryError:  # the unknown name is reported by check_config, with suggestions
+        return ""
+    if args_type is None:
         return ""
     fields = [f"{f.name}={getattr(args_type, f.name, None)!r}" for f in dataclasses.fields(args_type)]
     return f" {', '.join(fields)}" if fields else ""
@@ -272,8 +292,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         RegistryError: an unknown algorithm, policy loss, loss term or hook option (with suggestions).
     """
     if path is None:
-        from agentgym.training.run.quickstart import QUICKSTART
-
         base: Any = QUICKSTART
     else:
         file = _config_file(path)

@@ -601,11 +601,6 @@ class TrainConfig:
                               "model.gradient_checkpointing to false")
         if self.rollout.temperature < 0 or self.eval.temperature < 0:
             raise ConfigError("rollout.temperature and eval.temperature must be >= 0")
-        from agentgym.training.run.sampler_registry import TASK_SAMPLERS
-
-        sampler = TASK_SAMPLERS.get(self.rollout.task_sampler)
-        if sampler.check is not None:
-            sampler.check(self)
         self._check_splits()
         return self
 

@@ -1,5 +1,6 @@
-"""The shared token-level loss pieces: ``aggregate``, the policy losses (PPO-clip, GSPO, CISPO, DPPO) and
-their registry, KL.
+"""The shared token-level loss pieces: ``aggregate`` and the built-in policy losses (PPO-clip, GSPO, CISPO,
+DPPO), registered here under the names the torch-free registry (``agentgym.training.api.loss_registry``)
+declares; ``kl_penalty`` and the registry's functions are re-exported from the algorithm API.
 
 Every function takes ``(rows, seq)`` tensors aligned as in ``agentgym.training.engine.packing`` and a
 ``response_mask`` of the same shape; only positions where the mask is 1 (generated response tokens)
@@ -10,28 +11,33 @@ Policy losses are plain callables registered by name (verl's ``core_algos`` patt
 signature, ``fn(logprobs, old_logprobs, advantages, mask, cfg, agg) -> (loss, metrics)``; built-ins are
 ``"ppo_clip"``, ``"gspo"``, ``"cispo"`` and ``"dppo"``. ``cfg`` is the run's
 ``agentgym.training.config.schema.LossConfig`` and ``agg`` the
-``agentgym.training.engine.aggregation.Aggregation`` that reduces per-token losses to the minibatch's loss
+``agentgym.training.api.aggregation.Aggregation`` that reduces per-token losses to the minibatch's loss
 (the run's ``loss.loss_agg_mode``, its norm length resolved for the minibatch). The KL and entropy terms
 added to the policy loss are loss terms (``agentgym.training.api.terms``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 
-from agentgym.errors import ConfigError, RegistryError
-from agentgym.training.api.loss_registry import POLICY_LOSSES  # torch-free, so a config check needs no torch
-from agentgym.training.config.schema import (  # declared once, beside the config's Literal types
-    AGG_MODES,  # noqa: F401  (re-exported: the modes ``aggregate`` takes)
-    KL_TYPES,
+from agentgym.training.api.aggregation import Aggregation, check_same_shape, kl_penalty, masked
+from agentgym.training.api.loss_registry import (  # torch-free, so a config check needs no torch
+    POLICY_LOSSES,
+    PolicyLoss,
+    get_policy_loss,
+    list_policy_losses,
+    register_policy_loss,
 )
-from agentgym.training.engine.aggregation import Aggregation, check_same_shape, masked
+from agentgym.training.config.schema import AGG_MODES  # the modes ``aggregate`` takes
+
+__all__ = ["AGG_MODES", "POLICY_LOSSES", "PolicyLoss", "aggregate", "cispo_policy_loss", "dppo_policy_loss",
+           "entropy_bonus", "get_policy_loss", "gspo_policy_loss", "kl_penalty", "list_policy_losses",
+           "policy_loss", "register_policy_loss"]
 
 if TYPE_CHECKING:
-    from agentgym.training.config.schema import AggMode, KlType, LossConfig
+    from agentgym.training.config.schema import AggMode, LossConfig
 
 #: GSPO: the log of the sequence ratio is capped here (verl's guard), so exp() stays finite.
 MAX_SEQUENCE_LOG_RATIO = 10.0
@@ -80,86 +86,7 @@ def aggregate(
 # --- policy loss -----------------------------------------------------------------------------------
 
 
-class PolicyLoss(Protocol):
-    """Contract of a registered policy loss.
-
-    Args:
-        logprobs: ``(rows, seq)`` log-probs under the policy being trained (with grad).
-        old_logprobs: ``(rows, seq)`` log-probs the data was sampled (or recomputed) with.
-        advantages: ``(rows, seq)`` per-token advantages (a turn's advantage on its response tokens).
-        mask: ``(rows, seq)`` response mask; nothing outside it may affect the loss or its gradients.
-        cfg: The ``LossConfig`` (clip ranges...).
-        agg: How per-token losses become the loss: ``agg.reduce(per_token, mask)`` (``total_loss`` passes
-            the minibatch's, by keyword).
-
-    Returns:
-        ``(loss, metrics)``: a 0-dim tensor to minimise and python floats keyed ``loss/<name>``,
-        at least ``loss/policy``.
-    """
-
-    def __call__(
-        self,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-        cfg: LossConfig,
-        agg: Aggregation,
-    ) -> tuple[torch.Tensor, dict[str, float]]: ...
-
-
-_LossT = TypeVar("_LossT", bound=Callable[..., tuple[torch.Tensor, dict[str, float]]])
-
-
-def register_policy_loss(name: str, *, override: bool = False) -> Callable[[_LossT], _LossT]:
-    """Decorator registering a ``PolicyLoss`` under ``name`` (a value of ``loss.loss_mode``).
-
-    Raises:
-        RegistryError: ``name`` is empty, or taken by another function and ``override`` is False.
-
-    Example:
-        >>> from agentgym.training.config.schema import LossConfig
-        >>> @register_policy_loss("doc_reinforce")
-        ... def reinforce(logprobs, old_logprobs, advantages, mask, cfg, agg):
-        ...     loss = agg.reduce(-advantages * logprobs, mask)
-        ...     return loss, {"loss/policy": loss.item()}
-        >>> get_policy_loss("doc_reinforce") is reinforce
-        True
-        >>> POLICY_LOSSES.unregister("doc_reinforce")
-    """
-    if not isinstance(name, str) or not name:
-        raise RegistryError(f"a policy loss name must be a non-empty string, got {name!r}")
-
-    def decorator(fn: _LossT) -> _LossT:
-        POLICY_LOSSES.register(name, fn, override=override)
-        return fn
-
-    return decorator
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    """The policy loss registered under ``name``.
-
-    Raises:
-        RegistryError: Unknown name; the message suggests close names and lists the registered ones.
-
-    Example:
-        >>> get_policy_loss("ppo_clip") is policy_loss
-        True
-        >>> get_policy_loss("ppo-clip")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        agentgym.errors.RegistryError: no policy loss named 'ppo-clip'. Did you mean 'ppo_clip'...
-    """
-    return POLICY_LOSSES.get(name)
-
-
-def list_policy_losses() -> list[str]:
-    """Registered policy-loss names, sorted."""
-    return POLICY_LOSSES.names()
-
-
-# override=True: the registry names the built-ins by reference until this module is imported.
+# override=True: the registry declares the built-ins by name until this module is imported.
 @register_policy_loss("ppo_clip", override=True)
 def policy_loss(
     logprobs: torch.Tensor,
@@ -427,56 +354,6 @@ def dppo_policy_loss(
 
 
 # --- KL and entropy ---------------------------------------------------------------------------------
-
-
-def kl_penalty(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    kind: KlType = "k3",
-    *,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-token estimate of KL(π ‖ π_ref) from the log-probs of the sampled tokens.
-
-    - ``k1``: logπ − logπ_ref (unbiased, can be negative).
-    - ``k2``: ½ (logπ − logπ_ref)².
-    - ``k3`` (verl's ``low_var_kl``): with d = logπ_ref − logπ clamped to ±20, e^d − d − 1, then
-      clamped to [−10, 10]; always ≥ 0 and 0 where the two agree.
-
-    Args:
-        logprobs: ``(rows, seq)`` current log-probs.
-        ref_logprobs: ``(rows, seq)`` reference log-probs.
-        kind: One of ``KL_TYPES``.
-        mask: When given, entries outside it are 0 and get no gradient.
-
-    Returns:
-        ``(rows, seq)`` float32; reduce it with an ``Aggregation`` (or ``aggregate``).
-
-    Raises:
-        ConfigError: An unknown ``kind`` or mismatched shapes.
-
-    Example:
-        >>> lp, ref = torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, 0.0]])
-        >>> [round(x, 4) for x in kl_penalty(lp, ref, "k3")[0].tolist()]   # e^1 - 1 - 1
-        [0.0, 0.7183]
-    """
-    if kind not in KL_TYPES:
-        raise ConfigError(f"unknown kl_type {kind!r}; valid: {list(KL_TYPES)}")
-    if ref_logprobs.shape != logprobs.shape:
-        raise ConfigError(f"ref_logprobs has shape {tuple(ref_logprobs.shape)}, "
-                          f"logprobs {tuple(logprobs.shape)}")
-    logprobs, ref_logprobs = logprobs.float(), ref_logprobs.float()
-    if mask is not None:
-        check_same_shape(mask, logprobs=logprobs)
-        keep = mask.bool()
-        logprobs, ref_logprobs = masked(logprobs, keep), masked(ref_logprobs, keep)
-    if kind == "k1":
-        return logprobs - ref_logprobs
-    if kind == "k2":
-        return 0.5 * (logprobs - ref_logprobs).square()
-    # The clamps guard exp() against overflow where the two policies disagree wildly (verl).
-    d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
-    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
 
 
 def entropy_bonus(

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+import agentgym.training.engine.losses  # noqa: F401  (registers the built-in policy losses' functions)
 from agentgym.errors import ConfigError
 from agentgym.rollout.records import Turn
+from agentgym.training.api.aggregation import Aggregation
 from agentgym.training.api.terms import ForwardOutputs, total_loss
 from agentgym.training.api.turn_table import TurnTable
-from agentgym.training.engine.aggregation import Aggregation
 from agentgym.training.engine.offpolicy import DEFAULT_CAP, importance_corrected
 from agentgym.training.engine.packing import (
     TokenBatch,
@@ -38,7 +39,7 @@ from agentgym.training.engine.packing import (
     token_minibatches,
 )
 from agentgym.training.engine.prefix import prefix_order, shared_prefix_logprobs
-from agentgym.training.run.distributed import Distributed
+from agentgym.training.engine.processes import OneProcess, Processes
 
 if TYPE_CHECKING:
     from agentgym.training.api.plugin_set import PluginSet
@@ -78,7 +79,7 @@ class PolicyUpdate:
                  loss: LossConfig, optim: OptimConfig, *, temperature: float, max_length: int,
                  pad_token_id: int, seed: int, drop_zero_advantage_turns: bool = False,
                  ref_model: torch.nn.Module | None = None,
-                 dist: Distributed | None = None, micro_batch_tokens: int | None = None,
+                 dist: Processes | None = None, micro_batch_tokens: int | None = None,
                  response_logits: bool = False, share_prefixes: bool = False,
                  tis_cap: float | None = None, poll: Callable[[], None] | None = None) -> None:
         self.model = model
@@ -94,7 +95,7 @@ class PolicyUpdate:
         self.seed = seed
         self.drop_zero_advantage_turns = drop_zero_advantage_turns
         self.ref_model = ref_model
-        self.dist = dist or Distributed()
+        self.dist: Processes = dist or OneProcess()
         self.micro_batch_tokens = micro_batch_tokens
         self.all_positions = not response_logits
         if share_prefixes and self.dist.world_size > 1:

@@ -12,6 +12,7 @@ from typing import Any
 
 from agentgym.errors import UnknownPlugin
 from agentgym.plugins import PluginRegistry
+from agentgym.training.config.loading import register_config_check
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,19 @@ def register_task_sampler(name: str, build: Callable[[Any, int], Any], *,
         >>> TASK_SAMPLERS.unregister("doc-fixed")
     """
     return TASK_SAMPLERS.register(name, SamplerSpec(build, check), override=override)
+
+
+def check_task_sampler(cfg: Any) -> None:
+    """The config check of ``rollout.task_sampler`` (``register_config_check``): a registered name, and
+    settings the sampler accepts.
+
+    Raises:
+        UnknownPlugin: an unknown sampler name (with suggestions).
+        ConfigError: the sampler's own check, naming the setting.
+    """
+    sampler = TASK_SAMPLERS.get(cfg.rollout.task_sampler)
+    if sampler.check is not None:
+        sampler.check(cfg)
+
+
+register_config_check(check_task_sampler)
