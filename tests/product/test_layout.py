@@ -141,55 +141,111 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-#: Which agentgym sub-packages each layer may import (besides itself and the top level's env API).
-LAYERS = {
+#: The tree's layers: which packages each package may import, besides itself and the top level's env API
+#: (``agentgym.core``, ``registry``, ``errors``... which import no package). Every package of the tree has a
+#: row, and every import is checked against it, lazy (in-function) and type-only ones included: an import
+#: that is not in its package's row points up or sideways.
+TRAINING = ("agentgym.training.config", "agentgym.training.api", "agentgym.training.engine",
+            "agentgym.training.run")
+ALLOWED: dict[str, set[str]] = {
     "agentgym.rollout": set(),
     # the helper kit of every HTTP service and client; it knows no service
     "agentgym.service_kit": set(),
+    "agentgym.http": {"agentgym.service_kit"},
+    "agentgym.sandbox": {"agentgym.service_kit"},
+    "agentgym.retrieval": {"agentgym.service_kit"},
     # serve-policy is a service like the sandbox and retrieval: it stands on the service kit
     "agentgym.backends": {"agentgym.rollout", "agentgym.service_kit"},
     # where the envs of training and evaluation come from: in-process, env services (http/), Ray
     "agentgym.sources": {"agentgym.rollout", "agentgym.http"},
     "agentgym.eval": {"agentgym.rollout", "agentgym.backends", "agentgym.sources", "agentgym.http",
                       "agentgym.service_kit"},
-    "agentgym.training": {"agentgym.rollout", "agentgym.backends", "agentgym.sources"},
     # a user's agent as an env behind an OpenAI-compatible proxy: the chat rendering of rollout/, the wire
     # models of the policy server, the held-out seed range of eval/
     "agentgym.harness": {"agentgym.rollout", "agentgym.backends", "agentgym.eval", "agentgym.http"},
-    "agentgym.http": {"agentgym.service_kit"},
-    "agentgym.sandbox": {"agentgym.service_kit"},
-    "agentgym.retrieval": {"agentgym.service_kit"},
+    # training/ is config < api < engine < run: each imports only those to its left (and the layers below)
+    "agentgym.training.config": {"agentgym.rollout", "agentgym.backends"},
+    "agentgym.training.api": {"agentgym.rollout", "agentgym.backends", *TRAINING[:1]},
+    "agentgym.training.engine": {"agentgym.rollout", "agentgym.backends", *TRAINING[:2]},
+    "agentgym.training.run": {"agentgym.rollout", "agentgym.backends", "agentgym.sources", *TRAINING[:3]},
+    # the package's face (``from agentgym.training import load_config``) re-exports its layers
+    "agentgym.training": set(TRAINING),
+    # plug-ins of the framework, as a third-party package would be: they import it, never the CLI or
+    # each other
+    "agentgym.envs": {"agentgym.rollout", "agentgym.service_kit", "agentgym.http", "agentgym.sandbox",
+                      "agentgym.retrieval", "agentgym.harness"},
+    "agentgym.trainers": {"agentgym.rollout", *TRAINING[:3]},
+    # the application: every layer of the framework, no plug-in (they are found by name)
+    "agentgym.cli": {"agentgym.rollout", "agentgym.service_kit", "agentgym.http", "agentgym.sandbox",
+                     "agentgym.retrieval", "agentgym.backends", "agentgym.sources", "agentgym.eval",
+                     "agentgym.harness", *TRAINING, "agentgym.training"},
 }
-SUBPACKAGES = {*LAYERS, "agentgym.envs", "agentgym.trainers"}
+TOP = "agentgym (top level)"
+
+
+def _package(module: str) -> str:
+    """The row of ``ALLOWED`` a module belongs to (the longest matching package), or ``TOP``."""
+    if module == "agentgym.__main__":
+        return "agentgym.cli"
+    found = [p for p in ALLOWED if module == p or module.startswith(p + ".")]
+    return max(found, key=len) if found else TOP
+
+
+def _against_the_table(graph: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
+    """One line per import that its package's row does not allow: the module, the import and the rule."""
+    wrong = []
+    for module, targets in graph.items():
+        home = _package(module)
+        for target in sorted(targets):
+            there = _package(target)
+            if there == home or there == TOP and home != TOP:
+                continue
+            if home == TOP:
+                wrong.append(f"{module} imports {target}: the top level (the env API) imports no package")
+            elif there not in allowed[home]:
+                rule = ", ".join(sorted(allowed[home])) or "none"
+                wrong.append(f"{module} imports {target}: {home} may import {rule} (ALLOWED in "
+                             f"tests/product/test_layout.py)")
+    return sorted(wrong)
+
+
+def test_every_package_has_a_row() -> None:
+    """A new package takes its place in the table; it does not fall through to the top level."""
+    packages = {".".join(name.split(".")[:2]) for name, path in MODULES.items() if path.name == "__init__.py"}
+    packages |= {".".join(name.split(".")[:3]) for name in MODULES if name.startswith("agentgym.training.")
+                 and MODULES[name].name == "__init__.py"}
+    missing = sorted(p for p in packages if p != "agentgym" and p not in ALLOWED)
+    assert not missing, f"packages without a row in ALLOWED (tests/product/test_layout.py): {missing}"
+
+
+def test_every_import_follows_the_table() -> None:
+    """Lazy (in-function) and type-only imports count: each is a dependency of its module."""
+    wrong = _against_the_table(GRAPH, ALLOWED)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_table_check_names_the_module_the_import_and_the_rule() -> None:
+    graph = {"agentgym.training.config.schema": {"agentgym.training.run.loop", "agentgym.core"},
+             "agentgym.core": {"agentgym.rollout.records"},
+             "agentgym.training.run.loop": {"agentgym.training.engine.update"}}
+    assert _against_the_table(graph, ALLOWED) == [
+        "agentgym.core imports agentgym.rollout.records: the top level (the env API) imports no package",
+        "agentgym.training.config.schema imports agentgym.training.run.loop: agentgym.training.config may "
+        "import agentgym.backends, agentgym.rollout (ALLOWED in tests/product/test_layout.py)"]
+
+
+def _two_way_pairs(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    edges = {(_package(m), _package(t)) for m, targets in graph.items() for t in targets}
+    return {tuple(sorted(edge)) for edge in edges if edge[0] != edge[1] and edge[::-1] in edges}
+
+
+def test_no_two_packages_import_each_other() -> None:
+    assert _two_way_pairs(GRAPH) == set()
 
 
 def _subpackage(module: str) -> str | None:
-    for package in SUBPACKAGES:
-        if module == package or module.startswith(package + "."):
-            return package
-    return None
-
-
-def test_layers_only_point_down() -> None:
-    wrong = []
-    for module, targets in GRAPH.items():
-        home = _subpackage(module)
-        if home in ("agentgym.envs", "agentgym.trainers"):
-            continue
-        app = module.startswith("agentgym.cli") or module == "agentgym.__main__"  # may use every layer
-        for target in targets:
-            there = _subpackage(target)
-            if there is None or there == home:
-                continue
-            if there in ("agentgym.envs", "agentgym.trainers"):
-                wrong.append(f"{module} imports the plug-in {target}")
-            elif app:
-                continue
-            elif home is None:
-                wrong.append(f"top-level {module} imports {target}")  # the env API stands alone
-            elif there not in LAYERS[home]:
-                wrong.append(f"{module} ({home}) imports {target} ({there})")
-    assert not wrong, "\n".join(sorted(wrong))
+    package = _package(module)
+    return None if package == TOP else package
 
 
 def test_plugins_import_the_framework_never_each_other_privately() -> None:
