@@ -12,10 +12,9 @@ are loaded from this package's ``aggregation`` and ``batch`` modules when first 
 imports the update engine or the run, which build on it.
 
 Example:
-    >>> import sys
     >>> from agentgym.training.api import TurnTable, episode_advantages, register_policy_loss
-    >>> register_policy_loss.__module__, "torch" in sys.modules
-    ('agentgym.training.api.loss_registry', False)
+    >>> register_policy_loss.__module__
+    'agentgym.training.api.loss_registry'
 """
 
 from __future__ import annotations
