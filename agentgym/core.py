@@ -155,14 +155,35 @@ def text_space() -> TextSpace:
     return TextSpace(MAX_TEXT_CHARS)
 
 
+def _resolving_task_options(reset: Callable[..., tuple[str, dict[str, Any]]]) -> Callable[..., Any]:
+    """``reset`` that first turns options ``split``/``index`` into a seed or ``task_id`` (see ``Env``)."""
+
+    @functools.wraps(reset)
+    def reset_task(
+        self: Env, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        if not self.resolves_tasks or not isinstance(options, dict):
+            return reset(self, seed=seed, options=options)
+        seed, options, task = self.resolve_task_options(seed, options)
+        obs, info = reset(self, seed=seed, options=options)
+        if task is not None and isinstance(info, dict):
+            info["task_ref"] = task
+        return obs, info
+
+    return reset_task
+
+
 class Env(gymnasium.Env[str, str]):
     """A text environment: observations and actions are strings.
 
     Subclasses MUST implement:
 
-    - ``reset(*, seed=None, options=None) -> (observation, info)``. Call ``super().reset(seed=seed)``
-      first so ``self.np_random`` is seeded. With only a seed, the env picks the task from the seed;
-      ``options["task_id"]`` (when the env has named tasks) picks it explicitly.
+    - the start of an episode, in one of two ways. Either the three hooks that ``Env.reset`` calls:
+      ``choose_task(seed)`` (with only a seed, the env picks the task from it, drawing from the already
+      seeded ``self.np_random``), ``parse_task_id(task_id)`` (``options["task_id"]`` picks a named task
+      explicitly) and ``start_task(task, options) -> (observation, info)``; or
+      ``reset(*, seed=None, options=None) -> (observation, info)`` itself, calling
+      ``super().reset(seed=seed)`` first so ``self.np_random`` is seeded.
     - ``step(action) -> (observation, reward, terminated, truncated, info)``.
       ``terminated`` means the episode reached a terminal state of the task (solved, failed, lost);
       ``truncated`` means it was cut short from outside the task — by the turn budget
@@ -230,6 +251,9 @@ class Env(gymnasium.Env[str, str]):
     Changed in v0.1: overriding ``expert_action`` sets ``has_expert`` (it had to be set as well, and an env
     that set only the method had its expert ignored by ``check``, ``eval --policy expert`` and SFT).
 
+    Changed in v0.1: ``reset`` calls the hooks ``choose_task``/``parse_task_id``/``start_task``, because
+    every env of tasks repeated the same seeding and ``task_id`` dispatch in its own ``reset``.
+
     Changed in v0.1: the task API (``task_splits``, ``task``, ``reset`` options ``split``/``index``,
     ``info["task_ref"]``), because users of an env want to discover its tasks and start a given one,
     not only to pass seeds.
@@ -271,12 +295,79 @@ class Env(gymnasium.Env[str, str]):
         if "expert_action" in cls.__dict__ and "has_expert" not in cls.__dict__:
             cls.has_expert = True
 
+    @_resolving_task_options
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Start a new episode. Subclasses call ``super().reset(seed=seed)`` to seed ``np_random``."""
+        """Start a new episode: seed ``np_random``, choose the task, start it.
+
+        The task comes from ``parse_task_id(options["task_id"])`` when the options name one, else from
+        ``choose_task(seed)``; ``start_task(task, options)`` then sets the episode up and returns the
+        first observation and info. An env of tasks writes those three hooks and no ``reset``. An env
+        that writes its own ``reset`` calls ``super().reset(seed=seed)`` first so ``np_random`` is
+        seeded; with the default hooks that call returns ``("", {"state_key": ""})``.
+
+        Example:
+            >>> class Pick(Env):
+            ...     def parse_task_id(self, task_id):
+            ...         return int(task_id.removeprefix("n"))
+            ...     def choose_task(self, seed):
+            ...         return self.seed_or_draw(seed, 10) % 10
+            ...     def start_task(self, task, options):
+            ...         return f"number {task}", {"state_key": str(task), "task_id": f"n{task}"}
+            >>> Pick().reset(seed=13)
+            ('number 3', {'state_key': '3', 'task_id': 'n3'})
+            >>> Pick().reset(options={"task_id": "n7"})[0]
+            'number 7'
+        """
         super().reset(seed=seed)
+        options = options or {}
+        task_id = options.get("task_id")
+        task = self.choose_task(seed) if task_id is None else self.parse_task_id(task_id)
+        return self.start_task(task, options)
+
+    def parse_task_id(self, task_id: Any) -> Any:
+        """The task ``reset(options={"task_id": task_id})`` starts, in whatever form ``start_task`` takes.
+
+        Override it in an env of named tasks; raise ``ConfigError`` for an id that names none of them,
+        saying what ids look like. The default ignores the id (an env without task ids).
+        """
+        return None
+
+    def choose_task(self, seed: int | None) -> Any:
+        """The task a reset with only ``seed`` starts (``seed`` is ``None``: draw it from ``np_random``).
+
+        ``np_random`` is already seeded with ``seed``; every draw comes from it, so the same seed gives
+        the same task. The default chooses nothing.
+        """
+        return None
+
+    def start_task(self, task: Any, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Set up the episode of ``task`` (what ``parse_task_id``/``choose_task`` gave) and observe it.
+
+        Args:
+            task: The chosen task.
+            options: The ``reset`` options (``{}`` when none), ``task_id`` included when it was given.
+
+        Returns:
+            ``(observation, info)`` of the first step of the episode; ``info`` names the task in
+            ``task_id`` where the env has task ids.
+        """
         return "", {"state_key": ""}
+
+    def seed_or_draw(self, seed: int | None, bound: int) -> int:
+        """``seed`` itself, or when it is ``None`` an integer in ``0..bound-1`` drawn from ``np_random``.
+
+        The choice of most seeded envs: the seed is the task (a level, a game), and a reset without one
+        still plays a reproducible task of ``np_random``'s stream.
+
+        Example:
+            >>> env = Env()
+            >>> _ = env.reset(seed=3)
+            >>> env.seed_or_draw(42, 10), 0 <= env.seed_or_draw(None, 10) < 10
+            (42, True)
+        """
+        return seed if seed is not None else int(self.np_random.integers(bound))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Apply one action; see the class docstring for the meaning of the five values."""
@@ -411,21 +502,3 @@ class Env(gymnasium.Env[str, str]):
             raise EnvContractError(f"{type(self.unwrapped).__name__}.describe_task gave no task_id for task "
                                    f"{index} of named split {chosen.name!r}; reset starts those by task_id")
         return index, {**rest, "task_id": task_id}, task
-
-
-def _resolving_task_options(reset: Callable[..., tuple[str, dict[str, Any]]]) -> Callable[..., Any]:
-    """``reset`` that first turns options ``split``/``index`` into a seed or ``task_id`` (see ``Env``)."""
-
-    @functools.wraps(reset)
-    def reset_task(
-        self: Env, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        if not self.resolves_tasks or not isinstance(options, dict):
-            return reset(self, seed=seed, options=options)
-        seed, options, task = self.resolve_task_options(seed, options)
-        obs, info = reset(self, seed=seed, options=options)
-        if task is not None and isinstance(info, dict):
-            info["task_ref"] = task
-        return obs, info
-
-    return reset_task

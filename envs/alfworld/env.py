@@ -245,17 +245,16 @@ class AlfWorldEnv(Env):
 
     # --- episode --------------------------------------------------------------------------------
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            path = self._resolve_task(task_id)
-        else:
-            index = (seed % self.num_games if seed is not None
-                     else int(self.np_random.integers(self.num_games)))
-            task_id, path = self._pool_entry(index)
+    def parse_task_id(self, task_id: Any) -> tuple[str, Path]:
+        """The task id and its game file."""
+        return task_id, self._resolve_task(task_id)
+
+    def choose_task(self, seed: int | None) -> tuple[str, Path]:
+        """The seed's game of the pool (seed modulo its size): its task id and game file."""
+        return self._pool_entry(self.seed_or_draw(seed, self.num_games) % self.num_games)
+
+    def start_task(self, task: tuple[str, Path], options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        task_id, path = task
         if self._engine is None:
             self._engine = AlfredEngine.acquire(self.expert_type)
         self._state = None

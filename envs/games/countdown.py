@@ -335,16 +335,19 @@ class CountdownEnv(Env):
         self._attempts = 0
         self._over = False
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    def parse_task_id(self, task_id: Any) -> tuple[tuple[int, ...], int]:
+        """The puzzle's numbers and target."""
+        return parse_task_id(task_id)
+
+    def choose_task(self, seed: int | None) -> tuple[tuple[int, ...], int]:
+        """A puzzle drawn from the seeded ``np_random``."""
+        count = int(self.np_random.integers(self.min_numbers, self.max_numbers + 1))
+        return generate_puzzle(self.np_random, count)
+
+    def start_task(
+        self, task: tuple[tuple[int, ...], int], options: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            self._numbers, self._target = parse_task_id(task_id)
-        else:
-            count = int(self.np_random.integers(self.min_numbers, self.max_numbers + 1))
-            self._numbers, self._target = generate_puzzle(self.np_random, count)
+        self._numbers, self._target = task
         self._attempts, self._over = 0, False
         info = self._info(invalid=False, success=False)
         info["instructions"] = self.instructions

@@ -264,16 +264,16 @@ class MazeEnv(Env):
         self._level: _Level | None = None
         self._pos = -1
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            size, loop_fraction, level_seed = parse_task_id(task_id)
-        else:
-            size, loop_fraction = self.size, self.loop_fraction
-            level_seed = seed if seed is not None else int(self.np_random.integers(2**63))
+    def parse_task_id(self, task_id: Any) -> tuple[int, float, int]:
+        """``(size, loop_fraction, level_seed)`` of a maze task id (any size, not only this env's)."""
+        return parse_task_id(task_id)
+
+    def choose_task(self, seed: int | None) -> tuple[int, float, int]:
+        """This env's size and loop fraction, generated from the seed."""
+        return self.size, self.loop_fraction, self.seed_or_draw(seed, 2**63)
+
+    def start_task(self, task: tuple[int, float, int], options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        size, loop_fraction, level_seed = task
         self._level = _level(size, loop_fraction, int(level_seed))
         self._pos = self._level.start
         info = self._info(invalid=False, success=False)

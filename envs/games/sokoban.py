@@ -418,16 +418,16 @@ class SokobanEnv(Env):
         self._boxes_key = ""
         self._solved = self._stuck = False
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            size, num_boxes, level_seed = parse_task_id(task_id)
-        else:
-            size, num_boxes = self.size, self.num_boxes
-            level_seed = seed if seed is not None else int(self.np_random.integers(2**63))
+    def parse_task_id(self, task_id: Any) -> tuple[int, int, int]:
+        """``(size, num_boxes, level_seed)`` of a Sokoban task id (any size, not only this env's)."""
+        return parse_task_id(task_id)
+
+    def choose_task(self, seed: int | None) -> tuple[int, int, int]:
+        """A level of this env's size and box count, generated from the seed."""
+        return self.size, self.num_boxes, self.seed_or_draw(seed, 2**63)
+
+    def start_task(self, task: tuple[int, int, int], options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        size, num_boxes, level_seed = task
         self._level = _level(size, num_boxes, int(level_seed), self.max_generation_tries)
         self._player = self._level.start[0]
         self._set_boxes(self._level.start[1])

@@ -161,27 +161,30 @@ class TicTacToeEnv(Env):
         return {"task_id": format_task_id(agent_first, seed),
                 "description": f"{'you move' if agent_first else 'the opponent moves'} first; seed {seed}"}
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    def parse_task_id(self, task_id: Any) -> tuple[int, bool | None]:
+        """``(task_seed, agent_first)`` of a task id."""
+        agent_first, task_seed = parse_task_id(task_id)
+        return task_seed, agent_first
+
+    def choose_task(self, seed: int | None) -> tuple[int, bool | None]:
+        """The seed as the task seed; who moves first is decided in ``start_task`` (``None`` here)."""
+        return self.seed_or_draw(seed, _SEED_BOUND), None
+
+    def start_task(
+        self, task: tuple[int, bool | None], options: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        options = options or {}
+        task_seed, agent_first = task
         first = options.get("first_player", self.first_player)
         self._check_first_player(first, "options['first_player']")
-        task_id = options.get("task_id")
-        if task_id is not None:
-            agent_first, task_seed = parse_task_id(task_id)
-            if first != "random" and (first == "agent") != agent_first:
-                raise ConfigError(
-                    f"options['first_player']={first!r} contradicts task_id {task_id!r}; "
-                    "pass only one of them"
-                )
-        else:
-            task_seed = seed if seed is not None else int(self.np_random.integers(_SEED_BOUND))
+        if agent_first is not None and first != "random" and (first == "agent") != agent_first:
+            raise ConfigError(
+                f"options['first_player']={first!r} contradicts task_id {options.get('task_id')!r}; "
+                "pass only one of them"
+            )
         # Every game's randomness comes from its task seed, so a task id replays the game exactly.
-        super().reset(seed=task_seed)
+        self._np_random, self._np_random_seed = seeding.np_random(task_seed)
         coin = bool(self.np_random.random() < 0.5)  # drawn always, so the stream never depends on options
-        if task_id is None:
+        if agent_first is None:
             agent_first = coin if first == "random" else first == "agent"
         self._task_id = format_task_id(agent_first, task_seed)
         self._board, self._over = EMPTY * 9, False

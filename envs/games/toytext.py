@@ -303,16 +303,14 @@ class ToyTextEnv(Env):
 
     # --- the episode -----------------------------------------------------------------------------
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        options = dict(options or {})
-        task_id = options.pop("task_id", None)
-        if task_id is not None:
-            task_seed = self.parse_task_id(task_id)
-        else:
-            task_seed = seed if seed is not None else int(self.np_random.integers(_SEED_BOUND))
+    def choose_task(self, seed: int | None) -> int:
+        """The task seed: the seed itself (drawn from ``np_random`` when there is none)."""
+        return self.seed_or_draw(seed, _SEED_BOUND)
+
+    def start_task(self, task: int, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        task_seed = task
+        # The other options are the Gymnasium env's own.
+        options = {key: value for key, value in options.items() if key != "task_id"}
         if self._shared is not None:
             gym_env = self._shared
         else:

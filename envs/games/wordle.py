@@ -199,15 +199,16 @@ class WordleEnv(Env):
         """Names the secret by its place in the list (the word itself is the answer, so not shown)."""
         return {"task_id": format_task_id(index), "description": f"secret word #{index} of the bundled list"}
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            self._index = parse_task_id(task_id)
-        else:
-            self._index = int(self.np_random.integers(len(load_words())))
+    def parse_task_id(self, task_id: Any) -> int:
+        """The secret's place in the bundled list."""
+        return parse_task_id(task_id)
+
+    def choose_task(self, seed: int | None) -> int:
+        """A secret drawn from the seeded ``np_random``."""
+        return int(self.np_random.integers(len(load_words())))
+
+    def start_task(self, task: int, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._index = task
         self._history, self._over = [], False
         info = self._info(invalid=False)
         info["instructions"] = self.instructions

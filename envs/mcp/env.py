@@ -139,17 +139,18 @@ class MCPEnv(Env):
 
     # --- the episode ------------------------------------------------------------------------------
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            if str(task_id) not in self._by_id:
-                known = ", ".join(list(self._by_id)[:5])
-                raise ConfigError(f"no task has id {task_id!r}; ids look like {known}")
-            task = self._by_id[str(task_id)]
-        else:
-            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+    def parse_task_id(self, task_id: Any) -> dict[str, Any]:
+        """The task whose id is ``task_id``."""
+        if str(task_id) not in self._by_id:
+            known = ", ".join(list(self._by_id)[:5])
+            raise ConfigError(f"no task has id {task_id!r}; ids look like {known}")
+        return self._by_id[str(task_id)]
+
+    def choose_task(self, seed: int | None) -> dict[str, Any]:
+        """A task drawn from the seeded ``np_random``."""
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    def start_task(self, task: dict[str, Any], options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if self.restart_per_episode:
             self.connection.close()
         self._connect()

@@ -24,7 +24,7 @@ import numpy as np
 from agentgym import cache
 from agentgym.core import SEEDED_SPLITS, Env, TaskSplit
 from agentgym.errors import ConfigError
-from agentgym.http.launcher import python_command
+from agentgym.service_kit.launcher import python_command
 
 #: Bump when the cached files or the way they are generated change; old entries are then ignored.
 CACHE_FORMAT = 1
@@ -398,20 +398,14 @@ class TextWorldEnv(Env):
 
     # --- episode --------------------------------------------------------------------------------
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            game_seed = self._parse_task_id(task_id)
-        elif self.num_games is not None:
-            index = (seed % self.num_games if seed is not None
-                     else int(self.np_random.integers(self.num_games)))
-            game_seed = self.game_seed_offset + index
-        else:
-            raw = seed if seed is not None else int(self.np_random.integers(_GAME_SEED_BOUND))
-            game_seed = (self.game_seed_offset + raw) % _GAME_SEED_BOUND
+    def choose_task(self, seed: int | None) -> int:
+        """The game seed: the seed's game of the pool (``num_games``), else the seed offset by the env's."""
+        if self.num_games is not None:
+            return self.game_seed_offset + self.seed_or_draw(seed, self.num_games) % self.num_games
+        return (self.game_seed_offset + self.seed_or_draw(seed, _GAME_SEED_BOUND)) % _GAME_SEED_BOUND
+
+    def start_task(self, task: int, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        game_seed = task
         self._load(ensure_game(self.challenge, self.settings, game_seed, self.cache_dir))
         self._task_id = format_task_id(self.challenge, self.settings, game_seed)
         self._state = self._tw.reset()
@@ -471,7 +465,8 @@ class TextWorldEnv(Env):
             self._tw = textworld.start(str(path), request_infos=infos)
         self._game_path = path
 
-    def _parse_task_id(self, task_id: Any) -> int:
+    def parse_task_id(self, task_id: Any) -> int:
+        """The game seed of a task id of this env's challenge and settings."""
         match = _TASK_RE.fullmatch(task_id) if isinstance(task_id, str) else None
         mine = settings_text(self.settings)
         if match is None or int(match.group(3)) >= _GAME_SEED_BOUND:

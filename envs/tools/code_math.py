@@ -228,16 +228,18 @@ class CodeMathEnv(Env):
         problem = generate_problem(template, self.difficulty, int(rng.integers(MAX_PROBLEM_SEED)))
         return {"task_id": problem.id, "description": " ".join(problem.question.split())}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            self._problem = problem_from_id(task_id)
-        else:
-            template = self.templates[int(self.np_random.integers(len(self.templates)))]
-            problem_seed = int(self.np_random.integers(MAX_PROBLEM_SEED))
-            self._problem = generate_problem(template, self.difficulty, problem_seed)
+    def parse_task_id(self, task_id: Any) -> MathProblem:
+        """The problem ``task_id`` names (its template, difficulty and seed)."""
+        return problem_from_id(task_id)
+
+    def choose_task(self, seed: int | None) -> MathProblem:
+        """A problem of a template and problem seed drawn from the seeded ``np_random``."""
+        template = self.templates[int(self.np_random.integers(len(self.templates)))]
+        problem_seed = int(self.np_random.integers(MAX_PROBLEM_SEED))
+        return generate_problem(template, self.difficulty, problem_seed)
+
+    def start_task(self, task: MathProblem, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._problem = task
         self._cells, self._last, self._over = [], None, False
         info = self._info(invalid=False, success=False)
         info["instructions"] = self.instructions

@@ -197,17 +197,19 @@ class CodeTestsEnv(Env):
         problem = self.problems[index]
         return {"task_id": problem.id, "description": problem.title}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            if task_id not in self.by_id:
-                raise ConfigError(f"unknown code-tests task_id {task_id!r}; ids are function names such as "
-                                  f"{self.problems[0].id!r}")
-            self._problem = self.by_id[task_id]
-        else:
-            self._problem = self.problems[int(self.np_random.integers(len(self.problems)))]
+    def parse_task_id(self, task_id: Any) -> CodeProblem:
+        """The problem whose function name is ``task_id``."""
+        if task_id not in self.by_id:
+            raise ConfigError(f"unknown code-tests task_id {task_id!r}; ids are function names such as "
+                              f"{self.problems[0].id!r}")
+        return self.by_id[task_id]
+
+    def choose_task(self, seed: int | None) -> CodeProblem:
+        """A problem drawn from the seeded ``np_random``."""
+        return self.problems[int(self.np_random.integers(len(self.problems)))]
+
+    def start_task(self, task: CodeProblem, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._problem = task
         self._submissions, self._score, self._over = 0, 0, False
         info = self._info(invalid=False, success=False)
         info["instructions"] = self.instructions

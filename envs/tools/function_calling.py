@@ -169,19 +169,19 @@ class FunctionCallingEnv(Env):
         return {"task_id": format_task_id(family, number),
                 "description": f"a {family} task (number {number})"}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            family, number = parse_task_id(task_id)
-        else:
-            family = self.families[int(self.np_random.integers(len(self.families)))]
-            if self.split == "all":
-                number = int(self.np_random.integers(NUM_TASKS))
-            else:
-                number = 2 * int(self.np_random.integers(NUM_TASKS // 2)) + (self.split == "test")
-        self._task = generate_task(family, number)
+    def parse_task_id(self, task_id: Any) -> tuple[str, int]:
+        """The task's family and number."""
+        return parse_task_id(task_id)
+
+    def choose_task(self, seed: int | None) -> tuple[str, int]:
+        """A family and a number of this env's split, drawn from the seeded ``np_random``."""
+        family = self.families[int(self.np_random.integers(len(self.families)))]
+        if self.split == "all":
+            return family, int(self.np_random.integers(NUM_TASKS))
+        return family, 2 * int(self.np_random.integers(NUM_TASKS // 2)) + (self.split == "test")
+
+    def start_task(self, task: tuple[str, int], options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._task = generate_task(*task)
         self._db, self._facts, self._over = Database(self._task.initial), set(), False
         info = self._info(invalid=False, success=False)
         info["instructions"] = self.instructions

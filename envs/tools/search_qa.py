@@ -270,17 +270,19 @@ class SearchQAEnv(Env):
         item = self.items[index]
         return {"task_id": item["id"], "description": " ".join(str(item["question"]).split())}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            if task_id not in self.by_id:
-                raise ConfigError(f"unknown search-qa task_id {task_id!r}; "
-                                  f"ids look like {self.items[0]['id']!r}")
-            self._item = self.items[self.by_id[task_id]]
-        else:
-            self._item = self.items[int(self.np_random.integers(len(self.items)))]
+    def parse_task_id(self, task_id: Any) -> dict[str, Any]:
+        """The question item whose id is ``task_id``."""
+        if task_id not in self.by_id:
+            raise ConfigError(f"unknown search-qa task_id {task_id!r}; "
+                              f"ids look like {self.items[0]['id']!r}")
+        return self.items[self.by_id[task_id]]
+
+    def choose_task(self, seed: int | None) -> dict[str, Any]:
+        """A question item drawn from the seeded ``np_random``."""
+        return self.items[int(self.np_random.integers(len(self.items)))]
+
+    def start_task(self, task: dict[str, Any], options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._item = task
         self._retrieved, self._over = set(), False
         info = self._info(invalid=False, success=False)
         info["instructions"] = self.instructions

@@ -163,20 +163,18 @@ class WebShopEnv(Env):
 
     # --- the contract ----------------------------------------------------------------------------
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            self._goal_index = self._parse_task_id(task_id)
-        else:
-            # Held-out seeds (the evaluations') draw held-out goals, training seeds the others: a run's
-            # evaluation never replays an instruction it trained on.
-            total = len(self.catalog.goals)
-            held = num_test_goals(total)
-            first, count = ((0, held) if seed is not None and seed >= HELD_OUT_SEED_START and held
-                            else (held, total - held) if total > held else (0, total))
-            self._goal_index = first + int(self.np_random.integers(count))
+    def choose_task(self, seed: int | None) -> int:
+        """A goal index drawn from the seeded ``np_random``, among the held-out goals for held-out seeds."""
+        # Held-out seeds (the evaluations') draw held-out goals, training seeds the others: a run's
+        # evaluation never replays an instruction it trained on.
+        total = len(self.catalog.goals)
+        held = num_test_goals(total)
+        first, count = ((0, held) if seed is not None and seed >= HELD_OUT_SEED_START and held
+                        else (held, total - held) if total > held else (0, total))
+        return first + int(self.np_random.integers(count))
+
+    def start_task(self, task: int, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._goal_index = task
         self._go_to_search()
         info = self._info(invalid=False)
         info["instructions"] = _INSTRUCTIONS
@@ -396,7 +394,8 @@ class WebShopEnv(Env):
     def _invalid(self, why: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         return f"Invalid action: {why}.\n{self._observe()}", 0.0, False, False, self._info(invalid=True)
 
-    def _parse_task_id(self, task_id: Any) -> int:
+    def parse_task_id(self, task_id: Any) -> int:
+        """The goal index of a task id of this catalog."""
         match = _TASK_RE.fullmatch(task_id) if isinstance(task_id, str) else None
         example = format_task_id(self.catalog, 0)
         if match is None or match.group(1) != self.catalog.name:
