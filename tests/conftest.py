@@ -38,7 +38,7 @@ import pytest
 
 import agentgym
 from agentgym.errors import ConfigError
-from agentgym.http.launcher import wait_healthy
+from agentgym.service_kit.launcher import wait_healthy
 
 RUN_CACHE = os.environ["AGENTGYM_CACHE"]
 

@@ -27,8 +27,8 @@ from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.cli import app
 from agentgym.errors import ConfigError
 from agentgym.eval.policies import parse_policy
-from agentgym.http.launcher import free_port, start_service, stop_service
 from agentgym.rollout.policy import SamplingParams
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 runner = CliRunner()
 REPO = "acme/tiny-chat"

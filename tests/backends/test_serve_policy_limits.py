@@ -24,7 +24,7 @@ from agentgym.backends.openai_server import create_policy_app
 from agentgym.backends.tiny import build_tiny_model, save_tiny
 from agentgym.backends.transformers_backend import TransformersPolicy
 from agentgym.cli import app
-from agentgym.http.launcher import free_port
+from agentgym.service_kit.launcher import free_port
 
 TINY = TinyModelConfig(num_layers=1, hidden_size=64, intermediate_size=128, max_position_embeddings=512)
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -340,7 +340,7 @@ def test_a_served_run_lends_eval_its_prompt_settings_and_episodes_cut_before_act
     import subprocess
     import sys
 
-    from agentgym.http.launcher import start_service, stop_service
+    from agentgym.service_kit.launcher import start_service, stop_service
 
     run = tmp_path / "run"
     save_tiny(*build_tiny_model(TinyModelConfig(num_layers=1, hidden_size=32, intermediate_size=64,

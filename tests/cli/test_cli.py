@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import agentgym
 from agentgym.cli import app
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentgym import errors
-from agentgym.http.launcher import free_port, stop_service, wait_healthy
+from agentgym.service_kit.launcher import free_port, stop_service, wait_healthy
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ import agentgym
 from agentgym.cli import app
 from agentgym.cli.evaluation import parse_seeds
 from agentgym.errors import ConfigError
-from agentgym.http.launcher import free_port, wait_healthy
+from agentgym.service_kit.launcher import free_port, wait_healthy
 
 runner = CliRunner()
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from agentgym.errors import ConfigError
-from agentgym.http.launcher import free_port, start_service, stop_service
 from agentgym.plugins import import_object
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 pytestmark = pytest.mark.timeout(300)
 

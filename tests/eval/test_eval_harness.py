@@ -17,7 +17,7 @@ from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalError, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
-from agentgym.http.launcher import free_port
+from agentgym.service_kit.launcher import free_port
 
 
 class FragileCounter(CounterEnv):

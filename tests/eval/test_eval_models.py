@@ -23,7 +23,7 @@ from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalError, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
-from agentgym.http.launcher import free_port
+from agentgym.service_kit.launcher import free_port
 from agentgym.training.config.loading import load_config
 from agentgym.training.run.loop import train
 

@@ -24,7 +24,7 @@ from agentgym.cli.evaluation import env_entries, served_run_notes
 from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 from agentgym.training.config.loading import load_config
 from agentgym.training.config.schema import config_to_dict
 

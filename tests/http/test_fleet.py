@@ -19,7 +19,7 @@ from maze_collection import MAX_TURNS, MAZE, AtTurn, ForkAndTopUp, collect, loca
 import agentgym
 from agentgym.errors import ConfigError, EpisodeFinished, RemoteEnvError
 from agentgym.http.fleet import EnvFleet
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,7 +19,7 @@ import agentgym
 from agentgym.errors import SessionLost
 from agentgym.http.client import EnvClient, RemoteEnv
 from agentgym.http.fleet import EnvFleet
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 pytestmark = pytest.mark.timeout(300)
 

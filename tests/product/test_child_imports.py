@@ -18,7 +18,7 @@ import pytest
 from test_services import dockerfile_stages
 
 from agentgym.http import demo
-from agentgym.http.launcher import free_port, python_command, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, python_command, start_service, stop_service
 
 pytestmark = pytest.mark.timeout(300)
 

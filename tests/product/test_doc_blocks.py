@@ -36,7 +36,7 @@ import pytest
 import typer
 
 from agentgym.cli import app
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -32,7 +32,7 @@ import httpx
 import installed
 import pytest
 
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 

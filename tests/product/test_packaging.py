@@ -14,7 +14,7 @@ import installed
 import pytest
 from installed import run_ok
 
-from agentgym.http.launcher import free_port, start_service, stop_service
+from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ import tomllib
 import yaml
 
 from agentgym.errors import RemoteEnvError
-from agentgym.http.launcher import free_port, stop_service, wait_healthy
+from agentgym.service_kit.launcher import free_port, stop_service, wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
 

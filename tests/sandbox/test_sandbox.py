@@ -392,7 +392,7 @@ def test_a_killed_service_leaves_scratch_dirs_that_the_next_start_removes(tmp_pa
     import sys
     from pathlib import Path
 
-    from agentgym.http.launcher import free_port, start_service, stop_service
+    from agentgym.service_kit.launcher import free_port, start_service, stop_service
 
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     agentgym = [str(Path(sys.executable).with_name("agentgym"))]

@@ -1,5 +1,4 @@
-"""Starting local services: ``free_port``, ``wait_healthy``, ``start_service``, ``stop_service``, and the
-demo built on them."""
+"""Starting local services: ``free_port``, ``wait_healthy``, ``start_service``, ``stop_service``."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ import time
 import pytest
 
 from agentgym.errors import RemoteEnvError
-from agentgym.http import demo
-from agentgym.http.launcher import free_port, start_service, stop_service, wait_healthy
+from agentgym.service_kit.launcher import free_port, start_service, stop_service, wait_healthy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,10 +38,3 @@ def test_start_service_reports_a_process_that_exits_and_stop_kills_a_stubborn_on
         assert stubborn.stdout.readline() == b"ready\n"  # SIGTERM is ignored from here on
         assert stop_service(stubborn, timeout_s=0.5) == -signal.SIGKILL
         assert stop_service(stubborn) == -signal.SIGKILL  # stopping a stopped process is fine
-
-
-def test_the_serve_demo_plays_each_env_through_the_cli(capfd: pytest.CaptureFixture[str]) -> None:
-    assert demo.main(("maze-v0",), seed=3) == 0
-    out = capfd.readouterr().out
-    assert "agentgym play maze-v0 --url http://127.0.0.1:" in out
-    assert "success after" in out  # printed by the `agentgym play` process, against the service

@@ -30,11 +30,11 @@ from agentgym.errors import (
     SandboxBusy,
     SessionCapacityError,
 )
-from agentgym.http.base import AsyncServiceClient, RetryPolicy, ServiceClient
 from agentgym.http.client import AsyncEnvClient, EnvClient
-from agentgym.http.launcher import free_port
 from agentgym.retrieval.client import RetrievalClient
 from agentgym.sandbox.client import SandboxClient
+from agentgym.service_kit.base import AsyncServiceClient, RetryPolicy, ServiceClient
+from agentgym.service_kit.launcher import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

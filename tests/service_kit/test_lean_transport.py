@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from agentgym.errors import RemoteEnvError, RemoteTimeout, ResetNeeded, UnknownSession
-from agentgym.http.base import RetryPolicy
 from agentgym.http.client import AsyncEnvClient, AsyncRemoteEnv, EnvClient, RemoteEnv
-from agentgym.http.launcher import free_port
-from agentgym.http.transport import LeanAsyncTransport
+from agentgym.service_kit.base import RetryPolicy
+from agentgym.service_kit.launcher import free_port
+from agentgym.service_kit.transport import LeanAsyncTransport
 
 pytestmark = pytest.mark.timeout(60)
 
