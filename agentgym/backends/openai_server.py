@@ -48,9 +48,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
@@ -157,6 +157,159 @@ def _longest_token_chars(tokenizer: Any) -> int | None:
         return None
 
 
+class PolicyServer:
+    """What the policy app's handlers share: the policy and its limits, the generation batchers (the base
+    model's and one per loaded LoRA adapter) and the worker threads that tokenize and build answers.
+
+    The app keeps it as ``app.state.policy_server``; routes reach it through ``Depends(policy_server)``.
+    """
+
+    def __init__(self, policy: TransformersPolicy, model_name: str, *, max_new_tokens: int,
+                 max_batch_rows: int, max_request_rows: int, adapter_dirs: Sequence[str | Path] | None,
+                 max_adapters: int, prompt_settings: dict[str, Any] | None,
+                 run_settings: dict[str, Any] | None) -> None:
+        self.policy, self.tokenizer, self.model_name = policy, policy.tokenizer, model_name
+        self.max_new_tokens, self.max_batch_rows = max_new_tokens, max_batch_rows
+        self.max_request_rows, self.max_adapters = max_request_rows, max_adapters
+        self.adapter_dirs = adapter_dirs
+        self.prompt_settings, self.run_settings = prompt_settings, run_settings
+        self.batcher = GenerationBatcher(policy, max_batch_rows)
+        self.adapters: dict[str, GenerationBatcher] = {}  # LoRA adapters loaded at run time, by name
+        self.created = int(time.time())
+        self.context = int(getattr(policy.model.config, "max_position_embeddings", 0) or 0)
+        # A text prompt longer than this many characters cannot fit the context whatever it says (every
+        # token covers at most the longest vocabulary entry; 4x leaves room for normalisers): refused
+        # without spending seconds of CPU tokenizing it.
+        longest = _longest_token_chars(self.tokenizer)
+        self.text_limit = self.context * longest * 4 if self.context and longest else None
+        self._cpu: list[ThreadPoolExecutor] = []
+
+    async def start(self) -> None:
+        # Two threads for tokenizing and building answers: a large prompt occupies one, never the loop.
+        self._cpu.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="agentgym-policy-cpu"))
+        await self.batcher.start()
+
+    async def stop(self) -> None:
+        for worker in [self.batcher, *self.adapters.values()]:
+            await worker.stop()
+        self._cpu.pop().shutdown(wait=False, cancel_futures=True)
+
+    async def off_loop(self, work: Callable[[], _T]) -> _T:
+        """``work()`` run in a worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu[-1], work)
+
+    def model_entries(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``'s ``data``: the base model, then each loaded adapter."""
+        entries = []
+        for name in [self.model_name, *self.adapters]:
+            entry = {"id": name, "object": "model", "created": self.created, "owned_by": "agentgym",
+                     "max_model_len": self.context or None,
+                     "parent": None if name == self.model_name else self.model_name}
+            carried = {"prompt": self.prompt_settings, "run": self.run_settings}
+            if any(value is not None for value in carried.values()):
+                entry["agentgym"] = {key: value for key, value in carried.items() if value is not None}
+            entries.append(entry)
+        return entries
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Serve the adapter in ``path`` as model ``name`` (replacing one loaded under that name)."""
+        folder = allowed_adapter_dir(path, self.adapter_dirs)
+        if name == self.model_name:
+            raise RequestError(f"lora_name {name!r} is the base model's name; give the adapter "
+                               "another", param="lora_name")
+        if name not in self.adapters and len(self.adapters) >= self.max_adapters:
+            raise RequestError(f"this server holds {len(self.adapters)} adapters, its limit; unload one "
+                               "first (POST /v1/unload_lora_adapter)", param="lora_name")
+        try:
+            adapted = await asyncio.to_thread(adapter_policy, self.policy, folder)
+        except ConfigError as exc:
+            raise RequestError(str(exc), param="lora_path") from None
+        worker = GenerationBatcher(adapted, self.max_batch_rows)
+        await worker.start()
+        old = self.adapters.pop(name, None)
+        self.adapters[name] = worker
+        if old is not None:
+            await old.stop()
+
+    async def unload_adapter(self, name: str) -> None:
+        worker = self.adapters.pop(name, None)
+        if worker is None:
+            raise RequestError(f"The lora adapter '{name}' cannot be found.", 404, "not_found", "lora_name")
+        await worker.stop()
+
+    def worker_for(self, name: str) -> GenerationBatcher:
+        """The batcher generating for model ``name``; 404 for a model this server does not serve."""
+        if name in self.adapters:
+            return self.adapters[name]
+        if name != self.model_name:
+            raise RequestError(f"The model '{name}' does not exist; this server serves '{self.model_name}'",
+                               404, "model_not_found", "model")
+        return self.batcher
+
+    def check_rows(self, prompts: int, n: int) -> None:
+        if prompts * n > self.max_request_rows:
+            raise RequestError(f"this request asks for {prompts} prompt(s) x n={n} = {prompts * n} "
+                               f"sequences; this server generates at most {self.max_request_rows} per "
+                               "request (serve-policy --max-request-rows): send fewer prompts or a smaller n",
+                               param="n")
+
+    def sampling(self, body: CompletionRequest | ChatRequest, cap: int | None, prompt_len: int,
+                 top_logprobs: int) -> SamplingParams:
+        """The request's sampling parameters, after checking its token budget against the limits."""
+        wanted = self.max_new_tokens if cap is None else cap
+        if wanted > self.max_new_tokens:
+            raise RequestError(f"max_tokens={wanted} is above this server's limit of {self.max_new_tokens} "
+                               "(serve-policy --max-new-tokens)", param="max_tokens")
+        if self.context and prompt_len + wanted > self.context:
+            raise RequestError(f"the prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the "
+                               f"model's context length of {self.context} tokens; shorten the prompt or "
+                               "lower max_tokens", param="max_tokens")
+        return SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
+                              top_k=min(max(body.top_k, 0), self.policy.vocab_size),
+                              stop_strings=body.stop_strings, num_top_logprobs=top_logprobs, seed=body.seed)
+
+    async def generate(self, prompts: list[list[int]], params: SamplingParams, n: int,
+                       worker: GenerationBatcher) -> list[Generation]:
+        """``n`` generations of each prompt, prompt-major."""
+        rows = [p for p in prompts for _ in range(n)]
+        try:
+            # n samples of one prompt must differ: each gets its own seed when the request is seeded.
+            if params.seed is not None and n > 1 and params.temperature > 0:
+                per_row = await asyncio.gather(*(
+                    worker.generate([row], replace(params, seed=params.seed + i))
+                    for i, row in enumerate(rows)))
+                return [g[0] for g in per_row]
+            return await worker.generate(rows, params)
+        except ConfigError as exc:
+            raise RequestError(str(exc)) from None
+
+    def prompt_ids(self, item: str | list[int]) -> list[int]:
+        """Token ids of one prompt (runs in a worker thread: tokenizing a long text takes seconds)."""
+        if isinstance(item, str):
+            if self.text_limit is not None and len(item) > self.text_limit:
+                raise RequestError(f"a prompt of {len(item)} characters cannot fit the model's context of "
+                                   f"{self.context} tokens; shorten it", param="prompt")
+            ids = list(self.tokenizer.encode(item, add_special_tokens=False))
+        else:
+            ids = list(item)
+        if not ids:
+            raise RequestError("a prompt is empty; send at least one token", param="prompt")
+        vocab = self.policy.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise RequestError(f"prompt token ids must be in [0, {vocab}) for this model", param="prompt")
+        return ids
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Token ids of a chat request's messages (runs in a worker thread)."""
+        try:
+            # as a local model's prompt is rendered: tools in the Hermes form for a template without them
+            rendered = render_messages(self.tokenizer, messages, tools)
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
+            raise RequestError(f"the chat template could not render these messages: {exc}",
+                               param="messages") from None
+        return self.prompt_ids(rendered)
+
+
 def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_tokens: int = 512,
                       max_batch_rows: int = 64, token: str | None = None,
                       max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -197,293 +350,233 @@ def create_policy_app(policy: TransformersPolicy, model_name: str, *, max_new_to
                          ("max_adapters", max_adapters), ("max_new_tokens", max_new_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{label} must be an integer >= 1, got {value!r}")
-    tokenizer = policy.tokenizer
-    batcher = GenerationBatcher(policy, max_batch_rows)
-    adapters: dict[str, GenerationBatcher] = {}  # LoRA adapters loaded at run time, by name
-    created = int(time.time())
-    context = int(getattr(policy.model.config, "max_position_embeddings", 0) or 0)
-    # A text prompt longer than this many characters cannot fit the context whatever it says (every
-    # token covers at most the longest vocabulary entry; 4x leaves room for normalisers): refused
-    # without spending seconds of CPU tokenizing it.
-    longest = _longest_token_chars(tokenizer)
-    text_limit = context * longest * 4 if context and longest else None
-    cpu: list[ThreadPoolExecutor] = []
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        # Two threads for tokenizing and building answers: a large prompt occupies one, never the loop.
-        cpu.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="agentgym-policy-cpu"))
-        await batcher.start()
-        yield
-        for worker in [batcher, *adapters.values()]:
-            await worker.stop()
-        cpu.pop().shutdown(wait=False, cancel_futures=True)
-
-    async def off_loop(work: Callable[[], _T]) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(cpu[-1], work)
-
-    app = FastAPI(title="agentgym policy server (OpenAI-compatible)", lifespan=lifespan)
-    app.state.batcher = batcher
+    server = PolicyServer(policy, model_name, max_new_tokens=max_new_tokens, max_batch_rows=max_batch_rows,
+                          max_request_rows=max_request_rows, adapter_dirs=adapter_dirs,
+                          max_adapters=max_adapters, prompt_settings=prompt_settings,
+                          run_settings=run_settings)
+    app = FastAPI(title="agentgym policy server (OpenAI-compatible)", lifespan=_lifespan)
+    app.state.policy_server = server
+    app.state.batcher = server.batcher
     keep_integer_bounds(app)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return error_response("the request body is not valid JSON; send a JSON object with "
-                                   "'Content-Type: application/json'", 400, "invalid_json")
-        first = max(errors, key=_telling) if errors else {"msg": str(exc), "loc": ()}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:] if not _is_union_tag(p)) or None
-        return error_response(f"{first.get('msg')} ({param or 'body'})", 400, "invalid_request", param)
-
-    @app.exception_handler(RequestError)
-    async def _refused(_request: Request, exc: RequestError) -> JSONResponse:
-        return error_response(str(exc), exc.status, exc.code, exc.param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = {404: "no such route; this server serves /v1/models, /v1/completions, /v1/chat/completions",
-                   405: "this route does not take that method"}.get(exc.status_code, str(exc.detail))
-        return error_response(message, exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _failed(_request: Request, exc: Exception) -> JSONResponse:
-        return error_response(f"the server failed on this request ({type(exc).__name__}); its log has the "
-                               "details", 500, "internal_error")
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "batches": batcher.batches}
-
-    @app.get("/v1/models", responses=error_responses(401))
-    async def models() -> dict[str, Any]:
-        entries = []
-        for name in [model_name, *adapters]:
-            entry = {"id": name, "object": "model", "created": created, "owned_by": "agentgym",
-                     "max_model_len": context or None, "parent": None if name == model_name else model_name}
-            carried = {"prompt": prompt_settings, "run": run_settings}
-            if any(value is not None for value in carried.values()):
-                entry["agentgym"] = {key: value for key, value in carried.items() if value is not None}
-            entries.append(entry)
-        return {"object": "list", "data": entries}
-
-    @app.post("/v1/load_lora_adapter", responses={**TEXT_ANSWER, **error_responses(400, 401, 403, 413)})
-    async def load_lora_adapter(body: LoraLoadRequest) -> Any:
-        """vLLM's run-time LoRA loading: the adapter folded into a copy of the base weights, served as
-        model ``lora_name`` from then on (loading a name again replaces it)."""
-        folder = allowed_adapter_dir(body.lora_path, adapter_dirs)
-        if body.lora_name == model_name:
-            raise RequestError(f"lora_name {body.lora_name!r} is the base model's name; give the adapter "
-                               "another", param="lora_name")
-        if body.lora_name not in adapters and len(adapters) >= max_adapters:
-            raise RequestError(f"this server holds {len(adapters)} adapters, its limit; unload one first "
-                               "(POST /v1/unload_lora_adapter)", param="lora_name")
-        try:
-            adapted = await asyncio.to_thread(adapter_policy, policy, folder)
-        except ConfigError as exc:
-            raise RequestError(str(exc), param="lora_path") from None
-        worker = GenerationBatcher(adapted, max_batch_rows)
-        await worker.start()
-        old = adapters.pop(body.lora_name, None)
-        adapters[body.lora_name] = worker
-        if old is not None:
-            await old.stop()
-        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
-
-    @app.post("/v1/unload_lora_adapter", responses={**TEXT_ANSWER, **error_responses(400, 401, 404, 413)})
-    async def unload_lora_adapter(body: LoraAdapterRequest) -> Any:
-        worker = adapters.pop(body.lora_name, None)
-        if worker is None:
-            raise RequestError(f"The lora adapter '{body.lora_name}' cannot be found.", 404, "not_found",
-                               "lora_name")
-        await worker.stop()
-        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
-
-    def check_model(name: str) -> GenerationBatcher:
-        if name in adapters:
-            return adapters[name]
-        if name != model_name:
-            raise RequestError(f"The model '{name}' does not exist; this server serves '{model_name}'",
-                               404, "model_not_found", "model")
-        return batcher
-
-    def check_rows(prompts: int, n: int) -> None:
-        if prompts * n > max_request_rows:
-            raise RequestError(f"this request asks for {prompts} prompt(s) x n={n} = {prompts * n} "
-                               f"sequences; this server generates at most {max_request_rows} per request "
-                               "(serve-policy --max-request-rows): send fewer prompts or a smaller n",
-                               param="n")
-
-    def sampling(body: CompletionRequest | ChatRequest, cap: int | None, prompt_len: int,
-                 top_logprobs: int) -> SamplingParams:
-        wanted = max_new_tokens if cap is None else cap
-        if wanted > max_new_tokens:
-            raise RequestError(f"max_tokens={wanted} is above this server's limit of {max_new_tokens} "
-                               "(serve-policy --max-new-tokens)", param="max_tokens")
-        if context and prompt_len + wanted > context:
-            raise RequestError(f"the prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the "
-                               f"model's context length of {context} tokens; shorten the prompt or lower "
-                               "max_tokens", param="max_tokens")
-        return SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
-                              top_k=min(max(body.top_k, 0), policy.vocab_size),
-                              stop_strings=body.stop_strings, num_top_logprobs=top_logprobs, seed=body.seed)
-
-    async def run(prompts: list[list[int]], params: SamplingParams, n: int, batcher: GenerationBatcher
-                  ) -> list[Generation]:
-        rows = [p for p in prompts for _ in range(n)]
-        try:
-            # n samples of one prompt must differ: each gets its own seed when the request is seeded.
-            if params.seed is not None and n > 1 and params.temperature > 0:
-                per_row = await asyncio.gather(*(
-                    batcher.generate([row], replace(params, seed=params.seed + i))
-                    for i, row in enumerate(rows)))
-                return [g[0] for g in per_row]
-            return await batcher.generate(rows, params)
-        except ConfigError as exc:
-            raise RequestError(str(exc)) from None
-
-    def prompt_ids(item: str | list[int]) -> list[int]:
-        """Token ids of one prompt (runs in a worker thread: tokenizing a long text takes seconds)."""
-        if isinstance(item, str):
-            if text_limit is not None and len(item) > text_limit:
-                raise RequestError(f"a prompt of {len(item)} characters cannot fit the model's context of "
-                                   f"{context} tokens; shorten it", param="prompt")
-            ids = list(tokenizer.encode(item, add_special_tokens=False))
-        else:
-            ids = list(item)
-        if not ids:
-            raise RequestError("a prompt is empty; send at least one token", param="prompt")
-        vocab = policy.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise RequestError(f"prompt token ids must be in [0, {vocab}) for this model", param="prompt")
-        return ids
-
-    completion_responses: dict[int | str, dict[str, Any]] = {
-        200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
-              "description": "The completion; server-sent events with stream=true."},
-        **error_responses(400, 401, 404, 413)}
-
-    @app.post("/v1/completions", responses=completion_responses)
-    async def completions(body: CompletionRequest) -> Any:
-        worker = check_model(body.model)
-        try:
-            items = body.prompts()
-        except ValueError as exc:
-            raise RequestError(str(exc), param="prompt") from None
-        check_rows(len(items), body.n)
-        prompts = await off_loop(lambda: [prompt_ids(p) for p in items])
-        params = sampling(body, body.max_tokens, max(map(len, prompts)), body.logprobs or 0)
-        generations = await run(prompts, params, body.n, worker)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-
-        def answer() -> Any:
-            choices = [completion_choice(i, prompts[i // body.n], g, body) for i, g in enumerate(generations)]
-            usage = _usage(prompts, generations)
-            if body.stream:
-                return _completion_chunks(rid, created, model_name, choices, usage,
-                                          body.include_usage_in_stream)
-            return JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()),
-                                 "model": model_name, "choices": choices, "usage": usage})
-
-        built = await off_loop(answer)
-        return _sse(built) if body.stream else built
-
-    @app.post("/v1/chat/completions", responses=completion_responses)
-    async def chat(body: ChatRequest) -> Any:
-        worker = check_model(body.model)
-        check_rows(1, body.n)
-        try:
-            messages = [m.for_template() for m in body.messages]
-        except ValueError as exc:
-            raise RequestError(str(exc), param="messages") from None
-        # Templates render system, user and tool texts whole (assistant turns they may trim).
-        verbatim = sum(len(m["content"]) for m in messages if m["role"] != "assistant")
-        if text_limit is not None and verbatim > text_limit:
-            raise RequestError(f"these messages hold {verbatim} characters, which cannot fit the model's "
-                               f"context of {context} tokens; shorten them", param="messages")
-        tools = body.tools if body.tools and body.tool_choice != "none" else None
-
-        def render() -> list[int]:
-            try:
-                # as a local model's prompt is rendered: tools in the Hermes form for a template without them
-                rendered = render_messages(tokenizer, messages, tools)
-            except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
-                raise RequestError(f"the chat template could not render these messages: {exc}",
-                                   param="messages") from None
-            return prompt_ids(rendered)
-
-        prompt = await off_loop(render)
-        params = sampling(body, body.token_cap, len(prompt), (body.top_logprobs or 0) if body.logprobs else 0)
-        generations = await run([prompt], params, body.n, worker)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-
-        def answer() -> Any:
-            choices = [chat_choice(i, prompt, g, body) for i, g in enumerate(generations)]
-            usage = _usage([prompt], generations)
-            if body.stream:
-                return _chat_chunks(rid, created, model_name, choices, usage, body.include_usage_in_stream)
-            return JSONResponse({"id": rid, "object": "chat.completion", "created": int(time.time()),
-                                 "model": model_name, "choices": choices, "usage": usage})
-
-        built = await off_loop(answer)
-        return _sse(built) if body.stream else built
-
-    # --- response pieces (closures over the tokenizer) -------------------------------------------
-
-    def text_of(generation: Generation, body: CompletionRequest | ChatRequest) -> tuple[str, str]:
-        """The returned text (cut before the first stop string, or after it with
-        ``include_stop_str_in_output``) and the finish reason."""
-        text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-        cuts = [(text.find(s), s) for s in body.stop_strings if s in text]
-        if cuts:
-            at, stop = min(cuts)
-            return text[:at + (len(stop) if body.include_stop_str_in_output else 0)], "stop"
-        return text, generation.finish_reason
-
-    def piece(token_id: int, as_id: bool = False) -> str:
-        return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def completion_choice(index: int, prompt: list[int], g: Generation,
-                          body: CompletionRequest) -> dict[str, Any]:
-        text, reason = text_of(g, body)
-        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
-        as_ids = body.return_tokens_as_token_ids
-        if body.logprobs is not None:
-            tokens = [piece(t, as_ids) for t in g.token_ids]
-            offsets, at = [], 0
-            for text_piece in tokens:
-                offsets.append(at)
-                at += len(text_piece)
-            choice["logprobs"] = {
-                "tokens": tokens, "token_logprobs": list(g.logprobs), "text_offset": offsets,
-                "top_logprobs": [{piece(t, as_ids): lp for t, lp in pos} for pos in g.top_logprobs]
-                if g.top_logprobs is not None else None,
-            }
-        if body.return_token_ids:
-            choice["token_ids"], choice["prompt_token_ids"] = list(g.token_ids), prompt
-        return choice
-
-    def chat_choice(index: int, prompt: list[int], g: Generation, body: ChatRequest) -> dict[str, Any]:
-        text, reason = text_of(g, body)
-        as_ids = body.return_tokens_as_token_ids
-        choice: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": reason}
-        if body.logprobs:
-            content = []
-            for position, (token_id, lp) in enumerate(zip(g.token_ids, g.logprobs, strict=True)):
-                text_piece = piece(token_id, as_ids)
-                alternatives = g.top_logprobs[position] if g.top_logprobs is not None else []
-                content.append({"token": text_piece, "logprob": lp,
-                                "bytes": list(piece(token_id).encode()),
-                                "top_logprobs": [{"token": piece(t, as_ids), "logprob": v,
-                                                  "bytes": list(piece(t).encode())}
-                                                 for t, v in alternatives]})
-            choice["logprobs"] = {"content": content}
-        if body.return_token_ids:
-            choice["token_ids"], choice["prompt_token_ids"] = list(g.token_ids), prompt
-        return choice
-
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(RequestError, _refused)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _failed)
+    _add_routes(app)
     return PolicyGuard(app, token=token, max_body_bytes=max_body_bytes)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    server: PolicyServer = app.state.policy_server
+    await server.start()
+    yield
+    await server.stop()
+
+
+async def policy_server(request: Request) -> PolicyServer:
+    """The ``PolicyServer`` of the app serving ``request`` (a FastAPI dependency; ``async`` so that FastAPI
+    calls it on the event loop, not in a worker thread)."""
+    return request.app.state.policy_server
+
+
+Served = Annotated[PolicyServer, Depends(policy_server)]
+
+
+# --- error answers -----------------------------------------------------------------------------
+
+
+async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return error_response("the request body is not valid JSON; send a JSON object with "
+                              "'Content-Type: application/json'", 400, "invalid_json")
+    first = max(errors, key=_telling) if errors else {"msg": str(exc), "loc": ()}
+    param = ".".join(str(p) for p in first.get("loc", ())[1:] if not _is_union_tag(p)) or None
+    return error_response(f"{first.get('msg')} ({param or 'body'})", 400, "invalid_request", param)
+
+
+async def _refused(_request: Request, exc: RequestError) -> JSONResponse:
+    return error_response(str(exc), exc.status, exc.code, exc.param)
+
+
+async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = {404: "no such route; this server serves /v1/models, /v1/completions, /v1/chat/completions",
+               405: "this route does not take that method"}.get(exc.status_code, str(exc.detail))
+    return error_response(message, exc.status_code, headers=exc.headers)
+
+
+async def _failed(_request: Request, exc: Exception) -> JSONResponse:
+    return error_response(f"the server failed on this request ({type(exc).__name__}); its log has the "
+                          "details", 500, "internal_error")
+
+
+# --- routes ------------------------------------------------------------------------------------
+
+_COMPLETION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+          "description": "The completion; server-sent events with stream=true."},
+    **error_responses(400, 401, 404, 413)}
+
+
+async def health(server: Served) -> dict[str, Any]:
+    return {"status": "ok", "model": server.model_name, "batches": server.batcher.batches}
+
+
+async def models(server: Served) -> dict[str, Any]:
+    return {"object": "list", "data": server.model_entries()}
+
+
+async def load_lora_adapter(body: LoraLoadRequest, server: Served) -> Any:
+    """vLLM's run-time LoRA loading: the adapter folded into a copy of the base weights, served as
+    model ``lora_name`` from then on (loading a name again replaces it)."""
+    await server.load_adapter(body.lora_name, body.lora_path)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+async def unload_lora_adapter(body: LoraAdapterRequest, server: Served) -> Any:
+    await server.unload_adapter(body.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+async def completions(body: CompletionRequest, server: Served) -> Any:
+    worker = server.worker_for(body.model)
+    try:
+        items = body.prompts()
+    except ValueError as exc:
+        raise RequestError(str(exc), param="prompt") from None
+    server.check_rows(len(items), body.n)
+    prompts = await server.off_loop(lambda: [server.prompt_ids(p) for p in items])
+    params = server.sampling(body, body.max_tokens, max(map(len, prompts)), body.logprobs or 0)
+    generations = await server.generate(prompts, params, body.n, worker)
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    built = await server.off_loop(lambda: _completion_answer(server, rid, prompts, generations, body))
+    return _sse(built) if body.stream else built
+
+
+async def chat(body: ChatRequest, server: Served) -> Any:
+    worker = server.worker_for(body.model)
+    server.check_rows(1, body.n)
+    try:
+        messages = [m.for_template() for m in body.messages]
+    except ValueError as exc:
+        raise RequestError(str(exc), param="messages") from None
+    # Templates render system, user and tool texts whole (assistant turns they may trim).
+    verbatim = sum(len(m["content"]) for m in messages if m["role"] != "assistant")
+    if server.text_limit is not None and verbatim > server.text_limit:
+        raise RequestError(f"these messages hold {verbatim} characters, which cannot fit the model's "
+                           f"context of {server.context} tokens; shorten them", param="messages")
+    tools = body.tools if body.tools and body.tool_choice != "none" else None
+    prompt = await server.off_loop(lambda: server.chat_prompt(messages, tools))
+    top_logprobs = (body.top_logprobs or 0) if body.logprobs else 0
+    params = server.sampling(body, body.token_cap, len(prompt), top_logprobs)
+    generations = await server.generate([prompt], params, body.n, worker)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    built = await server.off_loop(lambda: _chat_answer(server, rid, prompt, generations, body))
+    return _sse(built) if body.stream else built
+
+
+def _add_routes(app: FastAPI) -> None:
+    """The routes, in the order ``/openapi.json`` lists them.
+
+    Added to the app itself, not through an included ``APIRouter``: recent FastAPI keeps an included
+    router as one nested route, and what reads ``app.routes`` (the services' 405 ``Allow``) wants each.
+    """
+    app.get("/health")(health)
+    app.get("/v1/models", responses=error_responses(401))(models)
+    app.post("/v1/load_lora_adapter", responses={**TEXT_ANSWER, **error_responses(400, 401, 403, 413)}
+             )(load_lora_adapter)
+    app.post("/v1/unload_lora_adapter", responses={**TEXT_ANSWER, **error_responses(400, 401, 404, 413)}
+             )(unload_lora_adapter)
+    app.post("/v1/completions", responses=_COMPLETION_RESPONSES)(completions)
+    app.post("/v1/chat/completions", responses=_COMPLETION_RESPONSES)(chat)
+
+
+# --- answers (built in a worker thread: decoding every token's text takes a while) ---------------
+
+
+def _completion_answer(server: PolicyServer, rid: str, prompts: list[list[int]],
+                       generations: list[Generation], body: CompletionRequest) -> Any:
+    """The JSON response, or the streamed events, of a completion request."""
+    tokenizer = server.tokenizer
+    choices = [_completion_choice(tokenizer, i, prompts[i // body.n], g, body)
+               for i, g in enumerate(generations)]
+    usage = _usage(prompts, generations)
+    if body.stream:
+        return _completion_chunks(rid, server.created, server.model_name, choices, usage,
+                                  body.include_usage_in_stream)
+    return JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()),
+                         "model": server.model_name, "choices": choices, "usage": usage})
+
+
+def _chat_answer(server: PolicyServer, rid: str, prompt: list[int], generations: list[Generation],
+                 body: ChatRequest) -> Any:
+    """The JSON response, or the streamed events, of a chat request."""
+    choices = [_chat_choice(server.tokenizer, i, prompt, g, body) for i, g in enumerate(generations)]
+    usage = _usage([prompt], generations)
+    if body.stream:
+        return _chat_chunks(rid, server.created, server.model_name, choices, usage,
+                            body.include_usage_in_stream)
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": int(time.time()),
+                         "model": server.model_name, "choices": choices, "usage": usage})
+
+
+def _text_of(tokenizer: Any, generation: Generation,
+             body: CompletionRequest | ChatRequest) -> tuple[str, str]:
+    """The returned text (cut before the first stop string, or after it with
+    ``include_stop_str_in_output``) and the finish reason."""
+    text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+    cuts = [(text.find(s), s) for s in body.stop_strings if s in text]
+    if cuts:
+        at, stop = min(cuts)
+        return text[:at + (len(stop) if body.include_stop_str_in_output else 0)], "stop"
+    return text, generation.finish_reason
+
+
+def _piece(tokenizer: Any, token_id: int, as_id: bool = False) -> str:
+    return f"token_id:{token_id}" if as_id else tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _completion_choice(tokenizer: Any, index: int, prompt: list[int], g: Generation,
+                       body: CompletionRequest) -> dict[str, Any]:
+    text, reason = _text_of(tokenizer, g, body)
+    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+    as_ids = body.return_tokens_as_token_ids
+    if body.logprobs is not None:
+        tokens = [_piece(tokenizer, t, as_ids) for t in g.token_ids]
+        offsets, at = [], 0
+        for text_piece in tokens:
+            offsets.append(at)
+            at += len(text_piece)
+        choice["logprobs"] = {
+            "tokens": tokens, "token_logprobs": list(g.logprobs), "text_offset": offsets,
+            "top_logprobs": [{_piece(tokenizer, t, as_ids): lp for t, lp in pos} for pos in g.top_logprobs]
+            if g.top_logprobs is not None else None,
+        }
+    if body.return_token_ids:
+        choice["token_ids"], choice["prompt_token_ids"] = list(g.token_ids), prompt
+    return choice
+
+
+def _chat_choice(tokenizer: Any, index: int, prompt: list[int], g: Generation, body: ChatRequest
+                 ) -> dict[str, Any]:
+    text, reason = _text_of(tokenizer, g, body)
+    as_ids = body.return_tokens_as_token_ids
+    choice: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": text},
+                              "logprobs": None, "finish_reason": reason}
+    if body.logprobs:
+        content = []
+        for position, (token_id, lp) in enumerate(zip(g.token_ids, g.logprobs, strict=True)):
+            alternatives = g.top_logprobs[position] if g.top_logprobs is not None else []
+            content.append({"token": _piece(tokenizer, token_id, as_ids), "logprob": lp,
+                            "bytes": list(_piece(tokenizer, token_id).encode()),
+                            "top_logprobs": [{"token": _piece(tokenizer, t, as_ids), "logprob": v,
+                                              "bytes": list(_piece(tokenizer, t).encode())}
+                                             for t, v in alternatives]})
+        choice["logprobs"] = {"content": content}
+    if body.return_token_ids:
+        choice["token_ids"], choice["prompt_token_ids"] = list(g.token_ids), prompt
+    return choice
 
 
 def _telling(error: Any) -> tuple[int, bool]:
