@@ -19,12 +19,10 @@ import agentgym
 import agentgym.envs  # noqa: F401  (registers the built-in envs)
 from agentgym.cli import app
 from agentgym.core import HELD_OUT_SEED_START
-from agentgym.errors import ConfigError
 from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
-from agentgym.sources.env_source import JUDGE_FIELDS, EnvSource
 
 runner = CliRunner()
 
@@ -184,27 +182,3 @@ def test_a_run_trained_with_a_judge_is_evaluated_with_it(tmp_path: Path) -> None
     other = {**judge, "model": "other"}
     [replaced] = env_entries(None, [], [], "test", None, [parse_policy(str(run))], judge=other)
     assert (replaced.judge, replaced.split) == (other, "test")
-
-
-def test_judge_fields_are_judge_configs_and_env_source_wraps_its_envs(scripted: ScriptedJudgeServer) -> None:
-    from agentgym.training.config.schema import JudgeConfig
-
-    assert JUDGE_FIELDS == tuple(f.name for f in dataclasses.fields(JudgeConfig))
-    source = EnvSource("maze-v0", {"size": 2}, split="test",
-                       judge={"base_url": scripted.url, "model": "j", "rubric": "want=1", "mode": "add"})
-    env = source.factory()()
-    _, info = env.reset(seed=4)
-    assert info["task_ref"] == {"split": "test", "index": 4} and info["task_id"].endswith(
-        str(HELD_OUT_SEED_START + 4))
-    rewards = []
-    while (action := env.expert_action()) is not None:
-        _, reward, terminated, _, info = env.step(action)
-        rewards.append(reward)
-        if terminated:
-            break
-    assert rewards[-1] == 2.0 and info["judge"]["score"] == 1.0  # "add": the env's 1 plus the judge's 1
-    env.close()
-    with pytest.raises(ConfigError, match="cannot be combined with backend: ray"):
-        EnvSource("maze-v0", split="test", backend="ray").pool()
-    with pytest.raises(ConfigError, match="judge mode must be 'replace' or 'add'"):
-        EnvSource("maze-v0", judge={"base_url": scripted.url, "model": "j", "rubric": "r", "mode": "sum"})
