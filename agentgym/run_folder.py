@@ -1,8 +1,9 @@
-"""A run's folder: the name of every file a run writes (``RunFolder``'s accessors), starting a run (never
-over another one), resuming it, and the history of its config.
+"""A run's folder -- a training run's (``agentgym train --out``) or an evaluation's (``agentgym eval --out``):
+the name of every file either writes (``RunFolder``'s accessors), which of the two a folder holds, starting a
+training run (never over another one), resuming it, and the history of its config.
 
 Every reader and writer of a run's files finds them through ``RunFolder``; the names below never change, so
-the folders of earlier runs stay readable::
+the folders of earlier runs stay readable. A training run's::
 
     entry                 accessor       holds (written by)
     config.json           .config        the run's config as JSON (``start``, ``record_changes``)
@@ -21,14 +22,29 @@ the folders of earlier runs stay readable::
                                          ``tracking.mlflow_uri`` (``tracking.open_sinks``)
     wandb/                .wandb         W&B's offline runs, ``offline-run-*``, with ``tracking.wandb``
                                          (``tracking.open_sinks``)
-    trajectories/         .trajectories  iter_00001.jsonl...: each iteration's groups, one JSON line per
-                                         group (``.trajectory_file``; the loop)
+    trajectories/         .trajectories  iter_00001.jsonl...: each iteration's episodes, one JSON line each
+                                         (``.trajectory_file``; the loop, ``rollout.episode_log``)
     report.json           .report        a finished run's evaluations, history and config (the loop)
     learning_curve.png    .curve         the report's plot (``curve.plot_learning_curve``)
     model/                .model         the trained model, a Hugging Face directory
                                          (``weights.save_pretrained``)
     adapter/              .adapter       a LoRA run's adapter alone, the form vLLM loads
                                          (``weights.save_pretrained``)
+
+An evaluation's::
+
+    entry                 accessor       holds (written by)
+    plan.json             .plan          the exact evaluation: policies, envs, seeds, samples, sampling
+                                         (``eval.store.EvalStore``)
+    trajectories/ENV/POLICY.jsonl        one JSON line per finished episode, appended as episodes finish
+                          .episode_file(env, policy)   (``eval.store.EvalStore``, ``rollout.episode_log``)
+    timing.json           .timing        wall seconds per (env, policy), summed over resumed sessions
+    results.json          .results       the results (``eval.report.write_reports``)
+    report.md             .report_md     the same as Markdown
+    report.html           .report_html   the same as a web page
+
+``kind`` says which of the two a folder holds: an evaluation has ``plan.json``; a training run has
+``config.json`` and ``trajectories/``.
 
 A folder holds a run when it has any file only a run writes (``RUN_FILES``). A new run goes into a
 folder that does not exist or is empty, or — with ``overwrite`` — into a folder holding a run, which
@@ -63,9 +79,16 @@ REPORT = "report.json"
 CURVE = "learning_curve.png"
 MODEL = "model"
 ADAPTER = "adapter"
-#: Every file and folder a run writes, in the order of the module docstring's table.
+PLAN = "plan.json"
+TIMING = "timing.json"
+RESULTS = "results.json"
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+#: Every file and folder a training run writes, in the order of the module docstring's table.
 LAYOUT = (CONFIG, HISTORY, CHECKPOINT, REFERENCE, METRICS, TENSORBOARD, TRACKING, MLRUNS, WANDB, TRAJECTORIES,
           REPORT, CURVE, MODEL, ADAPTER)
+#: Every file and folder an evaluation writes, in the order of the module docstring's table.
+EVAL_LAYOUT = (PLAN, TRAJECTORIES, TIMING, RESULTS, REPORT_MD, REPORT_HTML)
 #: Entries a folder may hold for other reasons than a run: an evaluation's trajectories/, a model's
 #: folders, any TensorBoard log, MLflow store or W&B folder, a plot.
 _NOT_ONLY_RUNS = (TENSORBOARD, MLRUNS, WANDB, TRAJECTORIES, CURVE, MODEL, ADAPTER)
@@ -144,12 +167,22 @@ def under(path: str, fields: tuple[str, ...]) -> bool:
     return any(path == field or path.startswith(field + ".") for field in fields)
 
 
+def slug(name: str) -> str:
+    """A file-name-safe form of an env id or policy name (an evaluation's episode files are named by them).
+
+    Example:
+        >>> slug("acme/maze-v0"), slug("run@checkpoint")
+        ('acme__maze-v0', 'run@checkpoint')
+    """
+    return re.sub(r"[^A-Za-z0-9@._+-]", "_", name.replace("/", "__"))
+
+
 def _resumable(path: str) -> bool:
     return under(path, RESUMABLE)
 
 
 class RunFolder:
-    """The folder of one run.
+    """The folder of one run: a training run or an evaluation.
 
     Args:
         path: where the run lives.
@@ -239,6 +272,45 @@ class RunFolder:
         """``adapter/``: a LoRA run's adapter alone (what vLLM loads), by ``weights.save_pretrained``."""
         return self.path / ADAPTER
 
+    @property
+    def plan(self) -> Path:
+        """``plan.json``: the evaluation's plan (policies, envs, seeds, sampling), by ``EvalStore``."""
+        return self.path / PLAN
+
+    @property
+    def timing(self) -> Path:
+        """``timing.json``: an evaluation's wall seconds per (env, policy), by ``EvalStore``."""
+        return self.path / TIMING
+
+    @property
+    def results(self) -> Path:
+        """``results.json``: an evaluation's results, by ``eval.report.write_reports``."""
+        return self.path / RESULTS
+
+    @property
+    def report_md(self) -> Path:
+        """``report.md``: an evaluation's results as Markdown, by ``eval.report.write_reports``."""
+        return self.path / REPORT_MD
+
+    @property
+    def report_html(self) -> Path:
+        """``report.html``: an evaluation's results as a web page, by ``eval.report.write_reports``."""
+        return self.path / REPORT_HTML
+
+    def episode_file(self, env: str, policy: str) -> Path:
+        """``trajectories/ENV/POLICY.jsonl``: an evaluation's episodes of ``policy`` on ``env``, one JSON line
+        each, by ``EvalStore``.
+
+        Example:
+            >>> RunFolder("out").episode_file("acme/maze-v0", "expert").as_posix()
+            'out/trajectories/acme__maze-v0/expert.jsonl'
+        """
+        return self.trajectories / slug(env) / f"{slug(policy)}.jsonl"
+
+    def episode_files(self) -> list[Path]:
+        """Every evaluation episode file there, sorted."""
+        return sorted(self.trajectories.glob("*/*.jsonl"))
+
     def trajectory_file(self, iteration: int) -> Path:
         """``trajectories/iter_NNNNN.jsonl``: ``iteration``'s groups, one JSON line each, written by the loop.
 
@@ -258,6 +330,15 @@ class RunFolder:
         return sorted(found)
 
     # --- what is there -------------------------------------------------------------------------
+
+    def kind(self) -> str | None:
+        """``"eval"`` for an evaluation (it has ``plan.json``), ``"train"`` for a training run
+        (``config.json`` and ``trajectories/``), None for neither."""
+        if self.plan.is_file():
+            return "eval"
+        if self.config.is_file() and self.trajectories.is_dir():
+            return "train"
+        return None
 
     def holds_run(self) -> bool:
         """The folder has a file only a run writes."""

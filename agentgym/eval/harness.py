@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ from agentgym.eval.loading import LoadedPolicy, load_policy
 from agentgym.eval.plan import EnvEntry, EnvInfo, EvalError, EvalPlan
 from agentgym.eval.policies import PolicySpec
 from agentgym.eval.report import build_results, markdown_report
-from agentgym.eval.store import EvalStore, episode_record
+from agentgym.eval.store import EvalStore
 from agentgym.rollout.actors import Actor, ExpertActor, RandomActor
 from agentgym.rollout.collector import Collector
+from agentgym.rollout.episode_log import episode_line
 from agentgym.rollout.evaluation import collect_episodes
 from agentgym.rollout.policy import Policy, SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
@@ -294,14 +296,15 @@ class Evaluation:
                               tokenizer.decode(turn.response_ids, skip_special_tokens=True)))
             else:  # random and expert: the move is the response
                 texts.append(("", turn.action))
-        record = episode_record(entry.id, spec.name, task, sample, trajectory,
-                                observation=trajectory.first_observation, info=trajectory.first_info,
-                                turn_texts=texts, infos=[t.info for t in trajectory.turns])
-        if entry.split is not None:  # the reset seed was the task's index in the split
-            record["split"], record["index"] = entry.split, trajectory.seed
-        if trajectory.note:
-            record["note"] = trajectory.note
-        return record
+        # The texts are stored once, as the turn's prompt and response, not again in its extras.
+        kept = [{k: v for k, v in t.extras.items() if k not in ("prompt_text", "response_text")}
+                for t in trajectory.turns]
+        turns = [replace(t, extras=extras) for t, extras in zip(trajectory.turns, kept, strict=True)]
+        # The reset seed of a split's task was its index in the split.
+        split = {"split": entry.split, "index": trajectory.seed} if entry.split is not None else {}
+        return episode_line(replace(trajectory, turns=turns), group_id=f"{entry.id}/{task}", task_index=task,
+                            sample=sample, env=entry.id, policy=spec.name, texts=texts, prompt_ids=False,
+                            **split)
 
 
 def write_reports(plan: EvalPlan, store: EvalStore, infos: dict[str, EnvInfo], *,

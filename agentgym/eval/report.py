@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import agentgym
 from agentgym.eval.statistics import compare_paired, scores_by_task
-from agentgym.eval.store import EvalStore, groups_of
+from agentgym.eval.store import EvalStore
+from agentgym.rollout.episode_log import groups_of
 from agentgym.rollout.summary import counts, interval_text, summarize
 
 if TYPE_CHECKING:

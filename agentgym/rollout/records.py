@@ -6,7 +6,7 @@ episode's turns; a *group* holds the trajectories that started from the same tas
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -39,6 +39,26 @@ class Turn:
 
     Changed in v0.1: added, because evaluation logs and hooks need every step's info and the
     collector is the only place that sees it."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Turn:
+        """A turn from its stored form (``asdict``'s, or a turn of an episode-log line): the one place a
+        stored turn becomes a ``Turn``. Keys that are no field (an evaluation's texts) are ignored; a
+        missing ``extras`` or ``info`` is empty.
+
+        Example:
+            >>> Turn.from_json({"prompt_ids": [1], "response_ids": [2], "response_logprobs": [-0.1],
+            ...                 "reward": 1, "state_key": "s", "prompt": "text", "info": None})
+            Turn(prompt_ids=[1], response_ids=[2], response_logprobs=[-0.1], reward=1.0, state_key='s', \
+invalid=False, action='', observation='', tool_calls=0, extras={}, info={})
+        """
+        known = {f.name for f in fields(cls)}
+        stored = {k: v for k, v in data.items() if k in known}
+        return cls(**{**stored, "prompt_ids": [int(i) for i in data["prompt_ids"]],
+                      "response_ids": [int(i) for i in data["response_ids"]],
+                      "response_logprobs": [float(x) for x in data["response_logprobs"]],
+                      "reward": float(data["reward"]), "state_key": str(data["state_key"]),
+                      "extras": dict(data.get("extras") or {}), "info": dict(data.get("info") or {})})
 
 
 @dataclass(frozen=True)
@@ -97,7 +117,7 @@ class EpisodeGroup:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EpisodeGroup:
-        """Inverse of ``to_json``.
+        """Inverse of ``to_json`` (an episode log's lines are read by ``agentgym.rollout.episode_log``).
 
         Example:
             >>> import json
@@ -107,6 +127,7 @@ class EpisodeGroup:
             True
         """
         trajectories = [
-            Trajectory(**{**t, "turns": [Turn(**turn) for turn in t["turns"]]}) for t in data["trajectories"]
+            Trajectory(**{**t, "turns": [Turn.from_json(turn) for turn in t["turns"]]})
+            for t in data["trajectories"]
         ]
         return cls(**{**data, "trajectories": trajectories})

@@ -1,4 +1,5 @@
-"""The run folder: every file a run writes is one ``RunFolder`` names, under the names earlier runs used."""
+"""The run folder: every file a training run or an evaluation writes is one ``RunFolder`` names, under the
+names earlier runs used."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 from learning import small
 
 from agentgym.errors import ConfigError
-from agentgym.run_folder import LAYOUT, RUN_FILES, RunFolder
+from agentgym.eval.harness import Evaluation
+from agentgym.eval.plan import EnvEntry, EvalPlan
+from agentgym.eval.policies import parse_policy
+from agentgym.run_folder import EVAL_LAYOUT, LAYOUT, RUN_FILES, RunFolder
 from agentgym.training.config.loading import load_config
 from agentgym.training.run.loop import train
 
@@ -19,12 +23,16 @@ NAMES = {"config": "config.json", "history": "config_history.jsonl", "checkpoint
          "tracking": "tracking.json", "mlruns": "mlruns", "wandb": "wandb", "trajectories": "trajectories",
          "report": "report.json", "curve": "learning_curve.png",
          "model": "model", "adapter": "adapter"}
+#: An evaluation's names, under the same rule.
+EVAL_NAMES = {"plan": "plan.json", "timing": "timing.json", "results": "results.json",
+              "report_md": "report.md", "report_html": "report.html"}
 
 
-def _accessors(folder: RunFolder) -> dict[str, Path]:
-    """Every path property of ``RunFolder``, read on ``folder``."""
+def _accessors(folder: RunFolder, names: dict[str, str] = NAMES) -> dict[str, Path]:
+    """Every path property of ``RunFolder`` that ``names`` lists (a training run's or an evaluation's), read
+    on ``folder``."""
     return {name: getattr(folder, name) for name, attr in vars(RunFolder).items()
-            if isinstance(attr, property)}
+            if isinstance(attr, property) and name in names}
 
 
 def _listing(path: Path) -> set[str]:
@@ -32,10 +40,26 @@ def _listing(path: Path) -> set[str]:
 
 
 def test_each_accessor_names_one_entry_of_the_layout_under_its_old_name(tmp_path: Path) -> None:
-    accessors = _accessors(RunFolder(tmp_path))
-    assert {name: path.relative_to(tmp_path).as_posix() for name, path in accessors.items()} == NAMES
+    properties = {name for name, attr in vars(RunFolder).items() if isinstance(attr, property)}
+    assert properties == set(NAMES) | set(EVAL_NAMES)
+    accessors = _accessors(RunFolder(tmp_path), {**NAMES, **EVAL_NAMES})
+    assert {name: path.relative_to(tmp_path).as_posix() for name, path in accessors.items()} == {
+        **NAMES, **EVAL_NAMES}
     assert sorted(LAYOUT) == sorted(NAMES.values())
+    assert sorted(EVAL_LAYOUT) == sorted([*EVAL_NAMES.values(), "trajectories"])
     assert RunFolder("run").trajectory_file(12).as_posix() == "run/trajectories/iter_00012.jsonl"
+    assert RunFolder("out").episode_file("acme/maze-v0", "run@x").as_posix() == \
+        "out/trajectories/acme__maze-v0/run@x.jsonl"
+
+
+def test_an_evaluation_writes_exactly_the_files_its_run_folder_names(tmp_path: Path) -> None:
+    folder = RunFolder(tmp_path / "eval")
+    plan = EvalPlan((parse_policy("expert"),), (EnvEntry("maze-v0", {"size": 2}),), (0, 1))
+    Evaluation(plan, folder.path).run()
+    assert _listing(folder.path) == set(EVAL_LAYOUT)
+    assert folder.episode_files() == [folder.episode_file("maze-v0", "expert")]
+    assert folder.kind() == "eval" and not folder.holds_run()  # a training run never starts over it
+    assert RunFolder(tmp_path / "none").kind() is None
 
 
 def test_only_files_no_other_tool_writes_mark_a_folder_as_a_run(tmp_path: Path) -> None:

@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from agentgym.cli import app
 from agentgym.cli.evaluation import say_missing
-from agentgym.eval import store as store_module
 from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.report import build_results, markdown_report
 from agentgym.eval.store import EvalFolderError, EvalStore
+from agentgym.rollout import episode_log
 
 ENV = "maze-v0"
 TASKS = 40
@@ -144,7 +144,7 @@ def test_results_say_exactly_which_episodes_are_missing(finished: Path, tmp_path
 def small_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Callable[[], None]]]:
     """A folder on a 48 KiB disk (room for about 16 of the 40 episodes) and a function that frees space.
 
-    A real tmpfs when ``mount`` works here (as root); otherwise the store's one write primitive takes
+    A real tmpfs when ``mount`` works here (as root); otherwise the episode log's one write primitive takes
     48 KiB in all, then fails with ENOSPC part-way through a write, as a full disk does.
     """
     mount_point = tmp_path / "disk"
@@ -162,7 +162,7 @@ def small_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tupl
             subprocess.run(["umount", str(mount_point)], check=False)
         return
     room = [48 * 1024]
-    real_write_all = store_module._write_all
+    real_write_all = episode_log._write_all
 
     def write_all(fh: Any, data: bytes) -> None:
         taken = min(room[0], len(data))
@@ -171,8 +171,8 @@ def small_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tupl
         if taken < len(data):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store_module, "_write_all", write_all)
-    yield mount_point, lambda: monkeypatch.setattr(store_module, "_write_all", real_write_all)
+    monkeypatch.setattr(episode_log, "_write_all", write_all)
+    yield mount_point, lambda: monkeypatch.setattr(episode_log, "_write_all", real_write_all)
 
 
 def test_a_full_disk_stops_with_one_line_and_keeps_every_finished_episode(

@@ -22,7 +22,7 @@ from agentgym.cli import app
 from agentgym.eval.harness import Evaluation
 from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
-from agentgym.eval.viewer.data import TURN_PAGE_BYTES, RunFolder
+from agentgym.eval.viewer.data import TURN_PAGE_BYTES, EpisodeIndex
 from agentgym.eval.viewer.server import create_viewer_app
 
 runner = CliRunner()
@@ -199,7 +199,7 @@ def test_a_trajectory_line_lacking_fields_is_one_line_naming_it(folder: Path, tm
     # A line cut short by a crash is skipped and counted, as the evaluation store skips it.
     (run / "trajectories" / "iter_00001.jsonl").write_text(json.dumps(group) + "\n"
                                                            + '{"group_id": "g1", "traj')
-    viewed = RunFolder(run)
+    viewed = EpisodeIndex(run)
     assert viewed.episodes()[0] == 1 and viewed.meta()["skipped_lines"] == 1
 
 
@@ -208,7 +208,7 @@ def test_lines_the_plan_does_not_ask_for_are_skipped_and_counted(folder: Path) -
     strays = [{**first, "task_index": 300}, {**first, "task_index": 1}]  # past the plan; the wrong seed
     with open(random_log(folder), "a") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in strays))
-    viewed = RunFolder(folder)
+    viewed = EpisodeIndex(folder)
     assert viewed.episodes(policy="random")[0] == 300 and viewed.meta()["skipped_lines"] == 2
     assert viewed.episodes(policy="random", task_index=1)[1][0]["seed"] == 1
 
@@ -268,7 +268,7 @@ def test_the_index_holds_no_episode_contents(folder: Path) -> None:
     assert size > 20_000_000
     tracemalloc.start()
     try:
-        viewed = RunFolder(folder)
+        viewed = EpisodeIndex(folder)
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -1,12 +1,16 @@
-"""What the viewer shows, read from a folder: an evaluation (``agentgym eval --out``) or a training
-run (``agentgym train --out``), as one list of episodes with a uniform shape.
+"""What the viewer shows, read from a folder: an evaluation (``agentgym eval --out``) or a training run
+(``agentgym train --out``), as one list of episodes with a uniform shape (``EpisodeIndex``).
+
+Both write the one episode-log format (``agentgym.rollout.episode_log``), read here by its one reader,
+whichever version wrote it; ``agentgym.run_folder.RunFolder`` says which kind the folder is and names its
+files.
 
 An episode summary is ``{id, env, policy, iteration, task_index, sample, seed, task_id, success,
 return, turns}`` (``turns``: how many). An episode adds ``observation`` (the first one), ``info``,
 ``num_turns`` and one page of its turns, each with ``prompt``, ``response``, ``action``,
 ``observation``, ``reward``, ``state_key``, ``invalid``, ``tool_calls``, ``advantage`` (when the run
-recorded one in the turn's extras) and ``info``. Training runs store token ids; a page's text is
-decoded with the run's tokenizer when it is asked for.
+recorded one in the turn's extras) and ``info``. A turn stored without its text (a training run stores token
+ids) is decoded with the run's tokenizer when it is asked for.
 
 Only an index stays in memory: per episode its summary and where its line lies in its file (byte
 offset and length). Episodes are read back from disk a page at a time, so a folder of any size
@@ -25,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.errors import ConfigError
-from agentgym.eval.store import PLAN, EvalStore
-from agentgym.run_folder import RunFolder as TrainingRun
+from agentgym.rollout.episode_log import DamagedLine, EpisodeLog
+from agentgym.run_folder import PLAN, RunFolder
 
 #: Turns a page holds at most, and the JSON size after which a page ends early (a page always
 #: holds at least one turn, however large).
@@ -68,13 +72,15 @@ class EpisodeEntry:
     episode_return: float
     num_turns: int
     file: int
-    """Index into ``RunFolder.files``."""
+    """Index into ``EpisodeIndex.logs``."""
     offset: int
     """Byte offset of the episode's line in its file."""
     length: int
     """Byte length of that line."""
     position: int
-    """The trajectory's place in its group's line (training runs); 0 for evaluations."""
+    """The line's place among its file's lines of JSON."""
+    member: int
+    """The episode's place among its line's episodes (an earlier training run's line held a whole group)."""
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.id, "env": self.env, "policy": self.policy, "iteration": self.iteration,
@@ -96,11 +102,25 @@ def _read_json(path: Path, name: str, fix: str) -> dict[str, Any]:
     return data
 
 
-class _Damaged(Exception):
-    """A parsed line lacks a field the viewer needs (the message names it)."""
+def _entry(record: dict[str, Any], env: str, policy: str, file: int, offset: int, length: int,
+           position: int, member: int) -> EpisodeEntry:
+    """The index entry of an episode (``episode_log.read_line``'s), ``env`` and ``policy`` standing in
+    where the line names none (a training run's: its config names them)."""
+    seed, task_id, iteration = record.get("seed"), record.get("task_id"), record.get("iteration")
+    env, policy = record.get("env") or env, record.get("policy") or policy
+    task_index, sample = record["task_index"], record["sample"]
+    if iteration is not None:
+        eid = f"{iteration}|{record.get('group_id')}|{record.get('trajectory_id') or sample}"
+    else:
+        eid = f"{env}|{policy}|{task_index}|{sample}"
+    # Interned: a folder's thousands of episodes share a handful of env and policy names.
+    return EpisodeEntry(eid, sys.intern(env), sys.intern(policy), iteration, task_index, sample,
+                        seed if _is_int(seed) else None, None if task_id is None else str(task_id),
+                        bool(record.get("success")), float(record["return"]), len(record["turns"]),
+                        file, offset, length, position, member)
 
 
-class RunFolder:
+class EpisodeIndex:
     """The episodes, results and learning curves of one folder.
 
     Args:
@@ -112,7 +132,7 @@ class RunFolder:
             file, the line and the field).
 
     Example:
-        >>> RunFolder("/nonexistent")  # doctest: +ELLIPSIS
+        >>> EpisodeIndex("/nonexistent")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         agentgym.errors.ConfigError: /nonexistent is not a folder; pass the --out folder of ...
@@ -120,23 +140,20 @@ class RunFolder:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self._run = TrainingRun(self.root)  # where a training run's files are
+        self.folder = RunFolder(self.root)
         if not self.root.is_dir():
             raise ConfigError(f"{self.root} is not a folder; pass the --out folder of `agentgym eval` or "
                               "`agentgym train`")
-        if (self.root / PLAN).is_file():
-            self.kind = "eval"
-        elif self._run.config.is_file() and self._run.trajectories.is_dir():
-            self.kind = "train"
-        else:
+        kind = self.folder.kind()
+        if kind is None:
             raise ConfigError(f"{self.root} holds neither an evaluation (plan.json) nor a training run "
                               "(config.json and trajectories/); pass the --out folder of `agentgym eval` or "
                               "`agentgym train`")
-        self.files: list[Path] = []
+        self.kind: str = kind
+        self.logs: list[EpisodeLog] = []
         self.skipped_lines = 0
         self._entries: list[EpisodeEntry] = []
-        self._by_id: dict[str, EpisodeEntry] = {}
-        self._parsed: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._parsed: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
         if self.kind == "eval":
             self._index_evaluation()
@@ -144,26 +161,12 @@ class RunFolder:
             self._index_training_run()
         self._by_id = {e.id: e for e in self._entries}
 
+    @property
+    def files(self) -> list[Path]:
+        """The episode files indexed, in order."""
+        return [log.path for log in self.logs]
+
     # --- indexing ---------------------------------------------------------------------------------
-
-    def _lines(self, path: Path) -> Any:
-        """(line number, byte offset, parsed line) of each readable line of ``path``.
-
-        A line that is not JSON (cut short by a crash, or still being written) is skipped and
-        counted in ``skipped_lines``, as the evaluation store skips it.
-        """
-        offset = 0
-        with open(path, "rb") as fh:
-            for number, raw in enumerate(fh, start=1):
-                start, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                try:
-                    parsed = json.loads(raw)
-                except ValueError:
-                    self.skipped_lines += 1
-                    continue
-                yield number, start, len(raw), parsed
 
     def _relative(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
@@ -172,9 +175,27 @@ class RunFolder:
         return ConfigError(f"{self._relative(path)} line {number}: {problem}; that line is damaged: repair "
                            "or delete it, then run `agentgym view` again")
 
+    def _index_log(self, log: EpisodeLog, env: str, policy: str) -> list[EpisodeEntry]:
+        """Every episode of ``log``, in order. A line that is not JSON (cut short by a crash, or still being
+        written) is skipped and counted in ``skipped_lines``, as the evaluation store skips it."""
+        self.logs.append(log)
+        file, position, found = len(self.logs) - 1, 0, []
+        for line in log.scan():
+            try:
+                episodes = log.episodes(line, position)
+                found += [_entry(record, env, policy, file, line.offset, line.length, position, member)
+                          for member, record in enumerate(episodes)]
+            except DamagedLine as exc:
+                raise self._damaged(log.path, line.number, str(exc)) from None
+            except ValueError:
+                self.skipped_lines += 1
+                continue
+            position += 1
+        return found
+
     def _index_evaluation(self) -> None:
         fix = "restore it, or run the evaluation again into a new --out folder"
-        plan = _read_json(self.root / PLAN, PLAN, fix)
+        plan = _read_json(self.folder.plan, PLAN, fix)
         envs, policies = plan.get("envs"), plan.get("policies")
         if (not isinstance(envs, list)
                 or not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in envs)
@@ -186,19 +207,13 @@ class RunFolder:
         # As the evaluation store counts them: only the episodes the plan asks for, so the viewer
         # shows what the report counted, and a stray line never stands in for a planned episode.
         planned = isinstance(seeds, list) and all(_is_int(s) for s in seeds) and _is_int(samples)
-        store = EvalStore(self.root)
         for env in envs:
             for policy in policies:
-                path = store.path(env["id"], policy["name"])
+                path = self.folder.episode_file(env["id"], policy["name"])
                 if not path.is_file():
                     continue
-                self.files.append(path)
                 found: dict[tuple[int, int], EpisodeEntry] = {}
-                for number, offset, length, record in self._lines(path):
-                    try:
-                        entry = self._evaluation_entry(record, len(self.files) - 1, offset, length)
-                    except _Damaged as exc:
-                        raise self._damaged(path, number, str(exc)) from None
+                for entry in self._index_log(EpisodeLog(path), env["id"], policy["name"]):
                     if planned and not (0 <= entry.task_index < len(seeds) and 0 <= entry.sample < samples
                                         and entry.seed == seeds[entry.task_index]):
                         self.skipped_lines += 1
@@ -207,31 +222,6 @@ class RunFolder:
                     found.setdefault((entry.task_index, entry.sample), entry)
                 self._entries.extend(found[key] for key in sorted(found))
 
-    @staticmethod
-    def _evaluation_entry(record: Any, file: int, offset: int, length: int) -> EpisodeEntry:
-        if not isinstance(record, dict):
-            raise _Damaged(f"a JSON {type(record).__name__}, not an episode object")
-        for name, valid, what in (("env", lambda v: isinstance(v, str), "a string"),
-                                  ("policy", lambda v: isinstance(v, str), "a string"),
-                                  ("task_index", _is_int, "an integer"), ("sample", _is_int, "an integer"),
-                                  ("return", lambda v: _number(v) is not None, "a number"),
-                                  ("turns", lambda v: isinstance(v, list), "a list")):
-            if name not in record:
-                raise _Damaged(f"the episode has no '{name}'")
-            if not valid(record[name]):
-                raise _Damaged(f"the episode's '{name}' is not {what}")
-        if not all(isinstance(t, dict) for t in record["turns"]):
-            raise _Damaged("a turn of the episode is not an object")
-        seed = record.get("seed")
-        task_id = record.get("task_id")
-        eid = f"{record['env']}|{record['policy']}|{record['task_index']}|{record['sample']}"
-        # Interned: a folder's thousands of episodes share a handful of env and policy names.
-        return EpisodeEntry(eid, sys.intern(record["env"]), sys.intern(record["policy"]), None,
-                            record["task_index"], record["sample"],
-                            seed if _is_int(seed) else None, None if task_id is None else str(task_id),
-                            bool(record.get("success")), float(record["return"]), len(record["turns"]),
-                            file, offset, length, 0)
-
     def _index_training_run(self) -> None:
         config = self._config
         env, algorithm = config.get("env", {}), config.get("algorithm", {})
@@ -239,57 +229,18 @@ class RunFolder:
             raise ConfigError("config.json is damaged ('env' and 'algorithm' must be objects); restore it "
                               "from the run's checkpoint or train again into a new --out folder")
         env_id, policy = str(env.get("id", "?")), str(algorithm.get("name", "train"))
-        for iteration, path in self._run.trajectory_files():
-            self.files.append(path)
-            for task_index, (number, offset, length, group) in enumerate(self._lines(path)):
-                try:
-                    self._entries.extend(self._training_entries(group, env_id, policy, iteration, task_index,
-                                                                len(self.files) - 1, offset, length))
-                except _Damaged as exc:
-                    raise self._damaged(path, number, str(exc)) from None
-
-    @staticmethod
-    def _training_entries(group: Any, env: str, policy: str, iteration: int, task_index: int, file: int,
-                          offset: int, length: int) -> list[EpisodeEntry]:
-        if not isinstance(group, dict):
-            raise _Damaged(f"a JSON {type(group).__name__}, not a group object")
-        if "group_id" not in group:
-            raise _Damaged("the group has no 'group_id'")
-        trajectories = group.get("trajectories")
-        if not isinstance(trajectories, list):
-            raise _Damaged("the group has no 'trajectories' list")
-        entries = []
-        for sample, t in enumerate(trajectories):
-            if not isinstance(t, dict) or not isinstance(t.get("turns"), list):
-                raise _Damaged(f"trajectory {sample} has no 'turns' list")
-            episode_return = 0.0
-            for n, turn in enumerate(t["turns"]):
-                if not isinstance(turn, dict):
-                    raise _Damaged(f"turn {n} of trajectory {sample} is not an object")
-                for name in ("prompt_ids", "response_ids"):
-                    if not isinstance(turn.get(name), list):
-                        raise _Damaged(f"turn {n} of trajectory {sample} has no '{name}' list")
-                reward = _number(turn.get("reward"))
-                if reward is None:
-                    raise _Damaged(f"turn {n} of trajectory {sample} has no numeric 'reward'")
-                episode_return += reward
-            seed, task_id = t.get("seed"), t.get("task_id")
-            eid = f"{iteration}|{group['group_id']}|{t.get('trajectory_id') or sample}"
-            entries.append(EpisodeEntry(eid, env, policy, iteration, task_index, sample,
-                                        seed if _is_int(seed) else None,
-                                        None if task_id is None else str(task_id), bool(t.get("success")),
-                                        episode_return, len(t["turns"]), file, offset, length, sample))
-        return entries
+        for iteration, path in self.folder.trajectory_files():
+            self._entries.extend(self._index_log(EpisodeLog(path, iteration), env_id, policy))
 
     @cached_property
     def _config(self) -> dict[str, Any]:
-        return _read_json(self._run.config, self._run.config.name,
+        return _read_json(self.folder.config, self.folder.config.name,
                           "restore it from the run's checkpoint or train again into a new --out folder")
 
     @cached_property
     def tokenizer(self) -> Any:
         """The training run's tokenizer (its saved model's, else the one its config builds)."""
-        saved = self._run.model
+        saved = self.folder.model
         if (saved / "tokenizer_config.json").is_file() or (saved / "tokenizer.json").is_file():
             from transformers import AutoTokenizer
 
@@ -321,21 +272,22 @@ class RunFolder:
                                 "policies": policies, "iterations": iterations,
                                 "episodes": len(self._entries), "skipped_lines": self.skipped_lines,
                                 "results": [], "comparisons": [], "curves": {}, "evals": None, "notes": []}
-        if self.kind == "eval" and (self.root / "results.json").is_file():
+        results = self.folder.results
+        if self.kind == "eval" and results.is_file():
             try:
-                data = _read_json(self.root / "results.json", "results.json",
-                                  "run `agentgym eval --resume` again")
-                results, comparisons = data.get("results", []), data.get("comparisons", [])
-                if not isinstance(results, list) or not isinstance(comparisons, list):
+                data = _read_json(results, results.name, "run `agentgym eval --resume` again")
+                rows, comparisons = data.get("results", []), data.get("comparisons", [])
+                if not isinstance(rows, list) or not isinstance(comparisons, list):
                     raise ConfigError("results.json is damaged ('results' and 'comparisons' must be lists)")
-                meta["results"], meta["comparisons"] = results, comparisons
+                meta["results"], meta["comparisons"] = rows, comparisons
             except ConfigError as exc:
                 meta["notes"].append(str(exc))
         if self.kind == "train":
             meta["curves"] = self._curves()
-            if self._run.report.is_file():
+            report = self.folder.report
+            if report.is_file():
                 try:
-                    evals = _read_json(self._run.report, self._run.report.name, "train again").get("eval", {})
+                    evals = _read_json(report, report.name, "train again").get("eval", {})
                     meta["evals"] = {k: float(v["success_rate"]) for k, v in evals.items()
                                      if isinstance(v, dict) and _number(v.get("success_rate")) is not None}
                 except (ConfigError, AttributeError) as exc:
@@ -344,7 +296,7 @@ class RunFolder:
         return meta
 
     def _curves(self) -> dict[str, list[list[float]]]:
-        path = self._run.metrics
+        path = self.folder.metrics
         curves: dict[str, list[list[float]]] = {}
         if not path.is_file():
             return curves
@@ -400,13 +352,8 @@ class RunFolder:
         entry = self._by_id.get(eid)
         if entry is None:
             return None
-        line = self._line(entry)
-        if self.kind == "eval":
-            turns: list[dict[str, Any]] = line["turns"]
-            observation, info = line.get("observation"), line.get("info")
-        else:
-            turns = line["trajectories"][entry.position]["turns"]
-            observation = info = None
+        record = self._line(entry)[entry.member]
+        turns: list[dict[str, Any]] = record["turns"]
         page: list[dict[str, Any]] = []
         size = 0
         for turn in turns[turn_offset:turn_offset + turn_limit]:
@@ -416,61 +363,43 @@ class RunFolder:
                 break
             page.append(shown)
         end = turn_offset + len(page)
-        return {**entry.summary(), "num_turns": entry.num_turns, "observation": observation, "info": info,
-                "turn_offset": turn_offset, "next_turn_offset": end if end < len(turns) else None,
-                "turns": page}
+        return {**entry.summary(), "num_turns": entry.num_turns, "observation": record.get("observation"),
+                "info": record.get("info"), "turn_offset": turn_offset,
+                "next_turn_offset": end if end < len(turns) else None, "turns": page}
 
     def _shown_turn(self, t: dict[str, Any]) -> dict[str, Any]:
-        if self.kind == "eval":
-            return {"prompt": t.get("prompt"), "response": t.get("response"), "action": t.get("action"),
-                    "observation": t.get("observation"), "reward": t.get("reward"),
-                    "state_key": t.get("state_key"), "invalid": bool(t.get("invalid")),
-                    "tool_calls": t.get("tool_calls", 0), "advantage": None, "info": t.get("info")}
-        tokenizer = self.tokenizer
-        extras = t.get("extras") or {}
-        return {"prompt": tokenizer.decode(t["prompt_ids"], skip_special_tokens=False),
-                "response": tokenizer.decode(t["response_ids"], skip_special_tokens=True),
-                "action": t.get("action", ""), "observation": t.get("observation", ""),
-                "reward": t.get("reward"),
+        extras = t.get("extras")
+        extras = extras if isinstance(extras, dict) else {}
+        # A turn without its text (a training run's) is shown decoded from its token ids.
+        prompt = (t["prompt"] if "prompt" in t
+                  else self.tokenizer.decode(t.get("prompt_ids") or [], skip_special_tokens=False))
+        response = (t["response"] if "response" in t
+                    else self.tokenizer.decode(t.get("response_ids") or [], skip_special_tokens=True))
+        return {"prompt": prompt, "response": response, "action": t.get("action", ""),
+                "observation": t.get("observation", ""), "reward": t.get("reward"),
                 "state_key": t.get("state_key"), "invalid": bool(t.get("invalid")),
                 "tool_calls": t.get("tool_calls", 0),
-                "advantage": (_number(extras.get("advantage", extras.get("adv"))) if isinstance(extras, dict)
-                              else None),
-                "info": None}
+                "advantage": _number(extras.get("advantage", extras.get("adv"))), "info": t.get("info")}
 
-    def _line(self, entry: EpisodeEntry) -> Any:
-        """The parsed line of ``entry``, read from disk at its offset (the last few are kept parsed)."""
+    def _line(self, entry: EpisodeEntry) -> list[dict[str, Any]]:
+        """The episodes of ``entry``'s line, read from disk at its offset (the last few are kept parsed)."""
         key = (entry.file, entry.offset)
         with self._lock:
             if key in self._parsed:
                 self._parsed.move_to_end(key)
                 return self._parsed[key]
-            path = self.files[entry.file]
-            changed = FolderChanged(f"{self._relative(path)} changed since the viewer started; restart "
+            log = self.logs[entry.file]
+            changed = FolderChanged(f"{self._relative(log.path)} changed since the viewer started; restart "
                                     "`agentgym view` to see it as it is now")
             try:
-                with open(path, "rb") as fh:
-                    fh.seek(entry.offset)
-                    parsed = json.loads(fh.read(entry.length))
-            except (OSError, ValueError):
+                episodes = log.read_at(entry.offset, entry.length, entry.position)
+                again = _entry(episodes[entry.member], entry.env, entry.policy, entry.file, entry.offset,
+                               entry.length, entry.position, entry.member)
+            except (OSError, ValueError, IndexError, KeyError, TypeError):
                 raise changed from None
-            if not self._still(entry, parsed):
+            if again != entry:
                 raise changed
-            self._parsed[key] = parsed
+            self._parsed[key] = episodes
             while len(self._parsed) > _PARSED_LINES_KEPT:
                 self._parsed.popitem(last=False)
-            return parsed
-
-    def _still(self, entry: EpisodeEntry, parsed: Any) -> bool:
-        """Whether ``parsed`` is still the line ``entry`` was indexed from."""
-        if not isinstance(parsed, dict):
-            return False
-        try:
-            if self.kind == "eval":
-                again = self._evaluation_entry(parsed, entry.file, entry.offset, entry.length)
-                return again == entry
-            again_list = self._training_entries(parsed, entry.env, entry.policy, entry.iteration or 0,
-                                                entry.task_index, entry.file, entry.offset, entry.length)
-        except _Damaged:
-            return False
-        return entry.position < len(again_list) and again_list[entry.position] == entry
+            return episodes

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from prometheus_client import CollectorRegistry, Counter
 
-from agentgym.eval.viewer.data import MAX_LIST_PAGE, MAX_TURN_PAGE, RunFolder
+from agentgym.eval.viewer.data import MAX_LIST_PAGE, MAX_TURN_PAGE, EpisodeIndex
 from agentgym.eval.viewer.gate import TokenGate
 from agentgym.service_kit.responses import (
     TELEMETRY_OFF,
@@ -55,7 +55,7 @@ def create_viewer_app(folder: str | Path, *, token: str | None = None) -> Any:
             browser gets by giving it once; see ``agentgym.eval.viewer.gate``).
 
     Raises:
-        ConfigError: the folder is neither, or it is damaged (see ``RunFolder``).
+        ConfigError: the folder is neither, or it is damaged (see ``EpisodeIndex``).
 
     Example:
         >>> import tempfile, json, pathlib
@@ -68,7 +68,7 @@ def create_viewer_app(folder: str | Path, *, token: str | None = None) -> Any:
         ...      client.get("/api/episode/nope", headers={"Authorization": "Bearer s3cret"}).status_code)
         (401, 'eval', 404)
     """
-    run = RunFolder(folder)
+    run = EpisodeIndex(folder)
     registry = CollectorRegistry()
     answers = ErrorResponses(Counter("agentgym_viewer_errors", "Error responses by error type", ["type"],
                                      registry=registry))
