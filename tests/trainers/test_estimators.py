@@ -11,7 +11,7 @@ import pytest
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.training.api.algorithm import get_algorithm, list_algorithms
-from agentgym.training.api.turn_table import TurnTable, discounted_returns
+from agentgym.training.api.turn_table import Batch, TurnTable, discounted_returns
 
 
 def traj(steps: list[tuple[str, float] | tuple[str, float, bool]]) -> Trajectory:
@@ -335,16 +335,34 @@ def test_rloo_invalid_action_penalty_is_subtracted_not_scaled() -> None:
     assert alone.tolist() == [0.0]
 
 
-def test_turn_table_of_shares_one_table_per_batch_and_carries_the_plan_columns() -> None:
+def test_a_batch_carries_one_table_with_the_plan_columns_and_a_plain_list_gets_a_new_one() -> None:
     turn = Turn([1], [2], [-0.1], 0.0, "s")
     parent = Trajectory([turn, turn, turn], "t", 0, trajectory_id="a")
     branch = Trajectory([turn, turn, turn], "t", 0, trajectory_id="b", fork_turn=2)
     groups = [EpisodeGroup("g", "t", 0, [parent, branch])]
-    table = TurnTable.of(groups)
-    assert TurnTable.of(groups) is table  # the estimator's table is the update plan's
+    batch = Batch.of(groups)
+    table = TurnTable.of(batch)
+    assert table is batch.table  # what the estimator reads is the table the loop hands the update
+    assert list(batch) == groups and len(batch) == 1 and batch[0] is groups[0]
     assert table.trajectory_id.tolist() == ["a"] * 3 + ["b"] * 3
     assert table.copied.tolist() == [False, False, False, True, True, False]
-    assert TurnTable.of(list(groups)) is not table  # another batch: never another batch's table
+    # Nothing is remembered between calls: a plain list gets a table of its own, never an earlier batch's.
+    assert TurnTable.of(groups) is not table and TurnTable.of(groups) is not TurnTable.of(groups)
     groups[0].trajectories.append(Trajectory([turn], "t", 0, trajectory_id="c"))
-    grown = TurnTable.of(groups)  # the same list grown since: rebuilt, not stale
-    assert grown is not table and grown.num_turns == 7
+    assert TurnTable.of(groups).num_turns == 7
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "gigpo", "hgpo", "graphgpo"])
+def test_estimators_read_the_table_the_batch_carries(name: str) -> None:
+    algo = get_algorithm(name)
+    args = algo.make_args({})
+    solved, failed = traj([("A", 0.0), ("B", 1.0)]), traj([("A", 0.0), ("C", 0.0)])
+    groups = [group(solved, failed), group(traj([("A", 1.0)]), traj([("A", 0.0)]), gid="h")]
+    plain = algo.estimator(groups, args)
+    np.testing.assert_array_equal(algo.estimator(Batch.of(groups), args), plain)
+    # A batch whose table was built from other rewards: the estimator answers from that table, so it read the
+    # one it was handed instead of building its own from the groups.
+    swapped = [group(failed, solved), group(traj([("A", 0.0)]), traj([("A", 1.0)]), gid="h")]
+    handed = Batch(tuple(groups), TurnTable.from_groups(swapped))
+    np.testing.assert_array_equal(algo.estimator(handed, args), algo.estimator(swapped, args))
+    assert not np.array_equal(algo.estimator(handed, args), plain)

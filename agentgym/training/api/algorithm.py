@@ -38,7 +38,10 @@ class AdvantageEstimator(Protocol):
     """Contract of every estimator.
 
     Args:
-        groups: the batch; each group's trajectories share a task and seed.
+        groups: the batch; each group's trajectories share a task and seed. The loop hands a ``Batch``
+            (``agentgym.training.api.turn_table``), which carries the ``TurnTable`` it built once for the
+            iteration and passes to the update too; ``TurnTable.of(groups)`` reads it (and builds one for a
+            plain list of groups, so an estimator runs on hand-built groups as well).
         args: the algorithm's argument dataclass.
 
     Returns:

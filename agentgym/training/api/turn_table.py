@@ -1,17 +1,18 @@
-"""``TurnTable`` (the flat, per-turn numpy view of a batch of groups) and vectorised group statistics.
+"""``TurnTable`` (the flat, per-turn numpy view of a batch of groups), ``Batch`` (an iteration's groups with
+their table) and vectorised group statistics.
 
 Estimators work on a ``TurnTable`` so no estimator loops over turns in Python: every quantity is an
 array of shape (num_turns,) in the order group → trajectory → turn, and group statistics are
 ``np.bincount`` reductions over integer group ids. The same table is what update plans split an
 iteration's turns on (``agentgym.training.api.plan``) and where packing reads each row's turn position:
-the loop builds it once per iteration (``TurnTable.of``) and every consumer shares it.
+the loop builds one ``Batch`` per iteration and passes it, with its table, to the estimator and the update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal, overload
 
 import numpy as np
 
@@ -46,39 +47,30 @@ class TurnTable:
     """bool: the turn is a fork's copy of a turn that its parent trajectory (or an ancestor) also holds
     (``step < Trajectory.fork_turn``): the same tokens in the same context."""
 
-    _last: ClassVar[tuple[Sequence[EpisodeGroup], int, TurnTable] | None] = None
-    """The table ``of`` built last, with the groups object it was built from and their turn count."""
-
     @property
     def num_turns(self) -> int:
         return int(self.group.shape[0])
 
     @classmethod
     def of(cls, groups: Sequence[EpisodeGroup]) -> TurnTable:
-        """The table of ``groups``, built once per batch: asked again for the same groups object (the
-        loop's estimator, then its update plan and packing), it answers the table it built.
+        """The table of ``groups``: the one a ``Batch`` carries (what the loop hands an estimator), else a new
+        one (an estimator called on a plain list of groups).
 
-        Only the last batch is remembered; a different groups object (or one whose number of turns has
-        changed since) gets a fresh table, so an estimator called on its own is never handed a stale one.
+        Changed in v0.1: answers the batch's table instead of remembering the last table it built, because the
+        loop now passes the table with the batch.
 
         Example:
             >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
             >>> groups = [EpisodeGroup("g", "t", 0, [Trajectory([Turn([], [], [], 1.0, "s")], "t", 0)])]
-            >>> (TurnTable.of(groups) is TurnTable.of(groups),
-            ...  TurnTable.of(groups) is TurnTable.of(list(groups)))
-            (True, False)
+            >>> batch = Batch.of(groups)
+            >>> TurnTable.of(batch) is batch.table, TurnTable.of(groups).num_turns
+            (True, 1)
         """
-        num_turns = sum(len(t.turns) for g in groups for t in g.trajectories)
-        last = cls._last
-        if last is not None and last[0] is groups and last[1] == num_turns:
-            return last[2]
-        table = cls.from_groups(groups)
-        TurnTable._last = (groups, num_turns, table)
-        return table
+        return groups.table if isinstance(groups, Batch) else cls.from_groups(groups)
 
     @classmethod
     def from_groups(cls, groups: Sequence[EpisodeGroup]) -> TurnTable:
-        """A new table of ``groups`` (``of`` shares one per batch)."""
+        """A new table of ``groups``."""
         trajectories = [t for g in groups for t in g.trajectories]
         lengths = np.fromiter((len(t.turns) for t in trajectories), dtype=np.int64, count=len(trajectories))
         traj_group = np.repeat(np.arange(len(groups), dtype=np.int64),
@@ -100,6 +92,40 @@ class TurnTable:
         copied = step < fork_turn[trajectory] if len(turns) else np.zeros(0, dtype=bool)
         return cls(group, trajectory, step, reward, invalid, state, traj_group, traj_return, trajectory_id,
                    copied)
+
+
+@dataclass(frozen=True)
+class Batch(Sequence[EpisodeGroup]):
+    """An iteration's groups, in order, with their ``TurnTable`` built once: what the loop hands the estimator
+    (as its ``groups``: a sequence of groups like any other) and the update.
+
+    Example:
+        >>> from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
+        >>> runs = [Trajectory([Turn([], [], [], 1.0, "s")] * 2, "t", 0)]
+        >>> batch = Batch.of([EpisodeGroup("g", "t", 0, runs)])
+        >>> len(batch), batch[0].group_id, batch.table.num_turns
+        (1, 'g', 2)
+    """
+
+    groups: tuple[EpisodeGroup, ...]
+    """The groups, order of the table's rows."""
+    table: TurnTable
+    """Their table (``TurnTable.from_groups(groups)``)."""
+
+    @classmethod
+    def of(cls, groups: Sequence[EpisodeGroup]) -> Batch:
+        """``groups`` and their new table."""
+        return cls(tuple(groups), TurnTable.from_groups(groups))
+
+    @overload
+    def __getitem__(self, index: int) -> EpisodeGroup: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[EpisodeGroup, ...]: ...
+    def __getitem__(self, index: int | slice) -> EpisodeGroup | tuple[EpisodeGroup, ...]:
+        return self.groups[index]
+
+    def __len__(self) -> int:
+        return len(self.groups)
 
 
 def _group_local_ids(group: np.ndarray, keys: np.ndarray) -> np.ndarray:
