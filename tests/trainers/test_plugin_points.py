@@ -347,8 +347,8 @@ def test_a_third_party_algorithm_trains_with_its_hook_plan_and_loss_term(tmp_pat
     assert all("loss/toy_l2" in h and h["toy/term_iterations"] == i + 1 for i, h in enumerate(history))
     assert all(h["rollout/forks"] == 1 for h in history)
     assert all("toy/phase_ratio" in h for h in history)
-    forked = [t for line in (tmp_path / "trajectories" / "iter_00001.jsonl").read_text().splitlines()
-              for t in json.loads(line)["trajectories"] if t["parent_id"]]
+    episodes = [json.loads(line) for line in (tmp_path / "trajectories" / "iter_00001.jsonl").open()]
+    forked = [t for t in episodes if t["parent_id"]]  # one line per episode
     assert len(forked) == 1 and forked[0]["turns"][0]["extras"]["entropies"]
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["plugins"]
     assert state["terms"]["test_toy_l2"] == {"iterations": 3}

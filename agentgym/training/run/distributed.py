@@ -25,11 +25,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from agentgym.errors import ConfigError
+from agentgym.rollout.collector import CollectStats
+from agentgym.rollout.records import EpisodeGroup
+from agentgym.training.run.interrupt import Region
+from agentgym.training.run.pipeline import gather_groups
+
+T = TypeVar("T")
 
 
 class Distributed:
@@ -103,6 +113,43 @@ class Distributed:
     def broadcast_parameters(self, model: torch.nn.Module) -> None:
         """Make every process's weights the main process's."""
 
+    # What the loop asks of its processes, one call whatever their number (the base class: one process).
+
+    share_tag: str = ""
+    """Names this process's share in group ids (``p1-``) when several processes each collect a share."""
+
+    def run_dir(self, root: Path) -> Path:
+        """Where this process logs: the run folder, or (a process other than the main one) a scratch folder
+        of its own, removed by ``release_run_dir``."""
+        return root
+
+    def release_run_dir(self, path: Path) -> None:
+        """Remove ``run_dir``'s scratch folder (the run folder stays)."""
+
+    def gather_groups(self, groups: list[EpisodeGroup], stats: CollectStats
+                      ) -> tuple[list[EpisodeGroup], CollectStats]:
+        """Every process's groups, in task order, and the summed statistics (``pipeline.gather_groups``)."""
+        return groups, stats
+
+    def on_main(self, write: Callable[..., Any], *args: Any) -> None:
+        """``write(*args)`` in the main process only (the one that writes the run folder)."""
+        if self.is_main:
+            write(*args)
+
+    def main_only(self, value: T) -> T | None:
+        """``value`` in the main process, None in the others (trackers: only the main process logs)."""
+        return value if self.is_main else None
+
+    @property
+    def update_region(self) -> Region | None:
+        """How a stop may cut an update short (``StopSignals.region``): ``abandonable`` with one process; None
+        (it runs to its end) under several, which would leave the collectives at different steps."""
+        return "abandonable" if self.world_size == 1 else None
+
+    def update_poll(self, poll: Callable[[], None]) -> Callable[[], None] | None:
+        """The stop check the update may call between its steps: ``poll`` where a stop may cut it short."""
+        return poll if self.update_region is not None else None
+
 
 class Accelerated(Distributed):
     """``Distributed`` over ``accelerate.Accelerator`` (one process per device)."""
@@ -118,6 +165,7 @@ class Accelerated(Distributed):
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.device = self.accelerator.device if self.world_size > 1 else None
+        self.share_tag = f"p{self.rank}-" if self.world_size > 1 else ""
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         if self.world_size == 1:
@@ -167,6 +215,17 @@ class Accelerated(Distributed):
 
     def unwrap(self, model: Any) -> Any:
         return self.accelerator.unwrap_model(model)
+
+    def run_dir(self, root: Path) -> Path:
+        return root if self.is_main else Path(tempfile.mkdtemp(prefix=f"agentgym-rank{self.rank}-"))
+
+    def release_run_dir(self, path: Path) -> None:
+        if not self.is_main:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def gather_groups(self, groups: list[EpisodeGroup], stats: CollectStats
+                      ) -> tuple[list[EpisodeGroup], CollectStats]:
+        return gather_groups(self, groups, stats) if self.world_size > 1 else (groups, stats)
 
     def broadcast_parameters(self, model: torch.nn.Module) -> None:
         if self.world_size == 1:

@@ -101,9 +101,13 @@ class StopSignals:
             raise StopNow
 
     @contextmanager
-    def region(self, kind: Region) -> Iterator[None]:
+    def region(self, kind: Region | None) -> Iterator[None]:
         """Mark code a stop may cut short: ``abandonable`` on a second Ctrl-C or a SIGTERM, ``immediate`` on
-        any signal. Entering it when such a stop is already pending raises ``StopNow`` at once."""
+        any signal. Entering it when such a stop is already pending raises ``StopNow`` at once. None: no
+        region, the code runs to its end (a stop waits for the next region or ``poll``)."""
+        if kind is None:
+            yield
+            return
         if self.now or (kind == "immediate" and self.requested):
             raise StopNow
         previous, self._region = self._region, kind

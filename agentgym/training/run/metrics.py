@@ -15,7 +15,7 @@ from agentgym.rollout.collector import CollectStats
 from agentgym.rollout.records import EpisodeGroup
 from agentgym.rollout.summary import summarize
 from agentgym.run_folder import RunFolder
-from agentgym.training.config.schema import TrackingConfig
+from agentgym.training.config.schema import TrackingConfig, TrainConfig, config_to_dict
 from agentgym.training.run.tracking import Outcome, Sink, numeric, open_sinks, summary_numbers
 
 
@@ -136,3 +136,21 @@ class MetricsLog:
         # must not hide why the run ended.
         with contextlib.suppress(Exception):
             self.close("failed" if issubclass(exc_type, Exception) else "stopped")
+
+
+def run_report(cfg: TrainConfig, folder: RunFolder, history: list[dict[str, Any]], extra: dict[str, Any],
+               eval_after: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+    """``report.json`` of a finished run: its evaluations before SFT, before RL and after RL, the SFT's
+    results, every iteration's metrics, the config and how it changed over resumes."""
+    return {
+        "algorithm": cfg.algorithm.name,
+        "env": cfg.env.id,
+        "iterations": cfg.iterations,
+        "wall_time_s": extra.get("elapsed_s", 0.0) + elapsed_s,
+        "eval": {"before": extra["eval_before"], "after": eval_after,
+                 "before_sft": extra.get("eval_before_sft")},
+        "sft": extra.get("sft"),
+        "history": history,
+        "config": config_to_dict(cfg),
+        "config_history": folder.config_history(),
+    }

@@ -1,4 +1,5 @@
-"""Another run's warm start (``sft.from_run``): SFT once, then RL from it with as many algorithms as wanted.
+"""A run's warm start: SFT on expert demonstrations (``sft``), or another run's (``sft.from_run``): SFT once,
+then RL from it with as many algorithms as wanted.
 
 A run's *warm start* is everything before its first RL iteration: the evaluation before SFT, the SFT on expert
 demonstrations, the evaluation before RL, and the random state after them. While the run is at iteration 0 its
@@ -14,13 +15,20 @@ differ are those only RL reads (``RL_ONLY``).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym.backends.builder import every_weight_trained
+from agentgym.backends.lora import is_lora
 from agentgym.errors import ConfigError
+from agentgym.rollout.demos import collect_demos
 from agentgym.run_folder import RESUMABLE, RunFolder, flatten, under
-from agentgym.training.run.checkpoint import read_checkpoint
+from agentgym.training.config.schema import TrainConfig
+from agentgym.training.engine.update import sft_update
+from agentgym.training.engine.weights import load_model_state, restore_reference_base, save_reference
+from agentgym.training.run.checkpoint import read_checkpoint, set_rng_state
 
 #: Config fields the warm start never reads (with everything below them): the algorithm and its loss, the
 #: optimiser settings SFT does not take (``sft_update`` takes ``grad_clip``, ``response_logits`` and
@@ -121,3 +129,42 @@ class WarmStartSource:
         """The LoRA base weights file, into this run's folder (a resumed run rebuilds its base from it)."""
         if self.folder.reference.is_file():
             shutil.copyfile(self.folder.reference, target)
+
+    def adopt(self, parts: Any, reference_file: Path, *, needs_reference: bool) -> dict[str, Any]:
+        """Make the source's warm start this run's (``parts``, a ``RunParts``): its weights (and a LoRA run's
+        post-SFT base, copied to ``reference_file``), its random state, and what the generator plays. Returns
+        the warm start's results, saying where they came from."""
+        state = self.state()
+        model, dist = parts.model, parts.dist
+        base = self.lora_base() if is_lora(model) else None
+        if base is not None:  # SFT changed the base weights: this run's resume rebuilds them from the copy
+            restore_reference_base(model, base)
+            dist.on_main(self.copy_reference, reference_file)
+        load_model_state(model, state)
+        parts.collection.weights_loaded()
+        save_reference(model, reference_file, sft_ran=False, needed=needs_reference, write=dist.is_main)
+        dist.barrier()
+        set_rng_state(state["rng"])
+        return {**{k: v for k, v in state["extra"].items() if k != "elapsed_s"},
+                "warm_start_from": str(self.folder.path)}
+
+
+def sft(cfg: TrainConfig, parts: Any, progress: Any, poll: Callable[[], None]) -> dict[str, Any]:
+    """SFT of ``parts.model`` (a ``RunParts``) on ``sft.num_episodes`` expert demonstrations, shown on
+    ``progress``; ``poll`` is asked between steps whether to stop. Returns the demonstrations' statistics
+    and SFT's."""
+    s = cfg.sft
+    demo_seeds = [s.seed_offset + i for i in range(s.num_episodes)]
+    progress.start(f"expert demos ({s.num_episodes} episodes)")
+    demos, demo_stats = collect_demos(parts.demo_envs, parts.renderer, demo_seeds,
+                                      action_format=parts.collector.action_format)
+    progress.finish(f"{len(demos)} turns")
+    progress.start("SFT")
+    with every_weight_trained(parts.model, s.all_layers and bool(cfg.model.train_top_layers)):
+        stats = {**demo_stats, **sft_update(
+            parts.model, demos, s, max_length=parts.max_length, pad_token_id=parts.pad_token_id,
+            grad_clip=cfg.optim.grad_clip, seed=cfg.seed,
+            on_step=lambda step, total, loss: progress.update(step, f"loss {loss:.3f}", total),
+            poll=poll, response_logits=cfg.optim.response_logits, share_prefixes=cfg.optim.share_prefixes)}
+    progress.finish()
+    return stats

@@ -199,8 +199,10 @@ def test_accelerate_launch_trains(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     assert len(report["history"]) == 2
     assert report["history"][0]["rollout/groups"] == 2.0
-    groups = [json.loads(line)["group_id"] for line in (out / "trajectories" / "iter_00001.jsonl").open()]
+    lines = [json.loads(line) for line in (out / "trajectories" / "iter_00001.jsonl").open()]
+    groups = list(dict.fromkeys(line["group_id"] for line in lines))  # one line per episode, 4 per group
     assert groups == ["it1-p0-g0", "it1-p1-g0"], groups  # each process collected one of the two tasks
+    assert len(lines) == 8
     assert all(np.isfinite(m["loss/policy"]) for m in report["history"])
     assert (out / "checkpoint.pt").is_file() and (out / "model" / "config.json").is_file()
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("ranks")) == []
