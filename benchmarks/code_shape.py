@@ -81,14 +81,14 @@ RECORDS = "agentgym/rollout/records.py"
 CODE_ROOTS = ("agentgym", "envs", "trainers")
 EPISODE_WORDS = ("episode", "trajector", "group", "records")
 
-#: A result number: a number and a unit that measures something. It does not start inside a word, a version
-#: (``v0.5``) or a product (``2×2``); a range (``75–78%``) is one number; ``×`` followed by a number is a
-#: product (a maze's size), not a speed-up.
+#: A result number: a number and a unit that measures something, with its spread (``46% ± 37%``). It does not
+#: start inside a word, a version (``v0.5``) or a product (``2×2``); a range (``75–78%``, ``5%–36%``) is one
+#: number; ``×`` followed by a number is a product (a maze's size), not a speed-up.
 NUMBER = re.compile(
-    r"(?<![\w.\-/–×])(?P<num>\d+(?:[.,]\d+)*(?:[–-]\d+(?:[.,]\d+)*)?)\s?"
+    r"(?<![\w.\-/–×])(?P<num>\d+(?:[.,]\d+)*(?:%?[–-]\d+(?:[.,]\d+)*)?)\s?"
     r"(?P<unit>%|×(?!\s?\d)|x(?![\w])|pp\b|ms\b|min\b|minutes\b|GiB\b|GB\b|MiB\b|MB\b|"
     r"s/(?:iteration|it|step|update)\b|(?:tokens|steps|episodes|requests|req|turns|sessions)/s\b|s\b|h\b|"
-    r"hours\b)")
+    r"hours\b)(?P<spread>\s?±\s?\d+(?:[.,]\d+)*\s?%?)?")
 FENCE = re.compile(r"^(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 #: A markdown link's text: a number in it refers to the page it links to (a headline), it states nothing.
@@ -96,6 +96,9 @@ LINK_TEXT = re.compile(r"\[[^\]\n]*\]\([^)\n]*\)")
 #: Integers such as ``27%`` or ``3×`` recur by chance across unrelated claims, so they count as one claim
 #: only in the pair they form with the result number next to them on the line (``27% ... 58%``).
 COMMON = re.compile(r"\d+(%|×|x| s| min| minutes| h| hours)")
+#: A table cell's number: a common result number, or a bare decimal or thousands-separated number.
+TABLE_NUMBER = re.compile(r"(?<![\w.\-/–×,±])(?<!± )(?:\d+(?:%|×(?!\s?\d))|\d+\.\d+|\d{1,3}(?:,\d{3})+)"
+                          r"(?![\w.%×,–-]| ?±)")
 #: Numbers with a unit that are not results: settings and levels that many pages name.
 NOT_RESULTS = {"95%": "the confidence level of every interval"}
 
@@ -122,27 +125,33 @@ def result_numbers(line: str) -> list[str]:
     """The result numbers of one line of prose, in order, each with its unit.
 
     Example:
-        >>> result_numbers("GiGPO reaches 72% in 1.5 s/iteration, 2× faster on 2×2 mazes (75–78%)")
-        ['72%', '1.5 s/iteration', '2×', '75–78%']
+        >>> result_numbers("GiGPO reaches 72% in 1.5 s/iteration, 2× faster on 2×2 mazes (75–78%), 46% ± 37%")
+        ['72%', '1.5 s/iteration', '2×', '75–78%', '46% ± 37%']
     """
     found = []
     for match in NUMBER.finditer(line):
         unit = match["unit"]
-        found.append(f"{match['num']}{'' if unit in ('%', '×', 'x') else ' '}{unit}")
+        found.append(f"{match['num']}{'' if unit in ('%', '×', 'x') else ' '}{unit}{match['spread'] or ''}")
     return [n for n in found if n not in NOT_RESULTS]
 
 
 def claims(line: str) -> list[str]:
     """What a line states, as keys that two pages stating the same result share: each distinctive result
-    number (``1.74×``, ``37.7 s``, ``75–78%``), and each pair of neighbouring common integers (``27% -> 58%``:
-    neighbours among the line's common integers).
+    number (``1.74×``, ``37.7 s``, ``75–78%``), and each pair of neighbouring common numbers (``27% -> 58%``:
+    neighbours among the line's common integers and, in a table row, the cells' bare decimals such as
+    ``79.7``, whose unit is in the header).
 
     Example:
         >>> claims("from 27% after SFT to 58% after RL, 1.74× the steps/s; 2× and 3×")
         ['1.74×', '27% -> 58%', '58% -> 2×', '2× -> 3×']
+        >>> claims("| plain | 79.7 | 9.6 | 70.1 | 1.00× |")
+        ['1.00×', '79.7 -> 70.1']
     """
     numbers = result_numbers(line)
     common = [n for n in numbers if COMMON.fullmatch(n)]
+    if line.lstrip().startswith("|"):
+        common = [m[0] for m in TABLE_NUMBER.finditer(line) if len(re.sub(r"\D", "", m[0]).lstrip("0")) >= 3
+                  or COMMON.fullmatch(m[0])]
     pairs = [f"{a} -> {b}" for a, b in zip(common, common[1:], strict=False)]
     return [n for n in numbers if not COMMON.fullmatch(n)] + pairs
 
@@ -413,7 +422,7 @@ def test_files(root: Path) -> dict[str, int]:
 def measure(root: Path) -> dict[str, Any]:
     """Every measurement of the module docstring, for the checkout at ``root``."""
     numbers = doc_claims(root)
-    duplicated = {k: v for k, v in numbers.items() if len(v) > 1}
+    duplicated = repeated_claims(root)
     return {"loop": loop_shape(root), "packages": package_pairs(root), "turn": turn_builders(root),
             "episode_io": episode_io(root), "longest_functions": longest_functions(root),
             "test_files": test_files(root),
