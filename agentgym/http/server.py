@@ -37,11 +37,11 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
@@ -126,228 +126,282 @@ def create_app(
         max_sessions=max_sessions, ttl_s=ttl_s, step_timeout_s=step_timeout_s,
         num_workers=num_workers, allowed_env_ids=env_ids, max_spare_workers=max_spare_workers,
     )
-    metrics = ServiceMetrics(store)
-
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        store.start()
-        yield
-        await store.stop()
-
+    service = EnvService(store, ServiceMetrics(store), env_ids)
     app = FastAPI(
         title="agentgym env service",
         version=agentgym.__version__,
         description="Text environments over HTTP. Every error body is {\"error\": {\"type\", \"message\"}}.",
-        lifespan=lifespan,
+        lifespan=_lifespan,
         **TELEMETRY_OFF,
     )
     app.state.store = store
     keep_integer_bounds(app)
-    app.state.metrics = metrics
-    answers = ErrorResponses(metrics.errors)
-
-    # --- error model --------------------------------------------------------------------------
-
+    app.state.metrics = service.metrics
+    app.state.service = service
+    answers = ErrorResponses(service.metrics.errors)
     answers.install(app)
+    _add_routes(app)
+    install_openenv(app, store, token=token, max_message_bytes=max_body_bytes)  # OpenEnv's protocol too
+    hot = service.hot_routes(answers)
+    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes, hot_routes=hot)
 
-    # --- the hot routes' work, shared by their FastAPI endpoints and HotRoutes ------------------
 
-    async def run_reset(session_id: str, body: wire.ResetRequest | None) -> Response:
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    store: SessionStore = app.state.store
+    store.start()
+    yield
+    await store.stop()
+
+
+class EnvService:
+    """What the env service's routes share: the session store, the metrics and the served env ids
+    (``None``: every registered env). The app keeps it as ``app.state.service``; routes reach it through
+    ``Depends(env_service)``, and the hot routes (``HotRoutes``) call its ``reset``/``step``/``batch_*``."""
+
+    def __init__(self, store: SessionStore, metrics: ServiceMetrics, env_ids: list[str] | None) -> None:
+        self.store, self.metrics, self.env_ids = store, metrics, env_ids
+
+    def hot_routes(self, answers: ErrorResponses) -> HotRoutes:
+        """The plain-ASGI fast path of the step and reset routes, answering as their FastAPI routes do."""
+        return HotRoutes(
+            session_routes={
+                "step": HotRoute(TypeAdapter(wire.StepRequest), True, self.step),
+                "reset": HotRoute(TypeAdapter(wire.ResetRequest | None), False, self.reset),
+            },
+            batch_routes={
+                "/batch/step": HotRoute(TypeAdapter(wire.BatchStepRequest), True, self.batch_step),
+                "/batch/reset": HotRoute(TypeAdapter(wire.BatchResetRequest), True, self.batch_reset),
+            },
+            errors=answers,
+        )
+
+    # --- the hot routes' work, shared by their FastAPI endpoints and HotRoutes ----------------------
+
+    async def reset(self, session_id: str, body: wire.ResetRequest | None) -> Response:
         seed, options = (body.seed, body.options) if body is not None else (None, None)
-        session = store.get(session_id)
+        session = self.store.get(session_id)
         async with session.lock:
-            store.check_live(session)
-            payload = await store.run(session, lambda: _reset(session, seed, options))
-        metrics.resets.inc()
+            self.store.check_live(session)
+            payload = await self.store.run(session, lambda: _reset(session, seed, options))
+        self.metrics.resets.inc()
         return json_response(payload)
 
-    async def run_step(session_id: str, body: wire.StepRequest) -> Response:
-        session = store.get(session_id)
+    async def step(self, session_id: str, body: wire.StepRequest) -> Response:
+        session = self.store.get(session_id)
         started = time.perf_counter()
         async with session.lock:
-            store.check_live(session)
-            payload = await store.run(session, lambda: _step(session, body.action))
-        metrics.observe_steps(1, time.perf_counter() - started)
+            self.store.check_live(session)
+            payload = await self.store.run(session, lambda: _step(session, body.action))
+        self.metrics.observe_steps(1, time.perf_counter() - started)
         return json_response(payload)
 
-    async def run_batch_step(body: wire.BatchStepRequest) -> Response:
+    async def batch_step(self, body: wire.BatchStepRequest) -> Response:
         items = [(item.session_id, item.action) for item in body.steps]
         started = time.perf_counter()
-        results = await _run_batch(store, items, _step)
+        results = await _run_batch(self.store, items, _step)
         stepped = sum(1 for r in results if "error" not in r)
-        metrics.observe_steps(stepped, time.perf_counter() - started, batched=True)
+        self.metrics.observe_steps(stepped, time.perf_counter() - started, batched=True)
         return json_response({"results": results})
 
-    async def run_batch_reset(body: wire.BatchResetRequest) -> Response:
+    async def batch_reset(self, body: wire.BatchResetRequest) -> Response:
         items = [(item.session_id, (item.seed, item.options)) for item in body.resets]
-        results = await _run_batch(store, items, lambda s, arg: _reset(s, *arg))
-        metrics.resets.inc(sum(1 for r in results if "error" not in r))
+        results = await _run_batch(self.store, items, lambda s, arg: _reset(s, *arg))
+        self.metrics.resets.inc(sum(1 for r in results if "error" not in r))
         return json_response({"results": results})
 
-    hot = HotRoutes(
-        session_routes={
-            "step": HotRoute(TypeAdapter(wire.StepRequest), True, run_step),
-            "reset": HotRoute(TypeAdapter(wire.ResetRequest | None), False, run_reset),
-        },
-        batch_routes={
-            "/batch/step": HotRoute(TypeAdapter(wire.BatchStepRequest), True, run_batch_step),
-            "/batch/reset": HotRoute(TypeAdapter(wire.BatchResetRequest), True, run_batch_reset),
-        },
-        errors=answers,
-    )
+    # --- env queries -------------------------------------------------------------------------------
 
-    # --- service ------------------------------------------------------------------------------
-
-    @app.get("/health", response_model=wire.Health,
-             responses={503: {"model": wire.Health, "description": "Every worker is stuck."}})
-    async def health() -> Response:
-        stuck, available = store.stuck_workers, store.available_workers
-        status = "ok" if stuck == 0 else ("degraded" if available > 0 else "unavailable")
-        return json_response({
-            "status": status, "version": agentgym.__version__, "active_sessions": len(store.sessions),
-            "max_sessions": store.max_sessions, "envs": env_ids or [s.id for s in list_envs()],
-            "workers": store.executor.num_workers, "stuck_workers": stuck, "available_workers": available,
-            "queued_calls": store.executor.queued,
-        }, 503 if status == "unavailable" else 200)
-
-    @app.get("/metrics", response_class=Response,
-             responses={**text_responses("Prometheus text"), **error_responses(401)})
-    async def prometheus() -> Response:
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
-
-    @app.get("/envs", response_model=list[wire.EnvSummary], responses=error_responses(401))
-    async def envs() -> Response:
-        specs = [lookup_spec(i) for i in env_ids] if env_ids is not None else list_envs()
-        return json_response([{"id": s.id, "description": s.description, "max_turns": s.max_turns}
-                              for s in specs])
-
-    # --- tasks (declared before /envs/{env_id:path}, whose path parameter would swallow them) ------
-
-    async def with_default_env(env_id: str, query: Callable[[EpisodeGuard], Any]) -> Any:
+    async def with_default_env(self, env_id: str, query: Callable[[EpisodeGuard], Any]) -> Any:
         """``query`` over a fresh env of ``env_id`` made with its default arguments, off the event loop."""
-        store.check_served(env_id)
+        self.store.check_served(env_id)
 
         def call() -> Any:
             with agentgym.make(env_id) as env:
                 return query(env)
 
-        return await store.run(None, call)
+        return await self.store.run(None, call)
 
-    async def with_session_env(session_id: str, query: Callable[[EpisodeGuard], Any]) -> Any:
+    async def with_session_env(self, session_id: str, query: Callable[[EpisodeGuard], Any]) -> Any:
         """``query`` over a session's env (made with the session's kwargs), between its other calls."""
-        session = store.get(session_id)
+        session = self.store.get(session_id)
         async with session.lock:
-            store.check_live(session)
-            return await store.run(session, lambda: query(session.env))
+            self.store.check_live(session)
+            return await self.store.run(session, lambda: query(session.env))
 
-    @app.get("/envs/{env_id:path}/tasks/{split}/{index}", responses=error_responses(401, 404, 422, 503, 504))
-    async def env_task(env_id: str, split: str, index: int) -> Response:
-        """Task ``index`` of ``split`` of the env made with its default arguments (``Env.task``)."""
-        return json_response(await with_default_env(env_id, lambda env: env.task(split, index)))
-
-    @app.get("/envs/{env_id:path}/tasks", responses=error_responses(401, 404, 422, 503, 504))
-    async def env_task_splits(env_id: str) -> Response:
-        """The task splits of the env made with its default arguments (``Env.task_splits``)."""
-        return json_response({"splits": await with_default_env(env_id, _splits_json)})
-
-    @app.get("/sessions/{session_id}/tasks/{split}/{index}",
-             responses=error_responses(401, 404, 422, 503, 504))
-    async def session_task(session_id: str, split: str, index: int) -> Response:
-        """Task ``index`` of ``split`` of a session's env (its kwargs may change its tasks)."""
-        return json_response(await with_session_env(session_id, lambda env: env.task(split, index)))
-
-    @app.get("/sessions/{session_id}/tasks", responses=error_responses(401, 404, 503, 504))
-    async def session_task_splits(session_id: str) -> Response:
-        """The task splits of a session's env."""
-        return json_response({"splits": await with_session_env(session_id, _splits_json)})
-
-    @app.get("/envs/{env_id:path}", response_model=wire.EnvDetail, responses=error_responses(401, 404))
-    async def env_detail(env_id: str) -> Response:
-        store.check_served(env_id)
-        detail = lookup_spec(env_id).to_json()
-        detail["schemas"] = {
-            name: model.model_json_schema()
-            for name, model in (("reset_request", wire.ResetRequest), ("reset_response", wire.ResetResponse),
-                                ("step_request", wire.StepRequest), ("step_response", wire.StepResponse))
-        }
-        return json_response(detail)
-
-    # --- sessions -----------------------------------------------------------------------------
-
-    @app.post("/sessions", status_code=201, response_model=wire.SessionInfo,
-              responses=error_responses(401, 404, 413, 422, 500, 503, 504))
-    async def create_session(body: wire.CreateSessionRequest) -> Response:
-        store.start()
-        session = await store.create(body.env_id, body.kwargs, body.max_turns)
-        metrics.sessions_created.inc()
-        return json_response(session.describe(), 201)
-
-    @app.get("/sessions/{session_id}", response_model=wire.SessionInfo,
-             responses=error_responses(401, 404, 500))
-    async def get_session(session_id: str) -> Response:
-        return json_response(store.get(session_id).describe())
-
-    @app.delete("/sessions/{session_id}", status_code=204, responses=error_responses(401, 404))
-    async def delete_session(session_id: str) -> Response:
-        await store.delete(session_id)
-        return Response(status_code=204)
-
-    @app.post("/sessions/{session_id}/reset", response_model=wire.ResetResponse,
-              responses=error_responses(401, 404, 409, 413, 422, 500, 503, 504))
-    async def reset(session_id: str, body: wire.ResetRequest | None = None) -> Response:
-        return await run_reset(session_id, body)  # served by HotRoutes; declared for /docs and direct use
-
-    @app.post("/sessions/{session_id}/step", response_model=wire.StepResponse,
-              responses=error_responses(401, 404, 409, 413, 422, 500, 503, 504))
-    async def step(session_id: str, body: wire.StepRequest) -> Response:
-        return await run_step(session_id, body)  # served by HotRoutes; declared for /docs and direct use
-
-    @app.post("/sessions/{session_id}/fork", status_code=201, response_model=wire.SessionInfo,
-              responses=error_responses(401, 404, 409, 413, 422, 500, 503, 504))
-    async def fork(session_id: str, body: wire.ForkRequest | None = None) -> Response:
-        mode = body.mode if body is not None else "auto"
-        session = store.get(session_id)
-        with store.reserve():  # capacity is held while the fork runs, so concurrent forks cannot overshoot
-            async with session.lock:
-                store.check_live(session)
-                child_env = await store.run(
-                    session, lambda: _env_call(session, "fork", lambda: session.env.fork(mode)))
-            child = store.add(session.env_id, child_env)
-        metrics.sessions_created.inc()
-        return json_response(child.describe(), 201)
-
-    @app.post("/sessions/{session_id}/expert", response_model=wire.ExpertResponse,
-              responses=error_responses(401, 404, 409, 413, 500, 503, 504))
-    async def expert(session_id: str) -> Response:
-        session = store.get(session_id)
+    async def call_env(self, session: Session, what: str, call: Callable[[Session], Any]) -> Any:
+        """``call(session)`` (the env's ``what``: fork, expert_action) between the session's other calls."""
         async with session.lock:
-            store.check_live(session)
-            action = await store.run(
-                session, lambda: _env_call(session, "expert_action", session.env.expert_action))
-        return json_response({"action": action})
+            self.store.check_live(session)
+            return await self.store.run(session, lambda: _env_call(session, what, lambda: call(session)))
 
-    # --- batched ------------------------------------------------------------------------------
 
-    @app.post("/batch/step", response_model=wire.BatchStepResponse,
-              responses=error_responses(401, 413, 422, 503))
-    async def batch_step(body: wire.BatchStepRequest) -> Response:
-        return await run_batch_step(body)  # served by HotRoutes; declared for /docs and direct use
+async def env_service(request: Request) -> EnvService:
+    """The ``EnvService`` of the app serving ``request`` (a FastAPI dependency; ``async`` so that FastAPI
+    calls it on the event loop, not in a worker thread)."""
+    return request.app.state.service
 
-    @app.post("/batch/reset", response_model=wire.BatchResetResponse,
-              responses=error_responses(401, 413, 422, 503))
-    async def batch_reset(body: wire.BatchResetRequest) -> Response:
-        return await run_batch_reset(body)  # served by HotRoutes; declared for /docs and direct use
 
-    @app.post("/batch/fork", response_model=wire.BatchForkResponse,
-              responses=error_responses(401, 413, 422, 503))
-    async def batch_fork(body: wire.BatchForkRequest) -> Response:
-        results = await _run_batch_fork(store, [(item.session_id, item.mode) for item in body.forks])
-        metrics.sessions_created.inc(sum(1 for r in results if "error" not in r))
-        return json_response({"results": results})
+Service = Annotated[EnvService, Depends(env_service)]
 
-    install_openenv(app, store, token=token, max_message_bytes=max_body_bytes)  # OpenEnv's protocol too
-    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes, hot_routes=hot)
+
+def _add_routes(app: FastAPI) -> None:
+    """The routes, in the order the app matches them and ``/openapi.json`` lists them.
+
+    The task routes come before ``/envs/{env_id:path}``, whose path parameter would swallow them. The
+    routes are added to the app itself, not through an included ``APIRouter``: recent FastAPI keeps an
+    included router as one nested route, and the 405 answer's ``Allow`` reads each route's methods.
+    """
+    some = error_responses
+    app.get("/health", response_model=wire.Health,
+            responses={503: {"model": wire.Health, "description": "Every worker is stuck."}})(health)
+    app.get("/metrics", response_class=Response,
+            responses={**text_responses("Prometheus text"), **some(401)})(prometheus)
+    app.get("/envs", response_model=list[wire.EnvSummary], responses=some(401))(envs)
+    app.get("/envs/{env_id:path}/tasks/{split}/{index}", responses=some(401, 404, 422, 503, 504))(env_task)
+    app.get("/envs/{env_id:path}/tasks", responses=some(401, 404, 422, 503, 504))(env_task_splits)
+    app.get("/sessions/{session_id}/tasks/{split}/{index}",
+            responses=some(401, 404, 422, 503, 504))(session_task)
+    app.get("/sessions/{session_id}/tasks", responses=some(401, 404, 503, 504))(session_task_splits)
+    app.get("/envs/{env_id:path}", response_model=wire.EnvDetail, responses=some(401, 404))(env_detail)
+    app.post("/sessions", status_code=201, response_model=wire.SessionInfo,
+             responses=some(401, 404, 413, 422, 500, 503, 504))(create_session)
+    app.get("/sessions/{session_id}", response_model=wire.SessionInfo,
+            responses=some(401, 404, 500))(get_session)
+    app.delete("/sessions/{session_id}", status_code=204, responses=some(401, 404))(delete_session)
+    app.post("/sessions/{session_id}/reset", response_model=wire.ResetResponse,
+             responses=some(401, 404, 409, 413, 422, 500, 503, 504))(reset)
+    app.post("/sessions/{session_id}/step", response_model=wire.StepResponse,
+             responses=some(401, 404, 409, 413, 422, 500, 503, 504))(step)
+    app.post("/sessions/{session_id}/fork", status_code=201, response_model=wire.SessionInfo,
+             responses=some(401, 404, 409, 413, 422, 500, 503, 504))(fork)
+    app.post("/sessions/{session_id}/expert", response_model=wire.ExpertResponse,
+             responses=some(401, 404, 409, 413, 500, 503, 504))(expert)
+    app.post("/batch/step", response_model=wire.BatchStepResponse,
+             responses=some(401, 413, 422, 503))(batch_step)
+    app.post("/batch/reset", response_model=wire.BatchResetResponse,
+             responses=some(401, 413, 422, 503))(batch_reset)
+    app.post("/batch/fork", response_model=wire.BatchForkResponse,
+             responses=some(401, 413, 422, 503))(batch_fork)
+
+
+# --- service ---------------------------------------------------------------------------------------
+
+
+async def health(service: Service) -> Response:
+    store = service.store
+    stuck, available = store.stuck_workers, store.available_workers
+    status = "ok" if stuck == 0 else ("degraded" if available > 0 else "unavailable")
+    return json_response({
+        "status": status, "version": agentgym.__version__, "active_sessions": len(store.sessions),
+        "max_sessions": store.max_sessions, "envs": service.env_ids or [s.id for s in list_envs()],
+        "workers": store.executor.num_workers, "stuck_workers": stuck, "available_workers": available,
+        "queued_calls": store.executor.queued,
+    }, 503 if status == "unavailable" else 200)
+
+
+async def prometheus(service: Service) -> Response:
+    body, content_type = service.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+async def envs(service: Service) -> Response:
+    env_ids = service.env_ids
+    specs = [lookup_spec(i) for i in env_ids] if env_ids is not None else list_envs()
+    return json_response([{"id": s.id, "description": s.description, "max_turns": s.max_turns}
+                          for s in specs])
+
+
+async def env_task(env_id: str, split: str, index: int, service: Service) -> Response:
+    """Task ``index`` of ``split`` of the env made with its default arguments (``Env.task``)."""
+    return json_response(await service.with_default_env(env_id, lambda env: env.task(split, index)))
+
+
+async def env_task_splits(env_id: str, service: Service) -> Response:
+    """The task splits of the env made with its default arguments (``Env.task_splits``)."""
+    return json_response({"splits": await service.with_default_env(env_id, _splits_json)})
+
+
+async def session_task(session_id: str, split: str, index: int, service: Service) -> Response:
+    """Task ``index`` of ``split`` of a session's env (its kwargs may change its tasks)."""
+    return json_response(await service.with_session_env(session_id, lambda env: env.task(split, index)))
+
+
+async def session_task_splits(session_id: str, service: Service) -> Response:
+    """The task splits of a session's env."""
+    return json_response({"splits": await service.with_session_env(session_id, _splits_json)})
+
+
+async def env_detail(env_id: str, service: Service) -> Response:
+    service.store.check_served(env_id)
+    detail = lookup_spec(env_id).to_json()
+    detail["schemas"] = {
+        name: model.model_json_schema()
+        for name, model in (("reset_request", wire.ResetRequest), ("reset_response", wire.ResetResponse),
+                            ("step_request", wire.StepRequest), ("step_response", wire.StepResponse))
+    }
+    return json_response(detail)
+
+
+# --- sessions --------------------------------------------------------------------------------------
+
+
+async def create_session(body: wire.CreateSessionRequest, service: Service) -> Response:
+    service.store.start()
+    session = await service.store.create(body.env_id, body.kwargs, body.max_turns)
+    service.metrics.sessions_created.inc()
+    return json_response(session.describe(), 201)
+
+
+async def get_session(session_id: str, service: Service) -> Response:
+    return json_response(service.store.get(session_id).describe())
+
+
+async def delete_session(session_id: str, service: Service) -> Response:
+    await service.store.delete(session_id)
+    return Response(status_code=204)
+
+
+async def reset(session_id: str, service: Service, body: wire.ResetRequest | None = None) -> Response:
+    return await service.reset(session_id, body)  # served by HotRoutes; declared for /docs and direct use
+
+
+async def step(session_id: str, body: wire.StepRequest, service: Service) -> Response:
+    return await service.step(session_id, body)  # served by HotRoutes; declared for /docs and direct use
+
+
+async def fork(session_id: str, service: Service, body: wire.ForkRequest | None = None) -> Response:
+    mode = body.mode if body is not None else "auto"
+    store = service.store
+    session = store.get(session_id)
+    with store.reserve():  # capacity is held while the fork runs, so concurrent forks cannot overshoot
+        child_env = await service.call_env(session, "fork", lambda s: s.env.fork(mode))
+        child = store.add(session.env_id, child_env)
+    service.metrics.sessions_created.inc()
+    return json_response(child.describe(), 201)
+
+
+async def expert(session_id: str, service: Service) -> Response:
+    session = service.store.get(session_id)
+    action = await service.call_env(session, "expert_action", lambda s: s.env.expert_action())
+    return json_response({"action": action})
+
+
+# --- batched ---------------------------------------------------------------------------------------
+
+
+async def batch_step(body: wire.BatchStepRequest, service: Service) -> Response:
+    return await service.batch_step(body)  # served by HotRoutes; declared for /docs and direct use
+
+
+async def batch_reset(body: wire.BatchResetRequest, service: Service) -> Response:
+    return await service.batch_reset(body)  # served by HotRoutes; declared for /docs and direct use
+
+
+async def batch_fork(body: wire.BatchForkRequest, service: Service) -> Response:
+    results = await _run_batch_fork(service.store, [(item.session_id, item.mode) for item in body.forks])
+    service.metrics.sessions_created.inc(sum(1 for r in results if "error" not in r))
+    return json_response({"results": results})
 
 
 def _reset(session: Session, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
