@@ -28,13 +28,14 @@ Everything is read with ``ast`` and regular expressions; nothing is imported or 
   ``training.X`` when ``X`` is a subpackage. A pair counts when each imports the other.
 * ``places that build Turn``: calls of ``Turn(...)`` (by name or attribute) in agentgym/, envs/, trainers/,
   outside ``agentgym/rollout/records.py`` where ``Turn`` is defined.
-* ``episode writers`` / ``episode readers``: in the modules of agentgym/ whose code names the episode folder
-  (an attribute ``trajectories``/``trajectory`` or a string holding ``trajectories``), the functions that
-  name episode records (an identifier, argument, short string or their own name containing ``episode``,
-  ``trajector``, ``group`` -- not a regular expression's ``m.group()`` -- or ``records``) and either write
-  JSON (call ``json.dumps``/``json.dump`` and something named ``*write*``: a writer) or parse it (call
-  ``json.loads``/``json.load``/``from_json``: a reader). A heuristic: it finds the functions a reader of
-  the code would look at, not a proof. ``record formats`` is the number of modules holding a writer.
+* ``episode writers`` / ``episode readers``: in the modules of agentgym/ whose name holds one of the
+  episode words below or whose code names the episode folder (an attribute ``trajectories``/``trajectory``
+  or a string holding ``trajectories``), the functions that name episode records (an identifier, argument,
+  short string, their own name or their class's containing ``episode``, ``trajector``, ``group`` -- not a
+  regular expression's ``m.group()`` -- or ``records``) and either write JSON (call
+  ``json.dumps``/``json.dump`` and something named ``*write*`` or ``*file*``: a writer) or parse it (call
+  ``json.loads``/``json.load``/``from_json``: a reader). A heuristic: it finds the functions a reader of the
+  code would look at, not a proof. ``record formats`` is the number of modules holding a writer.
 * ``longest functions``: the 10 longest ``def``s in agentgym/, envs/, trainers/ (lines from ``def`` to its
   last line, nested functions included) with a cyclomatic complexity estimate: 1 + the number of
   ``if``/conditional expressions, ``for``, ``while``, ``try``, ``except`` clauses, boolean operators (each
@@ -375,19 +376,19 @@ def episode_io(root: Path) -> dict[str, Any]:
         rel = path.relative_to(root).as_posix()
         tree = ast.parse(path.read_text(encoding="utf-8"))
         code = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-        if not any(_names_trajectories(n) for n in code):
+        if not (any(w in path.stem for w in EPISODE_WORDS) or any(_names_trajectories(n) for n in code)):
             continue
         for name, func in functions(tree):
-            if not any(w in word for word in _words(func) for w in EPISODE_WORDS):
+            if not any(w in word for word in _words(func) | {name.lower()} for w in EPISODE_WORDS):
                 continue
             calls = _calls(func)
-            if calls & {"json.dumps", "json.dump"} and any("write" in c for c in calls):
+            if calls & {"json.dumps", "json.dump"} and any("write" in c or "file" in c for c in calls):
                 writers.append(f"{rel} {name}")
             if calls & {"json.loads", "json.load", "from_json"}:
                 readers.append(f"{rel} {name}")
     formats = sorted({w.split(" ")[0] for w in writers})
     return {"record_formats": len(formats), "writer_modules": formats, "episode_writers": writers,
-            "episode_readers": readers}
+            "episode_readers": readers, "reader_modules": sorted({r.split(" ")[0] for r in readers})}
 
 
 def complexity(func: ast.AST) -> int:
@@ -445,7 +446,9 @@ def table(shape: dict[str, Any]) -> str:
         ("record formats (writer modules)", f"{shape['episode_io']['record_formats']}: "
                                             + ", ".join(shape["episode_io"]["writer_modules"])),
         ("episode writers / readers", f"{len(shape['episode_io']['episode_writers'])} / "
-                                      f"{len(shape['episode_io']['episode_readers'])}"),
+                                      f"{len(shape['episode_io']['episode_readers'])} in "
+                                      f"{len(shape['episode_io']['reader_modules'])} modules: "
+                                      + ", ".join(shape["episode_io"]["reader_modules"])),
         ("test files root / in folders", f"{shape['test_files']['root']} / "
                                          f"{shape['test_files']['in_folders']}"),
         ("doc result claims in 2+ files", f"{shape['doc_numbers']['duplicated']} of "
