@@ -70,6 +70,7 @@ from typing import Any
 
 from provenance import child_run, commit, provenance, run_child
 
+from agentgym.rollout.episode_log import EpisodeLog, groups_of
 from agentgym.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,19 +157,19 @@ def trajectory_statistics(out: Path, iterations: int) -> dict[str, Any]:
     calls = tokens = tasks = 0.0
     for iteration in range(1, iterations + 1):
         total = count = s_total = s_count = 0.0
-        for line in RunFolder(out).trajectory_file(iteration).read_text().splitlines():
+        for group in groups_of(EpisodeLog(RunFolder(out).trajectory_file(iteration), iteration).read()):
             tasks += 1
-            for trajectory in json.loads(line)["trajectories"]:
-                for index, turn in enumerate(trajectory["turns"]):
-                    logprobs = turn["response_logprobs"]
+            for trajectory in group.trajectories:
+                for index, turn in enumerate(trajectory.turns):
+                    logprobs = turn.response_logprobs
                     total -= sum(logprobs)
                     count += len(logprobs)
-                    if trajectory["success"]:
+                    if trajectory.success:
                         s_total += sum(logprobs)
                         s_count += len(logprobs)
-                    if index >= (trajectory.get("fork_turn") or 0):
-                        calls += turn.get("tool_calls", 0)
-                        tokens += len(turn["response_ids"])
+                    if index >= (trajectory.fork_turn or 0):
+                        calls += turn.tool_calls
+                        tokens += len(turn.response_ids)
         nll.append(total / count if count else float("nan"))
         success_lp.append(s_total / s_count if s_count else float("nan"))
     return {"nll_per_token": nll, "success_logprob_per_token": success_lp,

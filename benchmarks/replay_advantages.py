@@ -40,7 +40,7 @@ def replay(run: Path, iterations: list[int] | None, by: str, *, algorithm_name: 
            changes: dict[str, object] | None = None) -> str:
     """The report for ``run`` (every recorded iteration when ``iterations`` is None), with the run's
     estimator and arguments, or ``algorithm_name``'s estimator at its defaults, either with ``changes``."""
-    from agentgym.rollout.records import EpisodeGroup
+    from agentgym.rollout.episode_log import EpisodeLog, groups_of
     from agentgym.training.api import get_algorithm
 
     config = json.loads((run / "config.json").read_text())
@@ -56,8 +56,7 @@ def replay(run: Path, iterations: list[int] | None, by: str, *, algorithm_name: 
         raise SystemExit(f"{run} has no iteration {missing[0]}; it has {min(files)}..{max(files)}")
     lines = [f"{run.name}: {algorithm.name} {args}"]
     for iteration in iterations or sorted(files):
-        groups = [EpisodeGroup.from_json(json.loads(line))
-                  for line in files[iteration].read_text().splitlines() if line.strip()]
+        groups = groups_of(EpisodeLog(files[iteration], iteration).read())
         advantages = np.asarray(algorithm.estimator(groups, args), dtype=np.float64)
         turns = [turn for group in groups for trajectory in group.trajectories for turn in trajectory.turns]
         wins = [sum(t.success for t in group.trajectories) for group in groups]

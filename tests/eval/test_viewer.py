@@ -17,6 +17,7 @@ from agentgym.eval.plan import EnvEntry, EvalPlan
 from agentgym.eval.policies import parse_policy
 from agentgym.eval.store import EvalStore
 from agentgym.eval.viewer.server import create_viewer_app
+from agentgym.rollout.episode_log import EpisodeLog
 from agentgym.training.config.loading import load_config
 from agentgym.training.run.loop import train
 
@@ -153,9 +154,9 @@ def test_training_run_iterations_advantages_and_learning_curves(tmp_path: Path, 
     train(load_config(None, overrides), tmp_path)
     # A run that records per-turn advantages (in the turn's extras) shows them.
     first_file = tmp_path / "trajectories" / "iter_00001.jsonl"
-    groups = [json.loads(line) for line in first_file.read_text().splitlines()]
-    groups[0]["trajectories"][0]["turns"][0]["extras"]["advantage"] = 0.625
-    first_file.write_text("".join(json.dumps(g) + "\n" for g in groups))
+    episodes = EpisodeLog(first_file, 1).read()
+    episodes[0]["turns"][0]["extras"]["advantage"] = 0.625
+    EpisodeLog(first_file, 1).write(episodes)
     server = open_viewer(page, tmp_path)
     try:
         assert "training run" in page.inner_text("#subtitle")
@@ -171,7 +172,7 @@ def test_training_run_iterations_advantages_and_learning_curves(tmp_path: Path, 
         page.click(".current .f-prompt summary")
         prompt = page.locator(".current .f-prompt pre").inner_text()
         assert "<|im_start|>" in prompt  # decoded with the run's tokenizer
-        first_action = groups[0]["trajectories"][0]["turns"][0]["action"]
+        first_action = episodes[0]["turns"][0]["action"]
         assert page.inner_text(".current .f-action span") == first_action
         page.click("#tab-summary")
         assert page.inner_text("#tab-summary") == "Learning curves"

@@ -17,6 +17,7 @@ from learning import small
 from turn_tables import plan_table
 
 from agentgym.errors import ConfigError
+from agentgym.rollout.episode_log import iteration_lines, read_line
 from agentgym.rollout.hooks import RolloutHooks
 from agentgym.rollout.records import Turn
 from agentgym.training.config.loading import load_config
@@ -35,21 +36,19 @@ def _trajectories(folder: Path, *, versions: bool = True) -> list[str]:
     texts = [path.read_text() for path in sorted((folder / "trajectories").glob("iter_*.jsonl"))]
     if versions:
         return texts
-    groups = [[json.loads(line) for line in text.splitlines()] for text in texts]
-    for group in (g for iteration in groups for g in iteration):
-        for trajectory in group["trajectories"]:
-            for turn in trajectory["turns"]:
-                turn["extras"].pop("policy_version", None)
-    return [json.dumps(iteration) for iteration in groups]
+    episodes = [[r for line in text.splitlines() for r in read_line(line)] for text in texts]
+    for episode in (r for iteration in episodes for r in iteration):
+        for turn in episode["turns"]:
+            turn["extras"].pop("policy_version", None)
+    return [json.dumps(iteration) for iteration in episodes]
 
 
 def _versions(folder: Path) -> list[list[int]]:
     """Per iteration, the policy version of every turn collected for it."""
     out = []
     for text in _trajectories(folder):
-        groups = [json.loads(line) for line in text.splitlines()]
-        out.append([turn["extras"]["policy_version"] for g in groups for t in g["trajectories"]
-                    for turn in t["turns"]])
+        episodes = [r for line in text.splitlines() for r in read_line(line)]
+        out.append([turn["extras"]["policy_version"] for r in episodes for turn in r["turns"]])
     return out
 
 
@@ -299,7 +298,8 @@ def test_resuming_with_several_iterations_in_flight(tmp_path: Path) -> None:
     files = _trajectories(tmp_path)
     for entry in saved:
         groups = entry["result"][0]
-        assert files[entry["iteration"] - 1] == "".join(json.dumps(g.to_json()) + "\n" for g in groups)
+        assert files[entry["iteration"] - 1] == "".join(json.dumps(r) + "\n"
+                                                        for r in iteration_lines(groups, entry["iteration"]))
 
 
 class _Sleeper:

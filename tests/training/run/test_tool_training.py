@@ -20,6 +20,7 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.actions import parse_action
 from agentgym.rollout.collector import Collector
 from agentgym.rollout.demos import collect_demos
+from agentgym.rollout.episode_log import EpisodeLog
 from agentgym.rollout.policy import SamplingParams
 from agentgym.rollout.prompt import PromptRenderer
 from agentgym.training.config.loading import load_config
@@ -75,8 +76,8 @@ def test_the_code_math_drill_preset_teaches_the_python_tool(tmp_path: Path) -> N
     assert before["success_rate"] >= 0.25, f"post-SFT success {before['success_rate']:.0%}"
     assert before["tool_calls_per_episode"] >= 0.9
     for h in report["history"]:
-        lines = (tmp_path / "trajectories" / f"iter_{h['iteration']:05d}.jsonl").read_text().splitlines()
-        turns = [turn for line in lines for t in json.loads(line)["trajectories"] for turn in t["turns"]]
+        episodes = EpisodeLog(tmp_path / "trajectories" / f"iter_{h['iteration']:05d}.jsonl").read()
+        turns = [turn for episode in episodes for turn in episode["turns"]]
         sampled = sum(len(turn["response_ids"]) for turn in turns)
         forced = sum(len(turn["extras"]["forced_positions"]) for turn in turns)
         assert 0 < forced < sampled and h["update/loss_tokens"] == sampled - forced
