@@ -1,1 +1,3 @@
-"""Evaluation: episode summaries (success with confidence intervals, returns, turns, invalid actions)."""
+"""Evaluation: the harness and its plan and policies, the paired comparison of policies, reports, the episode
+store and the trajectory viewer. (The envs it plays come from ``agentgym.sources``; episode summaries are
+``agentgym.rollout.summary``'s.)"""

@@ -1,5 +1,6 @@
 """Rollout (torch-free): records, the ``Policy`` protocol, action parsing, prompts, the collector and its
-actors, env pools, hooks, demos.
+actors, env pools, hooks, demos, evaluation episodes in chunks of tasks (``evaluation``) and what episode
+groups scored (``summary``, ``success``).
 
 Example:
     >>> from agentgym.rollout import Turn, Trajectory, EpisodeGroup
