@@ -41,9 +41,10 @@ import asyncio
 import contextlib
 import hmac
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import Depends, FastAPI, WebSocket, WebSocketDisconnect
+from fastapi.requests import HTTPConnection
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -202,178 +203,222 @@ class Coalescer:
 
 def install_openenv(app: FastAPI, store: SessionStore, *, token: str | None, max_message_bytes: int) -> None:
     """Add the ``/openenv/{env_id}/...`` routes to an env service app (see the module docstring)."""
-    expected = b"Bearer " + token.encode() if token else None
-    coalescer = Coalescer(store)
+    app.state.openenv = OpenEnvService(store, token=token, max_message_bytes=max_message_bytes)
+    tags, some = ["openenv"], error_responses
+    app.get("/openenv", tags=tags, responses=some(401))(openenv_envs)
+    app.get("/openenv/{env_id:path}/health", tags=tags, responses=some(401, 404))(openenv_health)
+    app.get("/openenv/{env_id:path}/metadata", tags=tags, responses=some(401, 404))(openenv_metadata)
+    app.get("/openenv/{env_id:path}/schema", tags=tags, responses=some(401, 404))(openenv_schema)
+    app.get("/openenv/{env_id:path}/state", tags=tags, responses=some(401, 404))(openenv_state)
+    app.post("/openenv/{env_id:path}/reset", tags=tags,
+             responses=some(401, 404, 413, 422, 500, 503, 504))(openenv_reset)
+    app.get("/openenv/{env_id:path}/list_environments", tags=tags,
+            responses=some(401, 404))(openenv_list_environments)
+    app.get("/openenv/{env_id:path}/splits", tags=tags, responses=some(401, 404, 503))(openenv_splits)
+    app.post("/openenv/{env_id:path}/num_tasks", tags=tags,
+             responses=some(401, 404, 422, 503))(openenv_num_tasks)
+    app.post("/openenv/{env_id:path}/task", tags=tags, responses=some(400, 401, 404, 422, 503))(openenv_task)
+    app.post("/openenv/{env_id:path}/tasks", tags=tags, responses=some(401, 404, 422, 503))(openenv_tasks)
+    app.post("/openenv/{env_id:path}/task_range", tags=tags,
+             responses=some(401, 404, 422, 503))(openenv_task_range)
+    app.post("/openenv/{env_id:path}/step", tags=tags, responses=some(401, 404, 409))(openenv_step)
+    app.websocket("/openenv/{env_id:path}/ws")(openenv_ws)
 
-    def served(env_id: str) -> None:
-        store.check_served(env_id)
+
+class OpenEnvService:
+    """What the OpenEnv routes share: the service's session store, the coalescer of WebSocket steps, the
+    bearer token a WebSocket must send and the largest message. The app keeps it as ``app.state.openenv``;
+    routes reach it through ``Depends(openenv_service)``."""
+
+    def __init__(self, store: SessionStore, *, token: str | None, max_message_bytes: int) -> None:
+        self.store = store
+        self.expected = b"Bearer " + token.encode() if token else None
+        self.coalescer = Coalescer(store)
+        self.max_message_bytes = max_message_bytes
+
+    def served(self, env_id: str) -> None:
+        """Raise ``UnknownEnv`` unless this service serves ``env_id``."""
+        self.store.check_served(env_id)
         lookup_spec(env_id)
 
-    @app.get("/openenv", tags=["openenv"], responses=error_responses(401))
-    async def openenv_envs() -> Response:
-        ids = store.allowed_env_ids or [s.id for s in agentgym.list_envs()]
-        return json_response([{"env_id": i, "base_path": f"/openenv/{i}"} for i in ids])
-
-    @app.get("/openenv/{env_id:path}/health", tags=["openenv"], responses=error_responses(401, 404))
-    async def openenv_health(env_id: str) -> Response:
-        served(env_id)
-        return json_response({"status": "healthy"})
-
-    @app.get("/openenv/{env_id:path}/metadata", tags=["openenv"], responses=error_responses(401, 404))
-    async def openenv_metadata(env_id: str) -> Response:
-        served(env_id)
-        spec = lookup_spec(env_id)
-        return json_response({"name": spec.id, "description": spec.description,
-                              "version": agentgym.__version__, "readme_content": None, "author": None,
-                              "documentation_url": None})
-
-    @app.get("/openenv/{env_id:path}/schema", tags=["openenv"], responses=error_responses(401, 404))
-    async def openenv_schema(env_id: str) -> Response:
-        served(env_id)
-        return json_response({"action": OpenEnvAction.model_json_schema(),
-                              "observation": OpenEnvObservation.model_json_schema(),
-                              "state": OpenEnvState.model_json_schema()})
-
-    @app.get("/openenv/{env_id:path}/state", tags=["openenv"], responses=error_responses(401, 404))
-    async def openenv_state(env_id: str) -> Response:
-        served(env_id)
-        return json_response(OpenEnvState(env_id=env_id).model_dump())
-
-    @app.post("/openenv/{env_id:path}/reset", tags=["openenv"],
-              responses=error_responses(401, 404, 413, 422, 500, 503, 504))
-    async def openenv_reset(env_id: str, body: OpenEnvReset | None = None) -> Response:
-        body = body or OpenEnvReset()
-        session = await store.create(env_id, {}, None)
-        try:
-            async with session.lock:
-                obs, info = await store.run(
-                    session, lambda: session.env.reset(seed=body.seed, options=body.reset_options()))
-        finally:
-            await store.delete(session.session_id)
-        return json_response(_observation(obs, info, None, False, False, 0))
-
-    # --- OpenEnv's Task API ---------------------------------------------------------------------------
-
-    def task_env(path: str) -> str:
+    def task_env(self, path: str) -> str:
         """The env id of a Task API route: ``{env_id}`` or OpenEnv's ``{env_id}/{env_name}`` (the same id)."""
         half = (len(path) - 1) // 2
         if len(path) % 2 == 1 and path[half] == "/" and path[:half].lower() == path[half + 1:].lower():
             path = path[:half]
-        served(path)
+        self.served(path)
         return path
 
-    async def with_env(env_id: str, query: Any) -> Any:
+    async def with_env(self, env_id: str, query: Any) -> Any:
         """``query`` over a fresh env made with default arguments, off the event loop."""
         def call() -> Any:
             with agentgym.make(env_id) as env:
                 return query(env)
 
-        return await store.run(None, call)
+        return await self.store.run(None, call)
 
-    def split_named(env: Any, name: str) -> Any:
-        for split in env.task_splits():
-            if split.name == name:
-                return split
-        valid = ", ".join(repr(s.name) for s in env.task_splits())
-        raise ConfigError(f"{env.spec.id if env.spec else 'the env'} has no task split {name!r}; "
-                          f"its splits: {valid}")
 
-    def tasks_of(env: Any, name: str, start: int | None, stop: int | None) -> list[dict[str, Any]]:
-        split = split_named(env, name)
-        start = start or 0
-        if stop is None:
-            if split.size is None:
-                raise ConfigError(f"split {name!r} is procedural (unbounded): give task_range a stop")
-            stop = split.size
-        stop = min(stop, split.size) if split.size is not None else stop
-        if stop - start > MAX_LISTED_TASKS:
-            stop = start + MAX_LISTED_TASKS
-        return [env.task(name, i) for i in range(start, max(start, stop))]
+async def openenv_service(connection: HTTPConnection) -> OpenEnvService:
+    """The ``OpenEnvService`` of the app serving a request or WebSocket (a FastAPI dependency; ``async`` so
+    that FastAPI calls it on the event loop, not in a worker thread)."""
+    return connection.app.state.openenv
 
-    @app.get("/openenv/{env_id:path}/list_environments", tags=["openenv"],
-             responses=error_responses(401, 404))
-    async def openenv_list_environments(env_id: str) -> Response:
-        return json_response([task_env(env_id)])
 
-    @app.get("/openenv/{env_id:path}/splits", tags=["openenv"], responses=error_responses(401, 404, 503))
-    async def openenv_splits(env_id: str) -> Response:
-        env_id = task_env(env_id)
-        splits = await with_env(env_id, lambda env: env.task_splits())
-        return json_response([{"name": s.name, "type": _split_type(s.name), "size": s.size,
-                               "description": s.description} for s in splits])
+OpenEnv = Annotated[OpenEnvService, Depends(openenv_service)]
 
-    @app.post("/openenv/{env_id:path}/num_tasks", tags=["openenv"],
-              responses=error_responses(401, 404, 422, 503))
-    async def openenv_num_tasks(env_id: str, body: TaskQuery) -> Response:
-        env_id = task_env(env_id)
-        split = await with_env(env_id, lambda env: split_named(env, body.split))
-        return json_response({"num_tasks": split.size})
 
-    @app.post("/openenv/{env_id:path}/task", tags=["openenv"],
-              responses=error_responses(400, 401, 404, 422, 503))
-    async def openenv_task(env_id: str, body: TaskQuery) -> Response:
-        env_id = task_env(env_id)
-        if body.index is None:
-            raise ConfigError("a task request needs an index: {\"split\": ..., \"index\": i}")
-        try:
-            task = await with_env(env_id, lambda env: env.task(body.split, body.index))
-        except ConfigError as exc:  # OpenEnv answers a bad index with 400
-            return json_response(error_payload("ConfigError", str(exc)), status=400)
-        return json_response({"task": task})
+async def openenv_envs(service: OpenEnv) -> Response:
+    ids = service.store.allowed_env_ids or [s.id for s in agentgym.list_envs()]
+    return json_response([{"env_id": i, "base_path": f"/openenv/{i}"} for i in ids])
 
-    @app.post("/openenv/{env_id:path}/tasks", tags=["openenv"], responses=error_responses(401, 404, 422, 503))
-    async def openenv_tasks(env_id: str, body: TaskQuery) -> Response:
-        env_id = task_env(env_id)
 
-        def preview(env: Any) -> list[dict[str, Any]]:
-            split = split_named(env, body.split)
-            return tasks_of(env, body.split, 0, split.size if split.size is not None else MAX_LISTED_TASKS)
+async def openenv_health(env_id: str, service: OpenEnv) -> Response:
+    service.served(env_id)
+    return json_response({"status": "healthy"})
 
-        return json_response({"tasks": await with_env(env_id, preview), "env_name": env_id})
 
-    @app.post("/openenv/{env_id:path}/task_range", tags=["openenv"],
-              responses=error_responses(401, 404, 422, 503))
-    async def openenv_task_range(env_id: str, body: TaskQuery) -> Response:
-        env_id = task_env(env_id)
-        tasks = await with_env(env_id, lambda env: tasks_of(env, body.split, body.start, body.stop))
-        return json_response({"tasks": tasks})
+async def openenv_metadata(env_id: str, service: OpenEnv) -> Response:
+    service.served(env_id)
+    spec = lookup_spec(env_id)
+    return json_response({"name": spec.id, "description": spec.description,
+                          "version": agentgym.__version__, "readme_content": None, "author": None,
+                          "documentation_url": None})
 
-    @app.post("/openenv/{env_id:path}/step", tags=["openenv"], responses=error_responses(401, 404, 409))
-    async def openenv_step(env_id: str) -> Response:
-        served(env_id)
-        raise EnvContractError("an episode needs a session: OpenEnv's HTTP /step acts on a fresh env that "
-                               f"was never reset; open the WebSocket /openenv/{env_id}/ws (one session per "
-                               "connection), or use agentgym's /sessions routes")
 
-    @app.websocket("/openenv/{env_id:path}/ws")
-    async def openenv_ws(websocket: WebSocket, env_id: str) -> None:
-        if expected is not None:
-            given = dict(websocket.scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, expected):
-                await websocket.close(code=1008, reason="missing or wrong bearer token")
-                return
-        await websocket.accept()
-        try:
-            session = await store.create(env_id, {}, None)
-        except AgentGymError as exc:
-            # Answered to the client's first message (its reply is what a client reads), then closed.
-            code = "CAPACITY_REACHED" if isinstance(exc, SessionCapacityError) else "FACTORY_ERROR"
-            with contextlib.suppress(WebSocketDisconnect, asyncio.TimeoutError):
-                await asyncio.wait_for(websocket.receive_text(), timeout=10.0)
-                await websocket.send_text(_error(code, exc))
-            await websocket.close()
+async def openenv_schema(env_id: str, service: OpenEnv) -> Response:
+    service.served(env_id)
+    return json_response({"action": OpenEnvAction.model_json_schema(),
+                          "observation": OpenEnvObservation.model_json_schema(),
+                          "state": OpenEnvState.model_json_schema()})
+
+
+async def openenv_state(env_id: str, service: OpenEnv) -> Response:
+    service.served(env_id)
+    return json_response(OpenEnvState(env_id=env_id).model_dump())
+
+
+async def openenv_reset(env_id: str, service: OpenEnv, body: OpenEnvReset | None = None) -> Response:
+    body = body or OpenEnvReset()
+    store = service.store
+    session = await store.create(env_id, {}, None)
+    try:
+        async with session.lock:
+            obs, info = await store.run(
+                session, lambda: session.env.reset(seed=body.seed, options=body.reset_options()))
+    finally:
+        await store.delete(session.session_id)
+    return json_response(_observation(obs, info, None, False, False, 0))
+
+
+# --- OpenEnv's Task API -----------------------------------------------------------------------------
+
+
+def _split_named(env: Any, name: str) -> Any:
+    for split in env.task_splits():
+        if split.name == name:
+            return split
+    valid = ", ".join(repr(s.name) for s in env.task_splits())
+    raise ConfigError(f"{env.spec.id if env.spec else 'the env'} has no task split {name!r}; "
+                      f"its splits: {valid}")
+
+
+def _tasks_of(env: Any, name: str, start: int | None, stop: int | None) -> list[dict[str, Any]]:
+    split = _split_named(env, name)
+    start = start or 0
+    if stop is None:
+        if split.size is None:
+            raise ConfigError(f"split {name!r} is procedural (unbounded): give task_range a stop")
+        stop = split.size
+    stop = min(stop, split.size) if split.size is not None else stop
+    if stop - start > MAX_LISTED_TASKS:
+        stop = start + MAX_LISTED_TASKS
+    return [env.task(name, i) for i in range(start, max(start, stop))]
+
+
+async def openenv_list_environments(env_id: str, service: OpenEnv) -> Response:
+    return json_response([service.task_env(env_id)])
+
+
+async def openenv_splits(env_id: str, service: OpenEnv) -> Response:
+    env_id = service.task_env(env_id)
+    splits = await service.with_env(env_id, lambda env: env.task_splits())
+    return json_response([{"name": s.name, "type": _split_type(s.name), "size": s.size,
+                           "description": s.description} for s in splits])
+
+
+async def openenv_num_tasks(env_id: str, body: TaskQuery, service: OpenEnv) -> Response:
+    env_id = service.task_env(env_id)
+    split = await service.with_env(env_id, lambda env: _split_named(env, body.split))
+    return json_response({"num_tasks": split.size})
+
+
+async def openenv_task(env_id: str, body: TaskQuery, service: OpenEnv) -> Response:
+    env_id = service.task_env(env_id)
+    if body.index is None:
+        raise ConfigError("a task request needs an index: {\"split\": ..., \"index\": i}")
+    try:
+        task = await service.with_env(env_id, lambda env: env.task(body.split, body.index))
+    except ConfigError as exc:  # OpenEnv answers a bad index with 400
+        return json_response(error_payload("ConfigError", str(exc)), status=400)
+    return json_response({"task": task})
+
+
+async def openenv_tasks(env_id: str, body: TaskQuery, service: OpenEnv) -> Response:
+    env_id = service.task_env(env_id)
+
+    def preview(env: Any) -> list[dict[str, Any]]:
+        split = _split_named(env, body.split)
+        return _tasks_of(env, body.split, 0, split.size if split.size is not None else MAX_LISTED_TASKS)
+
+    return json_response({"tasks": await service.with_env(env_id, preview), "env_name": env_id})
+
+
+async def openenv_task_range(env_id: str, body: TaskQuery, service: OpenEnv) -> Response:
+    env_id = service.task_env(env_id)
+    tasks = await service.with_env(env_id, lambda env: _tasks_of(env, body.split, body.start, body.stop))
+    return json_response({"tasks": tasks})
+
+
+async def openenv_step(env_id: str, service: OpenEnv) -> Response:
+    service.served(env_id)
+    raise EnvContractError("an episode needs a session: OpenEnv's HTTP /step acts on a fresh env that "
+                           f"was never reset; open the WebSocket /openenv/{env_id}/ws (one session per "
+                           "connection), or use agentgym's /sessions routes")
+
+
+# --- the WebSocket session --------------------------------------------------------------------------
+
+
+async def openenv_ws(websocket: WebSocket, env_id: str, service: OpenEnv) -> None:
+    if service.expected is not None:
+        given = dict(websocket.scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, service.expected):
+            await websocket.close(code=1008, reason="missing or wrong bearer token")
             return
-        try:
-            await _serve_messages(websocket, store, coalescer, session, max_message_bytes)
-        except WebSocketDisconnect:
-            pass
-        finally:
-            if store.sessions.get(session.session_id) is session:
-                await store.delete(session.session_id)
+    await websocket.accept()
+    store = service.store
+    try:
+        session = await store.create(env_id, {}, None)
+    except AgentGymError as exc:
+        # Answered to the client's first message (its reply is what a client reads), then closed.
+        code = "CAPACITY_REACHED" if isinstance(exc, SessionCapacityError) else "FACTORY_ERROR"
+        with contextlib.suppress(WebSocketDisconnect, asyncio.TimeoutError):
+            await asyncio.wait_for(websocket.receive_text(), timeout=10.0)
+            await websocket.send_text(_error(code, exc))
+        await websocket.close()
+        return
+    try:
+        await _serve_messages(websocket, service, session)
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if store.sessions.get(session.session_id) is session:
+            await store.delete(session.session_id)
 
 
-async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: Coalescer, session: Session,
-                          max_bytes: int) -> None:
+async def _serve_messages(websocket: WebSocket, service: OpenEnvService, session: Session) -> None:
+    """Answer the session's messages until the client sends ``close`` or goes away."""
+    max_bytes = service.max_message_bytes
     episode_id: str | None = None
     while True:
         raw = await websocket.receive_text()
@@ -390,36 +435,8 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: 
         if kind == "close":
             return
         try:
-            store.get(session.session_id)  # reaped or poisoned meanwhile: the error says so
-            data = message.get("data") or {}
-            if kind == "step":
-                action = data.get("action") if isinstance(data, dict) and len(data) == 1 else None
-                if not isinstance(action, str) or len(action) > MAX_ACTION_CHARS:
-                    action = OpenEnvAction.model_validate(data).action  # the exact validation error
-                async with session.lock:
-                    obs, reward, terminated, truncated, info = await coalescer.run(
-                        session, lambda action=action: session.env.step(action))
-                answer = {"type": "observation",
-                          "data": _observation(obs, info, reward, terminated, truncated, session.env.turn)}
-            elif kind == "reset":
-                request = OpenEnvReset.model_validate(data)
-                async with session.lock:
-                    obs, info = await store.run(
-                        session,
-                        lambda request=request: session.env.reset(seed=request.seed,
-                                                                  options=request.reset_options()))
-                episode_id = request.episode_id
-                answer = {"type": "observation", "data": _observation(obs, info, None, False, False, 0)}
-            elif kind == "state":
-                env = session.env
-                answer = {"type": "state", "data": {"episode_id": episode_id, "step_count": env.turn,
-                                                    "env_id": session.env_id,
-                                                    "episode_seed": env.episode_seed,
-                                                    "episode_over": env.episode_over}}
-            else:
-                await websocket.send_text(_error("UNKNOWN_TYPE", f"unknown message type {kind!r}; "
-                                                                 "send reset, step, state or close"))
-                continue
+            service.store.get(session.session_id)  # reaped or poisoned meanwhile: the error says so
+            answer, episode_id = await _answer(service, session, kind, message.get("data") or {}, episode_id)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}"
                                  for e in exc.errors()[:5])
@@ -428,4 +445,36 @@ async def _serve_messages(websocket: WebSocket, store: SessionStore, coalescer: 
         except AgentGymError as exc:
             await websocket.send_text(_error("EXECUTION_ERROR", exc))
             continue
+        if answer is None:
+            await websocket.send_text(_error("UNKNOWN_TYPE", f"unknown message type {kind!r}; "
+                                                             "send reset, step, state or close"))
+            continue
         await websocket.send_text(json.dumps(answer, separators=(",", ":")))  # ASCII: any text encodes
+
+
+async def _answer(service: OpenEnvService, session: Session, kind: Any, data: Any,
+                  episode_id: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The answer to one ``step``/``reset``/``state`` message (``None`` for another type) and the episode id
+    from then on (a reset's ``episode_id``)."""
+    if kind == "step":
+        action = data.get("action") if isinstance(data, dict) and len(data) == 1 else None
+        if not isinstance(action, str) or len(action) > MAX_ACTION_CHARS:
+            action = OpenEnvAction.model_validate(data).action  # the exact validation error
+        async with session.lock:
+            obs, reward, terminated, truncated, info = await service.coalescer.run(
+                session, lambda: session.env.step(action))
+        return {"type": "observation",
+                "data": _observation(obs, info, reward, terminated, truncated, session.env.turn)}, episode_id
+    if kind == "reset":
+        request = OpenEnvReset.model_validate(data)
+        async with session.lock:
+            obs, info = await service.store.run(
+                session, lambda: session.env.reset(seed=request.seed, options=request.reset_options()))
+        answer = {"type": "observation", "data": _observation(obs, info, None, False, False, 0)}
+        return answer, request.episode_id
+    if kind == "state":
+        env = session.env
+        return {"type": "state", "data": {"episode_id": episode_id, "step_count": env.turn,
+                                          "env_id": session.env_id, "episode_seed": env.episode_seed,
+                                          "episode_over": env.episode_over}}, episode_id
+    return None, episode_id
