@@ -5,6 +5,7 @@ Run it from the repository root::
     python benchmarks/code_shape.py                       # prints the table of the working tree
     python benchmarks/code_shape.py --json benchmarks/results/code_shape.json
     python benchmarks/code_shape.py --commit 96fba02 --json benchmarks/results/code_shape_before.json
+    python benchmarks/code_shape.py --against benchmarks/results/code_shape_before.json  # before/after
 
 Everything is read with ``ast`` and regular expressions; nothing is imported or run. What each row counts:
 
@@ -461,6 +462,41 @@ def table(shape: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def rows(shape: dict[str, Any]) -> dict[str, str]:
+    """The headline of each measurement, for a before/after table."""
+    loop, io_ = shape["loop"], shape["episode_io"]
+    longest = shape["longest_functions"][0]
+    return {
+        "`loop.py` lines / methods": f"{loop['lines']} / {loop['methods']}",
+        "`loop.py` mode branches (async, processes, resume)": f"{loop['mode_branches']} in "
+        f"{loop['methods_with_mode_branches']} methods ("
+        + ", ".join(str(v) for v in loop["mode_branches_by_kind"].values()) + ")",
+        "`cfg` handed to calls in `loop.py` (whole / a section)": f"{loop['cfg_passed_whole']} / "
+                                                                  f"{loop['cfg_passed_parts']}",
+        "package pairs importing each other": str(shape["packages"]["two_way_pairs"]),
+        "places that build `Turn`": str(shape["turn"]["turn_builders"]),
+        "modules writing episodes / reading them": f"{io_['record_formats']} / {len(io_['reader_modules'])}",
+        "longest function (lines, complexity)": f"`{longest['function'].split(':')[-1]}` {longest['lines']}, "
+                                                f"{longest['complexity']}",
+        "functions over 150 lines": str(sum(r["lines"] > 150 for r in shape["longest_functions"])),
+        "test files in tests/ / in its folders": f"{shape['test_files']['root']} / "
+                                                 f"{shape['test_files']['in_folders']}",
+        "doc results stated on two pages": f"{shape['doc_numbers']['duplicated']} of "
+                                           f"{shape['doc_numbers']['distinct']}",
+    }
+
+
+def compared(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A markdown table of two measurements, each column headed by the commit it measured."""
+    def commit_of(shape: dict[str, Any]) -> str:
+        record = shape.get("provenance", {})
+        return str(record.get("measured_commit", record.get("commit", "?")))[:7]
+
+    old, new = rows(before), rows(after)
+    lines = [f"| measure | before ({commit_of(before)}) | after ({commit_of(after)}) |", "|---|---:|---:|"]
+    return "\n".join(lines + [f"| {name} | {old.get(name, '')} | {new[name]} |" for name in new])
+
+
 def checkout(rev: str, into: Path) -> str:
     """Extract the tree of commit ``rev`` into the folder ``into`` (``git archive``); its full hash."""
     try:
@@ -479,7 +515,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--commit", help="measure this commit's tree instead of the working tree")
     parser.add_argument("--json", type=Path, help="also write the measurements, with provenance, here")
+    parser.add_argument("--against", type=Path, metavar="JSON",
+                        help="also print a markdown table of this earlier --json file against this run")
     args = parser.parse_args(argv)
+    if args.against and not args.against.is_file():
+        parser.error(f"--against {args.against}: no such file; pass a file an earlier --json wrote")
     with tempfile.TemporaryDirectory() as scratch:
         root, measured = REPO, None
         if args.commit:
@@ -487,12 +527,16 @@ def main(argv: list[str] | None = None) -> int:
             measured = checkout(args.commit, root)
         shape = measure(root)
     print(table(shape))
+    record = provenance(argv)
+    if measured:
+        record["measured_commit"] = measured  # the tree measured, not the checkout the script ran from
+    shape = {"provenance": record, **shape}
     if args.json:
-        record = provenance(argv)
-        if measured:
-            record["measured_commit"] = measured  # the tree measured, not the checkout the script ran from
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"provenance": record, **shape}, indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(shape, indent=2) + "\n", encoding="utf-8")
+    if args.against:
+        print()
+        print(compared(json.loads(args.against.read_text(encoding="utf-8")), shape))
     return 0
 
 
