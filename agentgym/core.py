@@ -233,8 +233,9 @@ class Env(gymnasium.Env[str, str]):
       ``{"split": s, "index": i}`` (named so because envs use ``info["task"]`` for their own ends:
       ALFWorld's goal sentence). An unknown split, an index out of range, only one of the two
       options, or both of them with ``task_id`` raise ``ConfigError`` naming the valid choices.
-      Subclasses write nothing for this: ``Env`` wraps every subclass's ``reset`` (in
-      ``__init_subclass__``) so the options reach it already turned into a seed or a ``task_id``.
+      Subclasses write nothing for this: ``Env`` wraps its own ``reset`` and every subclass's (in
+      ``__init_subclass__``) so the options reach it, and the task hooks, already turned into a seed
+      or a ``task_id``.
       An env that passes options on to another process (a remote env) sets
       ``resolves_tasks = False`` and the other side resolves them.
 
