@@ -12,14 +12,15 @@ from agentgym.service_kit.responses import JSON, dumps, error_payload
 class HotPath(Protocol):
     """Routes served without the FastAPI stack (the env service's ``agentgym.http.fastpath.HotRoutes``).
 
-    ``match(scope)`` returns None for a request that is not one of them, else a tuple that the gate passes
-    back, unpacked, to ``__call__`` followed by the request's content type, ``scope``, ``receive`` and
-    ``send``; the call then answers the request.
+    ``match(scope)`` is None for a request that is not one of them, else its route and session id (None for
+    a route of no session); the gate then calls the path with them, the request's content type, ``scope``,
+    ``receive`` and ``send``, and the call answers the request.
     """
 
-    def match(self, scope: dict[str, Any]) -> tuple[Any, ...] | None: ...
+    def match(self, scope: dict[str, Any]) -> tuple[Any, str | None] | None: ...
 
-    async def __call__(self, *args: Any) -> None: ...
+    async def __call__(self, route: Any, session_id: str | None, content_type: bytes | None,
+                       scope: dict[str, Any], receive: Any, send: Any) -> None: ...
 
 
 class GuardMiddleware(AppGate):
