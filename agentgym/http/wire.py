@@ -1,7 +1,8 @@
 """The HTTP wire format: pydantic models for every request and response body of the env service.
 
 Requests forbid unknown fields (a typo is a 422 that names the field, not a silently ignored
-option). This is the only module that validates untrusted data.
+option). This module, with the error body and integer fields every service shares
+(``agentgym.service_kit.wire``), is where the env service validates untrusted data.
 """
 
 from __future__ import annotations
