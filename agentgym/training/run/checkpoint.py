@@ -151,6 +151,7 @@ class Checkpoints:
         self.point: ResumePoint | None = None
         self.extra: dict[str, Any] | None = None
         """The warm start's results, saved with every checkpoint (None before the run starts)."""
+        self.stop_after: int | None = None
         self.started = time.perf_counter()
         """When this sitting of the run started (``elapsed_s`` adds the time since)."""
 
@@ -169,9 +170,40 @@ class Checkpoints:
             term.load_state_dict(state.get("terms", {}).get(name, {}))
         self.parts.task_sampler.load_state_dict(state.get("task_sampler", {}))
 
-    def start(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any]) -> None:
-        """The run starts RL at the end of ``iteration`` (saved already), with the warm start's ``extra``."""
-        self.point, self.extra = ResumePoint(iteration, list(history)), extra
+    @staticmethod
+    def check_folder(cfg: TrainConfig, out_dir: str | Path, *, resume: bool, overwrite: bool) -> None:
+        """Whether ``out_dir`` can take the run, before anything is built: a run to resume (its config
+        checked against ``cfg``), or a new or empty folder (``overwrite``: one to clear).
+
+        Raises:
+            ConfigError: it cannot, saying why and what to do.
+        """
+        folder = RunFolder(out_dir)
+        if resume:
+            folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path),
+                                defaults=config_to_dict(TrainConfig()))
+        else:
+            folder.check_new(overwrite=overwrite)
+
+    def start(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any], *,
+              stop_after: int | None = None) -> None:
+        """The run starts RL at the end of ``iteration`` (saved already), with the warm start's ``extra``;
+        ``stop_after``: the iteration to stop after, unfinished (None: none)."""
+        self.point, self.extra, self.stop_after = ResumePoint(iteration, list(history)), extra, stop_after
+
+    def stops_after_warm_start(self, iteration: int) -> bool:
+        """The run was asked to stop right after its warm start (``--warm-start-only``), which it just did:
+        ``sft.from_run`` reads that checkpoint."""
+        return self.stop_after == 0 and iteration == 0
+
+    def end_iteration(self, iteration: int, history: list[dict[str, Any]], stop_requested: bool) -> bool:
+        """``iteration`` has run: saved when a checkpoint is due (every ``checkpoint_every`` iterations, the
+        last one, and where the run stops). Returns whether it stops here (asked to, or ``stop_after``)."""
+        stopping = stop_requested or (self.stop_after is not None and iteration >= self.stop_after)
+        every = self.cfg.checkpoint_every
+        if (every and iteration % every == 0) or iteration == self.cfg.iterations or stopping:
+            self.save(iteration, history)
+        return stopping
 
     def save(self, iteration: int, history: list[dict[str, Any]], extra: dict[str, Any] | None = None, *,
              rng: dict[str, Any] | None = None, plugins: dict[str, Any] | None = None) -> None:

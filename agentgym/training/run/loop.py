@@ -41,8 +41,8 @@ from agentgym.rollout.summary import per_task, summarize
 from agentgym.run_folder import RunFolder
 from agentgym.training.api.turn_table import Batch
 from agentgym.training.config.schema import TrainConfig, config_to_dict
-from agentgym.training.engine.weights import reference_model, save_pretrained, save_reference
-from agentgym.training.run.checkpoint import Checkpoints, checkpoint_iteration
+from agentgym.training.engine.weights import reference_model, save_pretrained
+from agentgym.training.run.checkpoint import Checkpoints
 from agentgym.training.run.collection import Collected, check_tool_calls
 from agentgym.training.run.curve import plot_learning_curve
 from agentgym.training.run.distributed import Distributed
@@ -51,7 +51,7 @@ from agentgym.training.run.metrics import MetricsLog, iteration_metrics, run_rep
 from agentgym.training.run.parts import RunParts
 from agentgym.training.run.progress import Progress, iteration_status
 from agentgym.training.run.setup import env_factory, flatten  # noqa: F401  (re-exported)
-from agentgym.training.run.warm_start import WarmStartSource, sft
+from agentgym.training.run.warm_start import open_warm_start
 
 
 class Trainer:
@@ -70,10 +70,9 @@ class Trainer:
         # other processes of a multi-process run log into a scratch folder of their own.
         self.root = Path(out_dir)
         self.folder = RunFolder(self.dist.run_dir(self.root))
-        # A new run's warm-start source is checked before anything is built; a folder holding a checkpoint is
-        # resumed (which never reads the source again) or overwritten (checked before it is cleared).
-        self.warm_source = (self.open_warm_source()
-                            if cfg.sft.from_run and not RunFolder(self.root).has_checkpoint() else None)
+        # A new run's warm start (sft.from_run: its source, checked) is chosen before anything is built; a
+        # folder holding a checkpoint is resumed (which never reads the source) or overwritten (``start``).
+        self.warm = None if RunFolder(self.root).has_checkpoint() else open_warm_start(cfg, self.root)
         self.progress = Progress()
         self.stop = StopSignals()
         self.parts = RunParts.build(cfg, self.dist, self.poll_stop)
@@ -118,27 +117,10 @@ class Trainer:
     # --- the warm start ---------------------------------------------------------------------------
 
     def warm_start(self) -> dict[str, Any]:
-        """SFT on expert demonstrations (when enabled), with the held-out evaluation before it; the one
-        after it is ``eval_before_rl``, once the warm start is saved. With ``sft.from_run``: that run's."""
-        cfg, p, extra = self.cfg, self.parts, {}
-        reference = self.checkpoints.reference_file
-        if self.warm_source is not None:
-            return self.warm_source.adopt(p, reference, needs_reference=p.plugins.needs_reference)
-        extra["eval_before_sft"] = (self.evaluate_phase("before", "eval before SFT")
-                                    if cfg.sft.enabled and cfg.eval.before_sft else None)
-        if cfg.sft.enabled:
-            extra["sft"] = sft(cfg, p, self.progress, self.poll_stop)
-            self.dist.broadcast_parameters(p.model)  # every process continues from the main one's weights
-            self.collection.weights_loaded()
-        save_reference(p.model, reference, sft_ran=cfg.sft.enabled, needed=p.plugins.needs_reference,
-                       write=self.dist.is_main)
-        self.dist.barrier()
-        return extra
-
-    def open_warm_source(self) -> WarmStartSource:
-        """``sft.from_run``, checked against this run's config (``WarmStartSource.open``)."""
-        return WarmStartSource.open(self.cfg.sft.from_run, config_to_dict(self.cfg),
-                                    config_to_dict(TrainConfig()), out_dir=self.root)
+        """The run's warm start (``warm_start.open_warm_start``): its own SFT with the held-out evaluation
+        before it, or ``sft.from_run``'s. The evaluation after it is ``eval_before_rl``, once it is saved."""
+        self.warm = self.warm or open_warm_start(self.cfg, self.root)
+        return self.warm.run(self)
 
     def eval_before_rl(self, extra: dict[str, Any], history: list[dict[str, Any]], iteration: int) -> None:
         """The held-out evaluation RL starts from, into ``extra`` (once: a run stopped during it does it on
@@ -174,8 +156,7 @@ class Trainer:
     def start(self, overwrite: bool) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
         """A new run: its folder, its warm start, saved as iteration 0 (so that a run stopped, or killed, in
         the evaluation after it or inside an update keeps it)."""
-        if self.cfg.sft.from_run and self.warm_source is None:
-            self.warm_source = self.open_warm_source()
+        self.warm = self.warm or open_warm_start(self.cfg, self.root)  # checked before the folder is cleared
         self.folder.start(config_to_dict(self.cfg), overwrite=overwrite)
         with self.stop.region("immediate"):  # nothing can be saved before SFT ends: any signal stops at once
             extra = self.warm_start()
@@ -188,9 +169,9 @@ class Trainer:
         """The run itself: start (warm start, or a checkpoint), RL iterations, finish."""
         cfg, folder, checkpoints = self.cfg, self.folder, self.checkpoints
         history, extra, start = checkpoints.resume() if resume else self.start(overwrite)
-        checkpoints.start(start, history, extra)
+        checkpoints.start(start, history, extra, stop_after=stop_after)
         self.eval_before_rl(extra, history, start)
-        if stop_after == 0 and start == 0:  # --warm-start-only: sft.from_run reads the checkpoint
+        if checkpoints.stops_after_warm_start(start):
             return checkpoints.stopped(0, history, self.stop.signal)
         folder.trajectories.mkdir(exist_ok=True)
         if self.parts.plugins.needs_reference:
@@ -205,11 +186,7 @@ class Trainer:
                 log.log(metrics)
                 self.progress.update(iteration, iteration_status(metrics))
                 # --- checkpoint (and stop, when asked to) ----------------------------------------------
-                stopping = self.stop.requested or (stop_after is not None and iteration >= stop_after)
-                if (cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0) \
-                        or iteration == cfg.iterations or stopping:
-                    checkpoints.save(iteration, history)
-                if stopping:
+                if checkpoints.end_iteration(iteration, history, self.stop.requested):
                     return checkpoints.stopped(iteration, history, self.stop.signal)
             checkpoints.finished(history)
             report = self.finish(history, extra)
@@ -331,12 +308,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = False, overwr
         ConfigError: the folder cannot take the run (checked before anything is built), or the config
             cannot work (checked before anything is written).
     """
-    folder = RunFolder(out_dir)
-    if resume:
-        folder.check_resume(config_to_dict(cfg), checkpoint_iteration(folder.path),
-                            defaults=config_to_dict(TrainConfig()))
-    else:
-        folder.check_new(overwrite=overwrite)
+    Checkpoints.check_folder(cfg, out_dir, resume=resume, overwrite=overwrite)
     trainer = Trainer(cfg, out_dir)
     try:
         return trainer.run(resume=resume, overwrite=overwrite, on_iteration=on_iteration,

@@ -25,7 +25,7 @@ from agentgym.backends.lora import is_lora
 from agentgym.errors import ConfigError
 from agentgym.rollout.demos import collect_demos
 from agentgym.run_folder import RESUMABLE, RunFolder, flatten, under
-from agentgym.training.config.schema import TrainConfig
+from agentgym.training.config.schema import TrainConfig, config_to_dict
 from agentgym.training.engine.update import sft_update
 from agentgym.training.engine.weights import load_model_state, restore_reference_base, save_reference
 from agentgym.training.run.checkpoint import read_checkpoint, set_rng_state
@@ -130,12 +130,13 @@ class WarmStartSource:
         if self.folder.reference.is_file():
             shutil.copyfile(self.folder.reference, target)
 
-    def adopt(self, parts: Any, reference_file: Path, *, needs_reference: bool) -> dict[str, Any]:
-        """Make the source's warm start this run's (``parts``, a ``RunParts``): its weights (and a LoRA run's
-        post-SFT base, copied to ``reference_file``), its random state, and what the generator plays. Returns
-        the warm start's results, saying where they came from."""
-        state = self.state()
+    def run(self, trainer: Any) -> dict[str, Any]:
+        """Make the source's warm start the trainer's: its weights (and a LoRA run's post-SFT base, copied to
+        this run's reference file), its random state, and what the generator plays. Returns the warm start's
+        results, saying where they came from."""
+        state, parts = self.state(), trainer.parts
         model, dist = parts.model, parts.dist
+        reference_file, needs_reference = trainer.checkpoints.reference_file, parts.plugins.needs_reference
         base = self.lora_base() if is_lora(model) else None
         if base is not None:  # SFT changed the base weights: this run's resume rebuilds them from the copy
             restore_reference_base(model, base)
@@ -147,6 +148,34 @@ class WarmStartSource:
         set_rng_state(state["rng"])
         return {**{k: v for k, v in state["extra"].items() if k != "elapsed_s"},
                 "warm_start_from": str(self.folder.path)}
+
+
+class OwnWarmStart:
+    """A run's own warm start: the held-out evaluation before SFT (``eval.before_sft``), SFT on expert
+    demonstrations when ``sft.enabled``, and the KL reference saved from the weights RL starts from."""
+
+    def run(self, trainer: Any) -> dict[str, Any]:
+        """The warm start of ``trainer`` (a ``Trainer``); returns its results."""
+        cfg, parts = trainer.cfg, trainer.parts
+        extra: dict[str, Any] = {"eval_before_sft": (trainer.evaluate_phase("before", "eval before SFT")
+                                                      if cfg.sft.enabled and cfg.eval.before_sft else None)}
+        if cfg.sft.enabled:
+            extra["sft"] = sft(cfg, parts, trainer.progress, trainer.poll_stop)
+            parts.dist.broadcast_parameters(parts.model)  # every process goes on from the main one's weights
+            parts.collection.weights_loaded()
+        save_reference(parts.model, trainer.checkpoints.reference_file, sft_ran=cfg.sft.enabled,
+                       needed=parts.plugins.needs_reference, write=parts.dist.is_main)
+        parts.dist.barrier()
+        return extra
+
+
+def open_warm_start(cfg: TrainConfig, out_dir: Path) -> WarmStartSource | OwnWarmStart:
+    """The run's warm start: ``sft.from_run``'s (checked against ``cfg`` now: ``WarmStartSource.open``), or
+    its own."""
+    if not cfg.sft.from_run:
+        return OwnWarmStart()
+    return WarmStartSource.open(cfg.sft.from_run, config_to_dict(cfg), config_to_dict(TrainConfig()),
+                                out_dir=out_dir)
 
 
 def sft(cfg: TrainConfig, parts: Any, progress: Any, poll: Callable[[], None]) -> dict[str, Any]:
