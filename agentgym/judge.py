@@ -1,4 +1,5 @@
-"""Judged rewards: ``Judge`` (an LLM scores transcripts from a rubric) and ``JudgedReward`` (its env wrapper).
+"""Judged rewards: ``Judge`` (an LLM scores transcripts from a rubric), ``JudgedReward`` (its env wrapper)
+and ``JudgeSettings`` (what a config sets of them).
 
 The judge is any OpenAI-compatible chat endpoint (`agentgym serve-policy`, vLLM, a hosted API). It is
 asked to end its answer with a line ``SCORE: <s>`` (``parse_score`` says which forms count); the score
@@ -28,6 +29,62 @@ from agentgym.errors import ConfigError, JudgeError
 
 JudgeMode = Literal["replace", "add"]
 OnJudgeError = Literal["raise", "zero"]
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """The settings of an LLM judge that scores each finished episode from a rubric; its score becomes the
+    episode's reward (a training run's ``env.judge``). ``base_url``, ``model`` and ``rubric`` must be set.
+
+    Example:
+        >>> JudgeSettings(base_url="http://127.0.0.1:8001/v1", model="m", rubric="r", retries=-1)
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: JudgeSettings.retries must be an integer >= 0, got -1
+    """
+
+    base_url: str = ""
+    """The judge's OpenAI-compatible API root, e.g. ``http://127.0.0.1:8001/v1`` (`agentgym serve-policy`,
+    vLLM, a hosted API)."""
+    model: str = ""
+    """The judge model's name, as the endpoint serves it."""
+    rubric: str = ""
+    """What a good episode is, in words the judge reads."""
+    mode: Literal["replace", "add"] = "replace"
+    """``replace``: the episode's return is the judge's score (0 to 1); ``add``: the score is added to the
+    env's reward at the last step."""
+    success_threshold: float | None = None
+    """The score from which an episode counts as solved (``info["success"]``); None keeps the env's own."""
+    on_error: Literal["raise", "zero"] = "raise"
+    """When the judge gives no score after its retries: ``raise`` stops the run, ``zero`` scores the
+    episode 0 (the error is in the turn's ``info["judge"]``)."""
+    timeout_s: float = 60.0
+    """Deadline of each judge request, seconds."""
+    retries: int = 3
+    """Attempts after the first (connection errors, timeouts, HTTP 5xx/429, answers without a score)."""
+    max_concurrency: int = 8
+    """Judge requests in flight at once."""
+    max_tokens: int = 512
+    """Longest judge answer, tokens."""
+    temperature: float = 0.0
+    """The judge's sampling temperature."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable holding the judge's API key (keys stay out of config files); unset or
+    empty: no key is sent."""
+    cache_file: str | None = None
+    """A JSONL file of verdicts, read at start and appended to, so a transcript is judged once across runs."""
+
+    def __post_init__(self) -> None:
+        try:
+            Judge.check_settings(self.base_url, self.model, self.rubric, timeout_s=self.timeout_s,
+                                 retries=self.retries, max_concurrency=self.max_concurrency,
+                                 max_tokens=self.max_tokens, temperature=self.temperature)
+        except ConfigError as exc:  # "judge timeout_s ..." names the field as "JudgeSettings.timeout_s ..."
+            raise ConfigError(str(exc).replace("judge ", "JudgeSettings.", 1)) from None
+        if self.success_threshold is not None and not 0.0 <= self.success_threshold <= 1.0:
+            raise ConfigError(f"JudgeSettings.success_threshold must be in [0, 1] or null, got "
+                              f"{self.success_threshold}")
+
+
 
 #: The system message of every judging request: the answer format ``parse_score`` reads.
 JUDGE_INSTRUCTIONS = (

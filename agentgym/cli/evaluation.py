@@ -65,7 +65,7 @@ def parse_task_range(text: str) -> list[int]:
 
 
 def read_judge(path: str) -> dict[str, Any]:
-    """``--judge FILE``: judge settings from a JSON or YAML file, with ``JudgeConfig``'s field names
+    """``--judge FILE``: judge settings from a JSON or YAML file, with ``JudgeSettings``' field names
     (``agentgym.sources.env_source.JUDGE_FIELDS``).
 
     Raises:

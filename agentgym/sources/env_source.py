@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HELD_OUT_SEED_START", "JUDGE_FIELDS", "EnvSource", "check_judge_settings", "make_judge"]
 
-#: The settings of a judge, named as ``JudgeConfig``'s fields (``agentgym.training.config``), so a run's
+#: The settings of a judge, named as ``JudgeSettings``' fields (``agentgym.judge``), so a run's
 #: ``env.judge`` and `agentgym eval --judge FILE` read alike: ``base_url``, ``model`` and ``rubric`` are
 #: required; ``mode``, ``success_threshold`` and ``on_error`` go to ``JudgedReward``, the rest to ``Judge``
 #: (``api_key_env`` names the environment variable holding the key).

@@ -44,9 +44,10 @@ from agentgym.training.config.schema import (
     config_to_dict,
 )
 
-# The run's task samplers check rollout.task_sampler in every config check; importing them here (as the
-# algorithm API above) registers that check whatever module of the package is imported first.
-from agentgym.training.run import sampler_registry  # noqa: F401, E402  (registers its config check)
+# The run's task samplers check rollout.task_sampler in every config check and declare their settings
+# (rollout.curriculum); importing them here, as the algorithm API above, registers both whatever module of
+# the package is imported first.
+from agentgym.training.run import task_sampling  # noqa: F401, E402  (registers the built-in samplers)
 
 __all__ = [
     "AdvantageEstimator", "Algorithm", "AlgorithmConfig", "AlgorithmNeeds", "EnvConfig", "EvalConfig",

@@ -283,14 +283,15 @@ def test_a_fork_carries_the_transcript_and_goes_on_alone(scripted: ScriptedJudge
 
 
 def test_training_wraps_in_process_envs_when_env_judge_is_set(scripted: ScriptedJudgeServer) -> None:
+    from agentgym.judge import JudgeSettings
     from agentgym.training.config.coercion import build
-    from agentgym.training.config.schema import EnvConfig, JudgeConfig, TrainConfig
+    from agentgym.training.config.schema import EnvConfig, TrainConfig
     from agentgym.training.run.setup import env_factory
 
     env_cfg = build(EnvConfig, {"id": "maze-v0", "kwargs": {"size": 2},
                                 "judge": {"base_url": scripted.url, "model": "grader", "rubric": "want=0.7",
                                           "success_threshold": 0.5}}, "env")
-    assert isinstance(env_cfg.judge, JudgeConfig)
+    assert isinstance(env_cfg.judge, JudgeSettings)
     make_env = env_factory(TrainConfig(env=env_cfg))
     first, second = make_env(), make_env()
     assert isinstance(first, JudgedReward) and first.judge is second.judge  # one judge, one cache

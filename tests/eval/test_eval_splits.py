@@ -164,7 +164,7 @@ def test_a_run_trained_with_a_judge_is_evaluated_with_it(tmp_path: Path) -> None
     import torch
 
     from agentgym.cli.evaluation import env_entries
-    from agentgym.training.config.schema import JudgeConfig
+    from agentgym.judge import JudgeSettings as JudgeConfig
 
     judge = dataclasses.asdict(JudgeConfig(base_url="http://127.0.0.1:8001/v1", model="judge",
                                            rubric="Reach the goal.", success_threshold=0.5))

@@ -86,7 +86,7 @@ def test_bad_sources_are_one_line_errors() -> None:
 
 
 def test_judge_fields_are_judge_configs_and_env_source_wraps_its_envs(scripted: ScriptedJudgeServer) -> None:
-    from agentgym.training.config.schema import JudgeConfig
+    from agentgym.judge import JudgeSettings as JudgeConfig
 
     assert JUDGE_FIELDS == tuple(f.name for f in dataclasses.fields(JudgeConfig))
     source = EnvSource("maze-v0", {"size": 2}, split="test",

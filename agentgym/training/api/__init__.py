@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentgym.training.api import env_settings  # noqa: F401  (declares env.judge, env.harness to the config)
 from agentgym.training.api.algorithm import (
     AdvantageEstimator,
     Algorithm,

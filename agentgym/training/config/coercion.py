@@ -136,25 +136,34 @@ def build(cls: type, data: dict[str, Any], where: str = "") -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'the config'} must be a mapping of its fields, got {data!r}")
     hints = get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    # A section that plug-ins add settings to (``PluginSection``) takes their keys into ``plugins``.
+    extra = cls.plugin_setting_keys() if hasattr(cls, "plugin_setting_keys") else None
+    names = [f.name for f in dataclasses.fields(cls) if extra is None or f.name != "plugins"]
+    valid = names + [k for k in extra or () if k not in names]
     values = {}
+    plugins: dict[str, Any] = {}
     prefix = f"{where}." if where else ""
     retired: dict[str, str] = getattr(cls, "RETIRED_FIELDS", {})
     for key, value in data.items():
         if key in retired:  # a field that had another spelling once: say what replaced it
             raise ConfigError(f"config field '{prefix}{key}' no longer exists: {retired[key]}")
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=1)
             hint = f" Did you mean {prefix}{close[0]}?" if close else ""
-            raise ConfigError(f"unknown config field '{prefix}{key}'.{hint} Valid here: {', '.join(names)}")
-        values[key] = coerce(value, hints[key], f"{prefix}{key}")
+            raise ConfigError(f"unknown config field '{prefix}{key}'.{hint} Valid here: {', '.join(valid)}")
+        if key in names:
+            values[key] = coerce(value, hints[key], f"{prefix}{key}")
+        else:  # checked by the plug-in's settings type
+            plugins[key] = value
+    if plugins:
+        values["plugins"] = plugins
     try:
         return cls(**values)
     except ConfigError as exc:
         # A dataclass's own checks say "ClassName.field ..."; the user wrote "where.field".
         message = str(exc)
-        if where and message.startswith(f"{cls.__name__}."):
-            message = f"{where}." + message[len(cls.__name__) + 1:]
+        if where:
+            message = message.replace(f"{cls.__name__}.", f"{where}.")
         raise ConfigError(message) from None
 
 
@@ -170,6 +179,10 @@ def to_plain(value: Any) -> Any:
         {'betas': [0.9, 0.999]}
     """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "plugin_setting_keys"):  # plug-ins' settings are written as the section's keys
+            plain = {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                     if f.name != "plugins"}
+            return {**plain, **{k: to_plain(v) for k, v in value.plugins.items()}}
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (tuple, list)):
         return [to_plain(v) for v in value]

@@ -21,6 +21,8 @@ from agentgym.core import HELD_OUT_SEED_START
 from agentgym.errors import ConfigError
 from agentgym.rollout.prompt import PromptSettings
 from agentgym.training.config.coercion import to_plain, yaml_problem
+from agentgym.training.config.plugin_settings import PluginSection
+from agentgym.training.config.quickstart import QUICKSTART
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
@@ -29,61 +31,14 @@ KL_TYPES: tuple[str, ...] = get_args(KlType)
 
 
 @dataclass(frozen=True)
-class JudgeConfig:
-    """An LLM judge that scores each finished episode from a rubric (``agentgym.judge``); its score becomes
-    the episode's reward. ``base_url``, ``model`` and ``rubric`` must be set."""
+class EnvConfig(PluginSection):
+    """The environment the agent trains and is evaluated on; env-side plug-ins add their settings here
+    (``agentgym.training.config.plugin_settings``; the built-ins': ``agentgym.training.api.env_settings``)."""
 
-    base_url: str = ""
-    """The judge's OpenAI-compatible API root, e.g. ``http://127.0.0.1:8001/v1`` (`agentgym serve-policy`,
-    vLLM, a hosted API)."""
-    model: str = ""
-    """The judge model's name, as the endpoint serves it."""
-    rubric: str = ""
-    """What a good episode is, in words the judge reads."""
-    mode: Literal["replace", "add"] = "replace"
-    """``replace``: the episode's return is the judge's score (0 to 1); ``add``: the score is added to the
-    env's reward at the last step."""
-    success_threshold: float | None = None
-    """The score from which an episode counts as solved (``info["success"]``); None keeps the env's own."""
-    on_error: Literal["raise", "zero"] = "raise"
-    """When the judge gives no score after its retries: ``raise`` stops the run, ``zero`` scores the
-    episode 0 (the error is in the turn's ``info["judge"]``)."""
-    timeout_s: float = 60.0
-    """Deadline of each judge request, seconds."""
-    retries: int = 3
-    """Attempts after the first (connection errors, timeouts, HTTP 5xx/429, answers without a score)."""
-    max_concurrency: int = 8
-    """Judge requests in flight at once."""
-    max_tokens: int = 512
-    """Longest judge answer, tokens."""
-    temperature: float = 0.0
-    """The judge's sampling temperature."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """The environment variable holding the judge's API key (keys stay out of config files); unset or
-    empty: no key is sent."""
-    cache_file: str | None = None
-    """A JSONL file of verdicts, read at start and appended to, so a transcript is judged once across runs."""
+    SECTION: ClassVar[str] = "env"
 
-    def __post_init__(self) -> None:
-        from agentgym.judge import Judge
-
-        try:
-            Judge.check_settings(self.base_url, self.model, self.rubric, timeout_s=self.timeout_s,
-                                 retries=self.retries, max_concurrency=self.max_concurrency,
-                                 max_tokens=self.max_tokens, temperature=self.temperature)
-        except ConfigError as exc:  # "judge timeout_s ..." names the field as "JudgeConfig.timeout_s ..."
-            raise ConfigError(str(exc).replace("judge ", "JudgeConfig.", 1)) from None
-        if self.success_threshold is not None and not 0.0 <= self.success_threshold <= 1.0:
-            raise ConfigError(f"JudgeConfig.success_threshold must be in [0, 1] or null, got "
-                              f"{self.success_threshold}")
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """The environment the agent trains and is evaluated on."""
-
-    id: str = "maze-v0"
-    """Registered env id."""
+    id: str = QUICKSTART["env"]["id"]
+    """Registered env id (default: the quickstart's)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Env constructor arguments."""
     max_turns: int | None = None
@@ -107,29 +62,15 @@ class EnvConfig:
     ray_workers: int | None = None
     """For ``backend: ray``: env actors (each holds many envs); None: one per CPU of the cluster, at most
     16."""
-    harness: str | None = None
-    """Train your own agent: ``module:function`` or a command line run once per episode against the
-    rollout proxy (``agentgym.harness``); sets ``id`` to ``harness-v0``. Its options (``eval_tasks``,
-    ``reward``, ``timeout_s``, ``on_failure``) go in ``kwargs``."""
-    tasks: str | None = None
-    """With ``harness``: the JSONL file of tasks the agent runs on."""
-    judge: JudgeConfig | None = None
-    """Reward each episode with an LLM judge's score from a rubric (in-process envs only: ``JudgeConfig``
-    and docs/envs.md, "Judged rewards"); None keeps the env's reward."""
     train_split: str | None = None
     """Train on the tasks of this named split (``agentgym envs --tasks ID`` lists an env's splits): the
     task sampler draws task indices below its size (below ``eval.seed_offset`` for a procedural split)
     and SFT demonstrations play its tasks from index 0 (round again when they outnumber them). None:
     tasks are seeds below ``eval.seed_offset``, which every env maps to its training tasks."""
+    plugins: dict[str, Any] = field(default_factory=dict)
+    """Plug-ins' settings, checked by their settings types; read as attributes (``cfg.env.<key>``)."""
 
     def __post_init__(self) -> None:
-        if self.harness is not None or self.tasks is not None:
-            if not self.harness or not self.tasks:
-                raise ConfigError("env.harness and env.tasks go together: set both (the agent to run, "
-                                  "module:function or a command, and its JSONL tasks)")
-            if self.id not in ("maze-v0", "harness-v0"):
-                raise ConfigError(f"env.harness runs on harness-v0, but env.id is {self.id!r}: drop env.id")
-            object.__setattr__(self, "id", "harness-v0")
         if self.url and self.urls:
             raise ConfigError("env.url and env.urls are both set; list every service in env.urls and drop "
                               "env.url")
@@ -147,62 +88,7 @@ class EnvConfig:
                               "env.url/env.urls (services are already remote): drop one of them")
         if self.ray_workers is not None and (isinstance(self.ray_workers, bool) or self.ray_workers < 1):
             raise ConfigError(f"env.ray_workers must be a positive integer or null, got {self.ray_workers!r}")
-        if self.judge is not None and (self.url or self.urls or self.backend == "ray"):
-            raise ConfigError("env.judge wraps envs made in the trainer's process; it cannot be combined "
-                              "with env.url/env.urls or env.backend: ray: drop env.judge or run the envs "
-                              "locally")
-
-
-@dataclass(frozen=True)
-class CurriculumConfig:
-    """The learning-signal curriculum of ``rollout.task_sampler: curriculum``: how it scores the tasks of its
-    pool and draws each iteration's (``agentgym.training.run.task_sampling.CurriculumSampler``).
-
-    Example:
-        >>> CurriculumConfig(epsilon=1.5)
-        Traceback (most recent call last):
-        ...
-        agentgym.errors.ConfigError: CurriculumConfig.epsilon must be in [0, 1], got 1.5
-    """
-
-    pool_size: int = 256
-    """Candidate training tasks: this many distinct seeds, drawn once from the run's seed below
-    ``eval.seed_offset`` (task indices of ``env.train_split``: all of them when it has fewer); at least
-    ``rollout.num_tasks``."""
-    prior_episodes: float = 2.0
-    """Pseudo-episodes at success rate 1/2 added to each task's counts (> 0): an unseen task scores as a
-    half-solved one (optimistic, so it gets tried), and a few episodes cannot rule a task out."""
-    cost: Literal["turns", "tokens", "none"] = "turns"
-    """What a task's learnability is divided by: its mean turns per episode, its mean generated tokens per
-    episode, or nothing (``none``)."""
-    temperature: float = 1.0
-    """Scores are raised to the power 1/temperature before they become probabilities (> 0): below 1
-    sharpens the preference for the best-scored tasks, above 1 flattens it."""
-    epsilon: float = 0.1
-    """Share of the probability spread evenly over the pool, in [0, 1]: every task keeps at least
-    epsilon / pool_size, so none starves (1: uniform over the pool)."""
-    stale_groups: int = 3
-    """k: a task whose last k groups all had equal returns (no learning signal) is de-prioritised."""
-    stale_factor: float = 0.1
-    """What a de-prioritised task's score is multiplied by, in (0, 1] (1: no de-prioritising)."""
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("pool_size", not isinstance(self.pool_size, bool) and isinstance(self.pool_size, int)
-             and self.pool_size >= 1, "a positive integer"),
-            ("prior_episodes", 0 < self.prior_episodes < math.inf, "a positive number"),
-            ("temperature", 0 < self.temperature < math.inf, "a positive number"),
-            ("epsilon", 0 <= self.epsilon <= 1, "in [0, 1]"),
-            ("stale_groups", not isinstance(self.stale_groups, bool) and isinstance(self.stale_groups, int)
-             and self.stale_groups >= 1, "a positive integer"),
-            ("stale_factor", 0 < self.stale_factor <= 1, "in (0, 1]"),
-        ]
-        for name, ok, wanted in checks:
-            if not ok:
-                raise ConfigError(f"CurriculumConfig.{name} must be {wanted}, got {getattr(self, name)!r}")
-        if self.cost not in ("turns", "tokens", "none"):
-            raise ConfigError(f"CurriculumConfig.cost must be one of 'turns', 'tokens', 'none', "
-                              f"got {self.cost!r}")
+        self.check_plugins()
 
 
 #: Most iterations asynchronous rollouts may run ahead (each holds a batch of episodes in memory).
@@ -210,9 +96,12 @@ MAX_STALENESS = 8
 
 
 @dataclass(frozen=True)
-class RolloutConfig(PromptSettings):
+class RolloutConfig(PromptSettings, PluginSection):
     """How episodes are collected: the prompt settings (``agentgym.rollout.prompt.PromptSettings``, shared
-    with `agentgym eval`, which reads them back from the run's config.json) and the fields below."""
+    with `agentgym eval`, which reads them back from the run's config.json), the fields below, and the
+    settings task samplers add, each under the sampler's name."""
+
+    SECTION: ClassVar[str] = "rollout"
 
     num_tasks: int = 8
     """B: tasks (seeds) per iteration."""
@@ -235,11 +124,12 @@ class RolloutConfig(PromptSettings):
     """On an env with tools, stop the run with an error when an iteration's rollouts make no tool call
     at all (a format or prompt problem that would otherwise train on nothing)."""
     task_sampler: str = "uniform"
-    """Which training tasks each iteration collects (``agentgym.training.run.task_sampling``): ``uniform``
-    draws seeds uniformly below ``eval.seed_offset``; ``curriculum`` prefers the tasks whose groups still
-    give a learning signal per unit of cost (``rollout.curriculum``)."""
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    """The curriculum's parameters (``CurriculumConfig``), read when ``task_sampler`` is ``curriculum``."""
+    """Which training tasks each iteration collects: a registered task sampler (the built-ins and their
+    settings: ``agentgym.training.run.task_sampling``); the default draws seeds uniformly below
+    ``eval.seed_offset``."""
+    plugins: dict[str, Any] = field(default_factory=dict)
+    """Task samplers' settings, each under the sampler's name, checked by the settings type it registers
+    (``register_task_sampler(..., settings=...)``); read as attributes (``cfg.rollout.<name>``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) \
@@ -252,14 +142,15 @@ class RolloutConfig(PromptSettings):
         if self.partial_rollouts and not self.max_staleness:
             raise ConfigError("RolloutConfig.partial_rollouts is for asynchronous rollouts: set "
                               "rollout.max_staleness to 1 or more, or drop partial_rollouts")
+        self.check_plugins()
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """The algorithm, its arguments and the rollout-hook options added to it."""
 
-    name: str = "gigpo"
-    """Registered algorithm: ``grpo``, ``rloo``, ``gigpo``, ... (``agentgym algorithms`` lists them)."""
+    name: str = QUICKSTART["algorithm"]["name"]
+    """Registered algorithm (``agentgym algorithms`` lists them; default: the quickstart's)."""
     args: dict[str, Any] = field(default_factory=dict)
     """The algorithm's arguments (see its args dataclass); validated against it."""
     hooks: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -318,8 +209,10 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
-class LossConfig:
-    """The shared loss: the policy term, the KL and entropy terms, and any other registered loss terms.
+class LossConfig(PluginSection):
+    """The shared loss: the policy term, the KL and entropy terms, any other registered loss terms, and the
+    settings policy losses add (``register_policy_loss(..., settings=...)``; the built-ins':
+    ``agentgym.training.api.loss_registry``).
 
     Example:
         >>> LossConfig(clip_ratio_high=0.28).clip_ratio_high
@@ -331,12 +224,12 @@ class LossConfig:
 'seq-mean-token-mean', 'seq-mean-token-sum', 'seq-mean-token-sum-norm'], got 'token-sum'
     """
 
+    SECTION: ClassVar[str] = "loss"
     RETIRED_FIELDS: ClassVar[dict[str, str]] = {
         "sequence_ratio": "GSPO's sequence ratio is its policy loss; set loss.loss_mode=gspo"}
 
     loss_mode: str | None = None
-    """Registered policy loss (``ppo_clip``, ``gspo``, ...); None uses the algorithm's (``ppo_clip``
-    unless it declares another)."""
+    """Registered policy loss (``agentgym algorithms`` lists them); None uses the algorithm's."""
     clip_ratio_low: float = 0.2
     """PPO ε_low: the ratio is clipped below at ``1 - clip_ratio_low``. GSPO's paper uses 3e-4."""
     clip_ratio_high: float = 0.2
@@ -366,26 +259,14 @@ class LossConfig:
     policy gradient of the constrained policy. False trains on them too, which moves the unconstrained
     distribution at every copied character (on code-math's drill 83% of the tokens) and, measured on
     search-qa, learns less (benchmarks/README.md)."""
-    cispo_clip_low: float | None = None
-    """CISPO ε_low (``loss.loss_mode=cispo``): the detached IS weight is clipped below at
-    ``1 - cispo_clip_low``; None: no lower bound, as in MiniMax-M1, which set ε_low large and tuned only
-    ε_high."""
-    cispo_clip_high: float = 0.28
-    """CISPO ε_high: the IS weight is clipped above at ``1 + cispo_clip_high`` (0.28: DAPO's clip-higher
-    and Trinity-RFT's CISPO default). It bounds how much one stale token can weigh, never drops one; raise
-    it for more off-policy batches."""
-    dppo_tv_low: float = 0.15
-    """DPPO δ_low (``loss.loss_mode=dppo``), in probability: a token with A < 0 whose probability fell by
-    more than this since the old policy (π − π_old < −δ_low) gets no gradient. 0.15: the DPPO-Binary-TV
-    recipe (Qi et al. 2026)."""
-    dppo_tv_high: float = 0.15
-    """DPPO δ_high, in probability: a token with A > 0 whose probability rose by more than this
-    (π − π_old > δ_high) gets no gradient."""
     tis_cap: float | None = None
     """Truncated importance sampling for the sampler/trainer mismatch (e.g. vLLM's log-probs against
     the trainer's): each response token's policy loss is weighted by min(π_old / π_sampler, tis_cap)
     (``agentgym.training.engine.offpolicy``); None: no weighting (stale asynchronous batches are still
     corrected, with cap 2)."""
+    plugins: dict[str, Any] = field(default_factory=dict)
+    """Policy losses' settings, written as keys of ``loss`` and checked by the settings type each loss
+    registers; read as attributes (``cfg.loss.<key>``)."""
 
     def __post_init__(self) -> None:
         if self.loss_agg_mode not in AGG_MODES:
@@ -413,20 +294,12 @@ class LossConfig:
         if norm is not None and (isinstance(norm, bool) or not isinstance(norm, int) or norm < 1):
             raise ConfigError(f"LossConfig.loss_agg_norm_tokens must be a positive integer or None, "
                               f"got {norm!r}")
-        if self.cispo_clip_low is not None and not 0.0 <= self.cispo_clip_low <= 1.0:
-            raise ConfigError(f"LossConfig.cispo_clip_low must be in [0, 1] (or None for no lower bound), "
-                              f"got {self.cispo_clip_low}")
-        if not 0.0 <= self.cispo_clip_high < math.inf:
-            raise ConfigError(f"LossConfig.cispo_clip_high must be >= 0, got {self.cispo_clip_high}")
-        for name in ("dppo_tv_low", "dppo_tv_high"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"LossConfig.{name} must be in [0, 1] (a change in probability), "
-                                  f"got {getattr(self, name)}")
         if self.tis_cap is not None and not 0 < self.tis_cap < math.inf:
             raise ConfigError(f"LossConfig.tis_cap must be a positive number (or None), got {self.tis_cap!r}")
         if "kl" in self.terms or "entropy" in self.terms:
             raise ConfigError("LossConfig.terms: the kl and entropy terms are set by kl_coef/kl_type and "
                               "entropy_coef, not under terms")
+        self.check_plugins()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The task samplers ``rollout.task_sampler`` names: ``register_task_sampler`` and ``TASK_SAMPLERS``.
+"""The task samplers ``rollout.task_sampler`` names: ``register_task_sampler`` and ``TASK_SAMPLERS``; a
+sampler's entry carries its settings type (``rollout.<name>``).
 
 The built-in ones (``uniform``, ``curriculum``) are registered by ``agentgym.training.run.task_sampling``,
 which the registry imports before its first lookup; the ``TaskSampler`` contract is documented there.
@@ -13,6 +14,7 @@ from typing import Any
 from agentgym.errors import UnknownPlugin
 from agentgym.plugins import PluginRegistry
 from agentgym.training.config.loading import register_config_check
+from agentgym.training.config.plugin_settings import register_plugin_settings
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class SamplerSpec:
     check: Callable[[Any], None] | None = None
     """``check(cfg)`` raises a ``ConfigError`` naming the setting when ``cfg`` cannot use the sampler
     (run when the config is loaded)."""
+    settings: type | None = None
+    """The sampler's own settings: a dataclass written under ``rollout.<name>`` (``rollout.curriculum``),
+    checked by it and read as ``cfg.rollout.<name>``; None: it has none."""
 
 
 #: The samplers ``rollout.task_sampler`` names.
@@ -34,10 +39,11 @@ TASK_SAMPLERS: PluginRegistry[SamplerSpec] = PluginRegistry(
 
 
 def register_task_sampler(name: str, build: Callable[[Any, int], Any], *,
-                          check: Callable[[Any], None] | None = None, override: bool = False) -> SamplerSpec:
+                          check: Callable[[Any], None] | None = None, settings: type | None = None,
+                          override: bool = False) -> SamplerSpec:
     """Make ``rollout.task_sampler: name`` build its sampler with ``build(cfg, train_tasks)`` (see
     ``SamplerSpec``; the sampler keeps the ``TaskSampler`` contract of
-    ``agentgym.training.run.task_sampling``).
+    ``agentgym.training.run.task_sampling``), with its ``settings`` type under ``rollout.<name>``.
 
     Example:
         >>> from agentgym.training.run.task_sampling import UniformSampler
@@ -52,7 +58,10 @@ def register_task_sampler(name: str, build: Callable[[Any, int], Any], *,
         True
         >>> TASK_SAMPLERS.unregister("doc-fixed")
     """
-    return TASK_SAMPLERS.register(name, SamplerSpec(build, check), override=override)
+    spec = TASK_SAMPLERS.register(name, SamplerSpec(build, check, settings), override=override)
+    if settings is not None:
+        register_plugin_settings("rollout", settings, key=name, owner=f"task sampler {name!r}")
+    return spec
 
 
 def check_task_sampler(cfg: Any) -> None:

@@ -13,19 +13,73 @@ iteration, whatever the sampler.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from agentgym.errors import ConfigError
 from agentgym.rollout.hooks import CollectContext, RolloutHooks
 from agentgym.rollout.records import EpisodeGroup, Trajectory
-from agentgym.training.config.schema import CurriculumConfig
 from agentgym.training.run.sampler_registry import register_task_sampler
 
 #: Returns closer than this count as equal (float sums of equal rewards may differ in the last bits).
 RETURN_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class CurriculumSettings:
+    """The settings of the learning-signal curriculum (``rollout.task_sampler: curriculum``), written under
+    ``rollout.curriculum``: how it scores the tasks of its pool and draws each iteration's
+    (``CurriculumSampler``).
+
+    Example:
+        >>> CurriculumSettings(epsilon=1.5)
+        Traceback (most recent call last):
+        ...
+        agentgym.errors.ConfigError: CurriculumSettings.epsilon must be in [0, 1], got 1.5
+    """
+
+    pool_size: int = 256
+    """Candidate training tasks: this many distinct seeds, drawn once from the run's seed below
+    ``eval.seed_offset`` (task indices of ``env.train_split``: all of them when it has fewer); at least
+    ``rollout.num_tasks``."""
+    prior_episodes: float = 2.0
+    """Pseudo-episodes at success rate 1/2 added to each task's counts (> 0): an unseen task scores as a
+    half-solved one (optimistic, so it gets tried), and a few episodes cannot rule a task out."""
+    cost: Literal["turns", "tokens", "none"] = "turns"
+    """What a task's learnability is divided by: its mean turns per episode, its mean generated tokens per
+    episode, or nothing (``none``)."""
+    temperature: float = 1.0
+    """Scores are raised to the power 1/temperature before they become probabilities (> 0): below 1
+    sharpens the preference for the best-scored tasks, above 1 flattens it."""
+    epsilon: float = 0.1
+    """Share of the probability spread evenly over the pool, in [0, 1]: every task keeps at least
+    epsilon / pool_size, so none starves (1: uniform over the pool)."""
+    stale_groups: int = 3
+    """k: a task whose last k groups all had equal returns (no learning signal) is de-prioritised."""
+    stale_factor: float = 0.1
+    """What a de-prioritised task's score is multiplied by, in (0, 1] (1: no de-prioritising)."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("pool_size", not isinstance(self.pool_size, bool) and isinstance(self.pool_size, int)
+             and self.pool_size >= 1, "a positive integer"),
+            ("prior_episodes", 0 < self.prior_episodes < math.inf, "a positive number"),
+            ("temperature", 0 < self.temperature < math.inf, "a positive number"),
+            ("epsilon", 0 <= self.epsilon <= 1, "in [0, 1]"),
+            ("stale_groups", not isinstance(self.stale_groups, bool) and isinstance(self.stale_groups, int)
+             and self.stale_groups >= 1, "a positive integer"),
+            ("stale_factor", 0 < self.stale_factor <= 1, "in (0, 1]"),
+        ]
+        for name, ok, wanted in checks:
+            if not ok:
+                raise ConfigError(f"CurriculumSettings.{name} must be {wanted}, got {getattr(self, name)!r}")
+        if self.cost not in ("turns", "tokens", "none"):
+            raise ConfigError(f"CurriculumSettings.cost must be one of 'turns', 'tokens', 'none', "
+                              f"got {self.cost!r}")
 
 
 def zero_signal(group: EpisodeGroup) -> bool:
@@ -147,7 +201,7 @@ class CurriculumSampler:
 
     Example:
         >>> from agentgym.rollout.records import Trajectory, Turn
-        >>> sampler = CurriculumSampler(CurriculumConfig(pool_size=3, cost="none"), seed=0, seed_offset=3)
+        >>> sampler = CurriculumSampler(CurriculumSettings(pool_size=3, cost="none"), seed=0, seed_offset=3)
         >>> sampler.pool.tolist()
         [0, 1, 2]
         >>> def group(seed, successes):
@@ -158,7 +212,7 @@ class CurriculumSampler:
         [0.1875, 0.25, 0.25]
     """
 
-    def __init__(self, config: CurriculumConfig, seed: int, seed_offset: int) -> None:
+    def __init__(self, config: CurriculumSettings, seed: int, seed_offset: int) -> None:
         self.config = config
         self.seed = seed
         # A training split smaller than the pool (env.train_split) is pooled whole.
@@ -259,7 +313,7 @@ def _curriculum(cfg: Any, train_tasks: int) -> CurriculumSampler:
 
 
 register_task_sampler("uniform", lambda cfg, train_tasks: UniformSampler(cfg.seed, train_tasks))
-register_task_sampler("curriculum", _curriculum, check=_check_curriculum)
+register_task_sampler("curriculum", _curriculum, check=_check_curriculum, settings=CurriculumSettings)
 
 
 class GroupFeed(RolloutHooks):

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 # After the skip above, so that a missing torch skips this file instead of failing it.
 from agentgym.errors import ConfigError, RegistryError  # noqa: E402
+from agentgym.training.api.aggregation import Aggregation  # noqa: E402
 from agentgym.training.api.terms import (  # noqa: E402
     EntropyArgs,
     EntropyTerm,
@@ -20,7 +21,6 @@ from agentgym.training.api.terms import (  # noqa: E402
     total_loss,
 )
 from agentgym.training.config.schema import LossConfig  # noqa: E402
-from agentgym.training.api.aggregation import Aggregation  # noqa: E402
 from agentgym.training.engine.losses import (  # noqa: E402
     AGG_MODES,
     POLICY_LOSSES,

@@ -18,10 +18,10 @@ from agentgym.backends.builder import make_policy  # noqa: E402
 from agentgym.backends.config import ModelConfig, TinyModelConfig  # noqa: E402
 from agentgym.errors import ConfigError  # noqa: E402
 from agentgym.rollout.records import Turn  # noqa: E402
+from agentgym.training.api.aggregation import Aggregation  # noqa: E402
 from agentgym.training.api.plugin_set import PluginSet  # noqa: E402
 from agentgym.training.config.loading import load_config  # noqa: E402
 from agentgym.training.config.schema import LossConfig  # noqa: E402
-from agentgym.training.api.aggregation import Aggregation  # noqa: E402
 from agentgym.training.engine.losses import (  # noqa: E402
     AGG_MODES,
     cispo_policy_loss,
@@ -130,7 +130,7 @@ def test_cispo_hand_gradient_reaches_the_tokens_ppo_clip_drops():
 
 def test_cispo_hand_computed_lower_bound():
     new, old, adv = hand_inputs()
-    loss, metrics = cispo_policy_loss(new, old, adv, MASK, LossConfig(cispo_clip_low=0.2))
+    loss, metrics = cispo_policy_loss(new, old, adv, MASK, LossConfig(plugins={"cispo_clip_low": 0.2}))
     row0 = -0.8 * math.log(0.25) - 1.28 * math.log(0.01) - 1.28 * math.log(0.75)
     row1 = 0.8 * math.log(0.1) + R_LIKELY * math.log(0.8)
     assert loss.item() == pytest.approx((row0 + row1) / 5, abs=1e-5)
@@ -140,7 +140,7 @@ def test_cispo_hand_computed_lower_bound():
     torch.testing.assert_close(new.grad, expected)
     # A larger ε_high stops clipping r = 1.5 (weight 1.5) and caps r = 10 at 5.
     new, old, adv = hand_inputs()
-    cispo_policy_loss(new, old, adv, MASK, LossConfig(cispo_clip_high=4.0))[0].backward()
+    cispo_policy_loss(new, old, adv, MASK, LossConfig(plugins={"cispo_clip_high": 4.0}))[0].backward()
     assert new.grad[0, 2].item() == pytest.approx(-1.0) and new.grad[0, 3].item() == pytest.approx(-0.3)
 
 
@@ -165,7 +165,8 @@ def test_dppo_hand_gradient_masks_by_probability_change_not_ratio():
     assert differ.sum() == 3 and differ[0, 2] and differ[1, 1] and differ[1, 2]
     # With δ = 0.3 every token is inside the region: the gradient is -A·r/5 everywhere.
     new, old, adv = hand_inputs()
-    loss, metrics = dppo_policy_loss(new, old, adv, MASK, LossConfig(dppo_tv_low=0.3, dppo_tv_high=0.3))
+    cfg = LossConfig(plugins={"dppo_tv_low": 0.3, "dppo_tv_high": 0.3})
+    loss, metrics = dppo_policy_loss(new, old, adv, MASK, cfg)
     loss.backward()
     everywhere = torch.tensor([[0.0, -0.1, -2.0, -0.3], [0.0, 0.1, R_LIKELY / 5, 0.0]])
     torch.testing.assert_close(new.grad, everywhere)
@@ -174,7 +175,7 @@ def test_dppo_hand_gradient_masks_by_probability_change_not_ratio():
     # its first token (Δ = -0.25) and keeps the one that rose by 0.25; row 1 (A = +1) keeps the likely
     # token that fell by 0.19.
     flipped_new, old, adv = hand_inputs()
-    flipped_cfg = LossConfig(dppo_tv_low=0.2, dppo_tv_high=0.2)
+    flipped_cfg = LossConfig(plugins={"dppo_tv_low": 0.2, "dppo_tv_high": 0.2})
     dppo_policy_loss(flipped_new, old, -adv, MASK, flipped_cfg)[0].backward()
     torch.testing.assert_close(flipped_new.grad, -everywhere * torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]]))
 
@@ -243,7 +244,7 @@ def loop_reference(loss_mode, new, old, adv, mask, cfg):
 @pytest.mark.parametrize("loss_mode", ["cispo", "dppo"])
 def test_matches_loop_reference(seed, mode, loss_mode):
     new, old, adv, mask = random_batch(seed)
-    cfg = LossConfig(loss_agg_mode=mode, cispo_clip_low=0.2 if seed == 2 else None)
+    cfg = LossConfig(loss_agg_mode=mode, plugins={"cispo_clip_low": 0.2 if seed == 2 else None})
     leaf = new.clone().requires_grad_(True)
     loss, metrics = LOSSES[loss_mode](leaf, old, adv, mask, cfg)
     loss.backward()
@@ -273,7 +274,7 @@ def test_cispo_gradient_is_clipped_weight_times_policy_gradient(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_dppo_gradient_is_zero_exactly_where_the_rule_says(seed):
     new, old, adv, mask = random_batch(seed)
-    cfg = LossConfig(dppo_tv_low=0.1, dppo_tv_high=0.2)
+    cfg = LossConfig(plugins={"dppo_tv_low": 0.1, "dppo_tv_high": 0.2})
     leaf = new.clone().requires_grad_(True)
     _, metrics = dppo_policy_loss(leaf, old, adv, mask, cfg)
     dppo_policy_loss(leaf, old, adv, mask, cfg)[0].backward()
@@ -364,7 +365,7 @@ def test_loss_config_fields():
                                           ("dppo_tv_high", float("nan"))])
 def test_loss_config_validation(field, value):
     with pytest.raises(ConfigError, match=f"LossConfig.{field}"):
-        LossConfig(**{field: value})
+        LossConfig(plugins={field: value})
 
 
 @pytest.mark.parametrize("loss_mode", ["cispo", "dppo"])

@@ -16,11 +16,11 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.records import EpisodeGroup, Trajectory, Turn
 from agentgym.run_folder import RunFolder
 from agentgym.training.config.loading import load_config
-from agentgym.training.config.schema import CurriculumConfig
 from agentgym.training.run.loop import Trainer, train
 from agentgym.training.run.setup import task_sampler, task_seeds
 from agentgym.training.run.task_sampling import (
     CurriculumSampler,
+    CurriculumSettings,
     TaskSampler,
     UniformSampler,
     zero_signal,
@@ -40,7 +40,7 @@ def group(seed: int, outcomes: list[bool], turns: int = 1) -> EpisodeGroup:
 
 def curriculum(seed_offset: int = 3, **fields: Any) -> CurriculumSampler:
     """A curriculum over the whole seed range ``0 .. seed_offset - 1`` (so its pool is known)."""
-    config = CurriculumConfig(pool_size=seed_offset, **fields)
+    config = CurriculumSettings(pool_size=seed_offset, **fields)
     return CurriculumSampler(config, seed=0, seed_offset=seed_offset)
 
 
@@ -148,7 +148,7 @@ def test_the_epsilon_floor_keeps_every_task_in_play() -> None:
 
 
 def test_curriculum_draws_are_distinct_pool_tasks_and_deterministic() -> None:
-    config = CurriculumConfig(pool_size=16)
+    config = CurriculumSettings(pool_size=16)
     a = CurriculumSampler(config, seed=5, seed_offset=1000)
     b = CurriculumSampler(config, seed=5, seed_offset=1000)
     assert a.pool.tolist() == b.pool.tolist() and len(set(a.pool.tolist())) == 16
@@ -261,7 +261,8 @@ def test_a_resumed_curriculum_run_samples_what_the_uninterrupted_run_did(tmp_pat
         lines = RunFolder(run).trajectory_file(iteration).read_text().splitlines()
         return [json.loads(line)["seed"] for line in lines]
 
-    pool = set(CurriculumSampler(CurriculumConfig(pool_size=5), seed=0, seed_offset=1_000_000).pool.tolist())
+    sampler = CurriculumSampler(CurriculumSettings(pool_size=5), seed=0, seed_offset=1_000_000)
+    pool = set(sampler.pool.tolist())
     for iteration in (1, 2, 3):
         assert seeds(tmp_path / "split", iteration) == seeds(tmp_path / "full", iteration)
         assert set(seeds(tmp_path / "full", iteration)) <= pool
