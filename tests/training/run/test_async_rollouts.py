@@ -24,6 +24,7 @@ from agentgym.training.config.loading import load_config
 from agentgym.training.engine.offpolicy import importance_weights
 from agentgym.training.engine.packing import pack_turns
 from agentgym.training.run.checkpoint import load_checkpoint
+from agentgym.training.run.collection import AsyncCollection
 from agentgym.training.run.loop import Trainer, train
 from agentgym.training.run.weight_sync import InFlightWeights, WeightSyncTimeout, rollout_generator
 
@@ -79,6 +80,7 @@ def test_the_final_evaluation_plays_the_saved_weights(tmp_path: Path) -> None:
     """The generator copy catches up with the last update before report.json's "after" is measured, so
     that number is the saved model's, not the weights one update behind it."""
     run = Trainer(load_config(None, [*SMALL, "rollout.max_staleness=1"]), tmp_path)
+    assert isinstance(run.collection, AsyncCollection)  # the mode, chosen once when the run is built
     run.run()
     assert run.generator is not run.policy  # generation had a copy of its own
     generated, trained = dict(run.generator.model.named_parameters()), dict(run.model.named_parameters())

@@ -15,7 +15,8 @@ import pytest
 import torch
 from distributed_worker import SETTINGS, initial_parameters, turns_and_advantages
 
-from agentgym.rollout.records import Turn
+from agentgym.rollout.collector import CollectStats
+from agentgym.rollout.records import EpisodeGroup, Turn
 from agentgym.training.api.plugin_set import PluginSet
 from agentgym.training.config.loading import load_config
 from agentgym.training.config.schema import AGG_MODES, OptimConfig
@@ -45,6 +46,22 @@ def _single(tmp: Path, budget: str) -> dict:
     subprocess.run([sys.executable, str(WORKER), str(out), budget], cwd=ROOT, check=True, timeout=300,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "1"})
     return torch.load(out)
+
+
+def test_one_process_answers_the_loops_questions_as_the_identity(tmp_path: Path) -> None:
+    """What the loop asks of its processes, with one: no share tag, the run folder itself, its own groups,
+    writes done, an update a stop may cut short."""
+    dist = Distributed()
+    groups = [EpisodeGroup("g", "t", 0, [])]
+    stats = CollectStats(turns=3)
+    assert dist.share_tag == "" and dist.run_dir(tmp_path) == tmp_path
+    assert dist.gather_groups(groups, stats) == (groups, stats)
+    written: list[int] = []
+    dist.on_main(written.append, 1)
+    assert written == [1] and dist.main_only("tracking") == "tracking"
+    assert dist.update_region == "abandonable" and dist.update_poll(print) is print
+    dist.release_run_dir(tmp_path)
+    assert tmp_path.is_dir()  # the run folder stays
 
 
 def test_two_processes_with_micro_batches_update_like_one_process(tmp_path: Path) -> None:

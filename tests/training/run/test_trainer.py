@@ -14,6 +14,7 @@ from learning import SMALL
 from agentgym.errors import ConfigError
 from agentgym.training.api.turn_table import TurnTable
 from agentgym.training.config.loading import load_config
+from agentgym.training.run.collection import SyncCollection
 from agentgym.training.run.loop import Trainer, flatten, train
 from agentgym.training.run.quickstart import QUICKSTART
 
@@ -28,6 +29,7 @@ def test_preset_file_equals_embedded_quickstart() -> None:
 def test_every_trainable_parameter_changes_and_loss_is_finite(tmp_path: Path) -> None:
     cfg = load_config(None, [*SMALL, "sft.enabled=false", "loss.entropy_coef=0.01", "loss.kl_coef=0"])
     run = Trainer(cfg, tmp_path)
+    assert type(run.collection) is SyncCollection  # rollout.max_staleness: 0, chosen once at set-up
     try:
         groups = run.collector.collect([1, 2], 4, run.sampling(1.0, 0))
         turns = flatten(groups)
