@@ -111,12 +111,22 @@ class HarnessEnv(Env):
 
     # --- the episode ----------------------------------------------------------------------------
 
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        super().reset(seed=seed)
+    # Env.reset seeds np_random, then takes the task from parse_task_id or choose_task and starts it with
+    # start_task.
+
+    def parse_task_id(self, task_id: Any) -> dict[str, Any]:
+        # A reset ends the run in progress even when it names no task: its agent is stopped now, not left
+        # waiting on its call until the next reset.
         self._end("a new episode started")
-        named = (options or {}).get("task_id")
-        self._task = dict(self.tasks.named(str(named)) if named is not None else self.tasks.pick(seed))
+        return self.tasks.named(str(task_id))
+
+    def choose_task(self, seed: int | None) -> dict[str, Any]:
+        return self.tasks.pick(seed)
+
+    def start_task(self, task: dict[str, Any], options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Open a rollout on the proxy, start the agent on ``task`` and observe its first call."""
+        self._end("a new episode started")
+        self._task = dict(task)
         self._tool_calls = 0
         proxy = self._proxy or RolloutProxy.shared(self.model_name)
         self._rollout = rollout = proxy.open(self._task["id"])
@@ -128,18 +138,22 @@ class HarnessEnv(Env):
         if isinstance(event, Call):
             return self._observe(event)
         self._end("the agent ended")
+        raise self._no_first_call(event)
+
+    def _no_first_call(self, event: Finished | None) -> HarnessError:
+        """What broke the harness's contract when its run ended (or timed out) before its first call."""
         outcome = event.outcome if isinstance(event, Finished) else None
         if isinstance(outcome, AgentOutcome) and outcome.fault:
-            raise HarnessError(outcome.fault)
+            return HarnessError(outcome.fault)
         if event is None:
-            raise HarnessError(f"harness {self.harness.name} made no call to its endpoint within timeout_s="
-                               f"{self.timeout_s:g} s on task {self._task['id']!r}")
+            return HarnessError(f"harness {self.harness.name} made no call to its endpoint within timeout_s="
+                                f"{self.timeout_s:g} s on task {self._task['id']!r}")
         if isinstance(outcome, AgentOutcome) and outcome.error:
-            raise HarnessError(f"harness {self.harness.name} failed on task {self._task['id']!r} before its "
-                               f"first call: {outcome.error}")
-        raise HarnessError(f"harness {self.harness.name} finished task {self._task['id']!r} without "
-                           "calling its endpoint; point the agent's client at the base_url (and api_key, "
-                           "model) it is given")
+            return HarnessError(f"harness {self.harness.name} failed on task {self._task['id']!r} before its "
+                                f"first call: {outcome.error}")
+        return HarnessError(f"harness {self.harness.name} finished task {self._task['id']!r} without "
+                            "calling its endpoint; point the agent's client at the base_url (and api_key, "
+                            "model) it is given")
 
     def task_splits(self) -> tuple[TaskSplit, ...]:
         """``train`` (the training tasks) and, when there are held-out tasks, ``test``."""
