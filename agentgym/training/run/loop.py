@@ -118,8 +118,9 @@ class Trainer:
 
     def warm_start(self) -> dict[str, Any]:
         """The run's warm start (``warm_start.open_warm_start``): its own SFT with the held-out evaluation
-        before it, or ``sft.from_run``'s. The evaluation after it is ``eval_before_rl``, once it is saved."""
-        self.warm = self.warm or open_warm_start(self.cfg, self.root)
+        before it, or ``sft.from_run``'s (chosen for a new run, ``start``). The evaluation after it is
+        ``eval_before_rl``, once it is saved."""
+        assert self.warm is not None, "a resumed run has no warm start to make"
         return self.warm.run(self)
 
     def eval_before_rl(self, extra: dict[str, Any], history: list[dict[str, Any]], iteration: int) -> None:
