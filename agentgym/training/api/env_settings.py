@@ -58,5 +58,6 @@ def check_harness(env: Any) -> dict[str, Any] | None:
 
 
 JUDGE_SETTINGS = register_plugin_settings("env", JudgeSettings, key="judge", optional=True, owner="the judge",
-                                          check=check_judged_envs)
-HARNESS_SETTINGS = register_plugin_settings("env", HarnessSettings, owner="the harness", check=check_harness)
+                                          paths=("cache_file",), check=check_judged_envs)
+HARNESS_SETTINGS = register_plugin_settings("env", HarnessSettings, owner="the harness", paths=("tasks",),
+                                            check=check_harness)

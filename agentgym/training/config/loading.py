@@ -26,13 +26,15 @@ from agentgym.backends.builder import list_backends, make_policy
 from agentgym.errors import ConfigError, RegistryError
 from agentgym.rollout.constraints import make_constraint
 from agentgym.training.config.coercion import build, yaml_problem
+from agentgym.training.config.plugin_settings import plugin_path_fields
 from agentgym.training.config.quickstart import QUICKSTART
 from agentgym.training.config.schema import AlgorithmConfig, EnvConfig, TrainConfig, apply_overrides
 
 #: Settings that describe one env rather than the run: dropped when an override changes ``env.id``.
 ENV_SETTINGS = ("env.kwargs", "env.max_turns", "rollout.action_format")
-#: Fields that name a file or folder (``resolve_paths``); ``model.path`` too, when it is written as a path.
-PATH_FIELDS = ("env.tasks", "env.judge.cache_file", "sft.from_run")
+#: The schema's fields that name a file or folder (``resolve_paths``), besides the plug-ins' settings that do
+#: (``plugin_path_fields``); ``model.path`` too, when it is written as a path.
+PATH_FIELDS = ("sft.from_run",)
 #: Env arguments (``env.kwargs``) read as paths: those whose names end so (``data_dir``, ``game_cache_dir``).
 PATH_ARGUMENT_SUFFIXES = ("_dir", "_file", "_path")
 
@@ -117,8 +119,9 @@ def resolve_paths(data: dict[str, Any], folder: Path, *, unless_as_in: dict[str,
                   ) -> dict[str, Any]:
     """``data`` with each relative path it holds made absolute against ``folder``.
 
-    The paths are the ``PATH_FIELDS``, the env arguments named like paths (``PATH_ARGUMENT_SUFFIXES``, and a
-    harness's ``eval_tasks`` file) and ``model.path`` when it is written as one: ``./`` or ``../`` in front,
+    The paths are the ``PATH_FIELDS``, the plug-in settings that name files (``plugin_path_fields``), the
+    env arguments named like paths (``PATH_ARGUMENT_SUFFIXES``, and a harness's ``eval_tasks`` file) and
+    ``model.path`` when it is written as one: ``./`` or ``../`` in front,
     or something that exists in ``folder``; otherwise it names a packaged model or a Hub model and stays as
     written. Absolute paths (``~/`` too) and URLs stay as written.
 
@@ -136,7 +139,7 @@ def resolve_paths(data: dict[str, Any], folder: Path, *, unless_as_in: dict[str,
     """
     kwargs = _get(data, "env.kwargs")
     harness = bool(_get(data, "env.harness")) or _get(data, "env.id") == "harness-v0"
-    fields = [*PATH_FIELDS, "model.path"] + [
+    fields = [*PATH_FIELDS, *plugin_path_fields(), "model.path"] + [
         f"env.kwargs.{key}" for key in (kwargs if isinstance(kwargs, dict) else {})
         if isinstance(key, str) and (key.endswith(PATH_ARGUMENT_SUFFIXES) or harness and key == "eval_tasks")]
     resolved = copy.deepcopy(data)

@@ -50,6 +50,9 @@ class PluginSettings:
     """With ``key``: None unless a config sets it (``env.judge``); otherwise the settings' defaults."""
     owner: str = ""
     """Who declares them, for messages (``policy loss 'cispo'``)."""
+    paths: tuple[str, ...] = ()
+    """Its fields that name a file or folder: a relative one is read from the config file's folder
+    (``agentgym.training.config.loading.resolve_paths``)."""
     check: Callable[[Any], dict[str, Any] | None] | None = None
     """``check(section)``, run whenever the section is built: raises a ``ConfigError`` when the settings
     cannot go with the rest of the section, and returns the section's fields the settings decide (the
@@ -66,8 +69,8 @@ _KEYS: dict[str, dict[str, PluginSettings]] = {}
 
 
 def register_plugin_settings(section: str, settings: type, *, key: str | None = None, optional: bool = False,
-                             owner: str = "", check: Callable[[Any], dict[str, Any] | None] | None = None
-                             ) -> PluginSettings:
+                             owner: str = "", paths: tuple[str, ...] = (),
+                             check: Callable[[Any], dict[str, Any] | None] | None = None) -> PluginSettings:
     """Declare a plug-in's settings type and where configs write it (see ``PluginSettings``).
 
     Raises:
@@ -75,7 +78,7 @@ def register_plugin_settings(section: str, settings: type, *, key: str | None = 
     """
     if not (dataclasses.is_dataclass(settings) and isinstance(settings, type)):
         raise RegistryError(f"{owner or 'a plug-in'}: settings must be a dataclass type, got {settings!r}")
-    entry = PluginSettings(section, settings, key, optional, owner, check)
+    entry = PluginSettings(section, settings, key, optional, owner, tuple(paths), check)
     table = _KEYS.setdefault(section, {})
     for name in entry.keys:
         existing = table.get(name)
@@ -99,6 +102,12 @@ def unregister_plugin_settings(entry: PluginSettings) -> None:
 def plugin_keys(section: str) -> list[str]:
     """The keys plug-ins declare in ``section``."""
     return list(_KEYS.get(section, {}))
+
+
+def plugin_path_fields() -> list[str]:
+    """The config paths of every plug-in setting that names a file (``env.tasks``...)."""
+    return [f"{entry.section}.{entry.key}.{name}" if entry.key else f"{entry.section}.{name}"
+            for section in _KEYS for entry in _entries(section) for name in entry.paths]
 
 
 def _entries(section: str) -> list[PluginSettings]:
