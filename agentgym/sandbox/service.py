@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -158,80 +159,149 @@ def create_sandbox_app(
     # What a service killed with kill -9 left behind: scratch dirs and run cgroups of dead owners.
     clean_stale_scratch(getattr(chosen, "scratch_root", None))
     clean_stale_cgroups()
-    executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="sandbox-run")
-    pool = WarmPool(chosen, size=pool_size, limits=defaults) if pool_size else None
-    in_flight = 0
-
-    registry = CollectorRegistry()
-    runs = Counter("agentgym_sandbox_runs", "Programs run", registry=registry)
-    timeouts = Counter("agentgym_sandbox_timeouts", "Runs killed by the wall clock", registry=registry)
-    kills = Counter("agentgym_sandbox_kills", "Runs cut short, by reason", ["reason"], registry=registry)
-    errors = Counter("agentgym_sandbox_errors", "Error responses by type", ["type"], registry=registry)
-    latency = Histogram("agentgym_sandbox_run_seconds", "Wall time of a run, start-up included",
-                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-                        registry=registry)
-    Gauge("agentgym_sandbox_in_flight", "Runs in flight", registry=registry).set_function(lambda: in_flight)
-    Gauge("agentgym_sandbox_pool_idle", "Warm workers ready", registry=registry).set_function(
-        lambda: pool.idle if pool else 0)
-
-    def run_blocking(request: Any, limits: Limits) -> Result:
-        runner = pool if pool is not None else chosen
-        return runner.run(request.code, request.stdin, limits)
-
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        yield
-        if pool is not None:
-            pool.close()
-        executor.shutdown(wait=False, cancel_futures=True)
-
-    app = FastAPI(title="agentgym sandbox", lifespan=lifespan)
-
-    ErrorResponses(errors).install(app)
+    sandbox = SandboxService(chosen, pool_size=pool_size, defaults=defaults, maxima=maxima,
+                             max_concurrency=max_concurrency)
+    app = FastAPI(title="agentgym sandbox", lifespan=_lifespan)
+    app.state.sandbox = sandbox
+    ErrorResponses(sandbox.metrics.errors).install(app)
     keep_integer_bounds(app)
+    _add_routes(app, run_model)
+    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
 
-    @app.get("/health")
-    async def health() -> Response:
-        return json_response({"status": "ok", "backend": chosen.name, "secure": chosen.secure,
-                              "memory_guard": chosen.memory_guard,
-                              "memory_guard_detail": getattr(chosen, "memory_guard_detail", ""),
-                              "seccomp": bool(getattr(chosen, "seccomp", False)),
-                              "pool_size": pool_size, "pool_idle": pool.idle if pool else 0,
-                              "max_concurrency": max_concurrency, "in_flight": in_flight,
-                              "default_limits": dataclasses.asdict(defaults),
-                              "max_limits": dataclasses.asdict(maxima)})
 
-    @app.get("/metrics", response_class=Response,
-             responses={**text_responses("Prometheus text"), **error_responses(401)})
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+class SandboxMetrics:
+    """The sandbox's Prometheus metrics, in a registry of their own (one per app)."""
 
-    async def run(body: Any) -> Response:
-        nonlocal in_flight
-        limits = bounded_limits(body.limits, defaults, maxima)
-        if in_flight >= max_concurrency:  # checked and taken with no await between: no race
-            raise SandboxBusy(f"{in_flight} runs in flight (max_concurrency={max_concurrency}); "
+    def __init__(self, in_flight: Callable[[], float], pool_idle: Callable[[], float]) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.runs = Counter("agentgym_sandbox_runs", "Programs run", registry=registry)
+        self.timeouts = Counter("agentgym_sandbox_timeouts", "Runs killed by the wall clock",
+                                registry=registry)
+        self.kills = Counter("agentgym_sandbox_kills", "Runs cut short, by reason", ["reason"],
+                             registry=registry)
+        self.errors = Counter("agentgym_sandbox_errors", "Error responses by type", ["type"],
+                              registry=registry)
+        self.latency = Histogram("agentgym_sandbox_run_seconds", "Wall time of a run, start-up included",
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+                                 registry=registry)
+        Gauge("agentgym_sandbox_in_flight", "Runs in flight", registry=registry).set_function(in_flight)
+        Gauge("agentgym_sandbox_pool_idle", "Warm workers ready", registry=registry).set_function(pool_idle)
+
+    def observe(self, result: Result, seconds: float) -> None:
+        """Count one finished run that took ``seconds``."""
+        self.latency.observe(seconds)
+        self.runs.inc()
+        if result.timed_out:
+            self.timeouts.inc()
+        if result.killed_reason is not None:
+            self.kills.labels(result.killed_reason).inc()
+
+
+class SandboxService:
+    """What the sandbox's routes share: the backend (or its warm pool), the limits, the threads runs
+    wait in, the count of runs in flight and the metrics.
+
+    The app keeps it as ``app.state.sandbox``; routes reach it through ``Depends(sandbox_service)``.
+    """
+
+    def __init__(self, backend: Backend, *, pool_size: int, defaults: Limits, maxima: Limits,
+                 max_concurrency: int) -> None:
+        self.backend, self.pool_size, self.max_concurrency = backend, pool_size, max_concurrency
+        self.defaults, self.maxima = defaults, maxima
+        self.executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="sandbox-run")
+        self.pool = WarmPool(backend, size=pool_size, limits=defaults) if pool_size else None
+        self.in_flight = 0
+        self.metrics = SandboxMetrics(lambda: self.in_flight, lambda: self.pool.idle if self.pool else 0)
+
+    def health(self) -> dict[str, Any]:
+        """The body of ``GET /health``: what runs code here and what bounds a run."""
+        chosen, pool = self.backend, self.pool
+        return {"status": "ok", "backend": chosen.name, "secure": chosen.secure,
+                "memory_guard": chosen.memory_guard,
+                "memory_guard_detail": getattr(chosen, "memory_guard_detail", ""),
+                "seccomp": bool(getattr(chosen, "seccomp", False)),
+                "pool_size": self.pool_size, "pool_idle": pool.idle if pool else 0,
+                "max_concurrency": self.max_concurrency, "in_flight": self.in_flight,
+                "default_limits": dataclasses.asdict(self.defaults),
+                "max_limits": dataclasses.asdict(self.maxima)}
+
+    async def run(self, request: Any) -> Result:
+        """Run a ``POST /run`` body's code in a worker thread, within its limits.
+
+        Raises:
+            RequestRejected: a limit is over this server's maximum.
+            SandboxBusy: ``max_concurrency`` runs are already in flight.
+        """
+        limits = bounded_limits(request.limits, self.defaults, self.maxima)
+        if self.in_flight >= self.max_concurrency:  # checked and taken with no await between: no race
+            raise SandboxBusy(f"{self.in_flight} runs in flight (max_concurrency={self.max_concurrency}); "
                               "retry shortly")
-        in_flight += 1
+        self.in_flight += 1
         started = time.monotonic()
         try:
-            result = await asyncio.get_running_loop().run_in_executor(executor, run_blocking, body, limits)
+            result = await asyncio.get_running_loop().run_in_executor(self.executor, self._run_blocking,
+                                                                      request, limits)
         finally:
-            in_flight -= 1
-        latency.observe(time.monotonic() - started)
-        runs.inc()
-        if result.timed_out:
-            timeouts.inc()
-        if result.killed_reason is not None:
-            kills.labels(result.killed_reason).inc()
-        return json_response(result.to_dict())
+            self.in_flight -= 1
+        self.metrics.observe(result, time.monotonic() - started)
+        return result
+
+    def _run_blocking(self, request: Any, limits: Limits) -> Result:
+        runner = self.pool if self.pool is not None else self.backend
+        return runner.run(request.code, request.stdin, limits)
+
+    def close(self) -> None:
+        """Stop the warm workers and the run threads (runs still queued are cancelled)."""
+        if self.pool is not None:
+            self.pool.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    app.state.sandbox.close()
+
+
+async def sandbox_service(request: Request) -> SandboxService:
+    """The ``SandboxService`` of the app serving ``request`` (a FastAPI dependency; ``async`` so that
+    FastAPI calls it on the event loop, not in a worker thread)."""
+    return request.app.state.sandbox
+
+
+Sandbox = Annotated[SandboxService, Depends(sandbox_service)]
+
+
+def _add_routes(app: FastAPI, run_model: type[BaseModel]) -> None:
+    """The routes, in the order ``/openapi.json`` lists them.
+
+    Added to the app itself, not through an included ``APIRouter``: recent FastAPI keeps an included
+    router as one nested route, and the 405 answer's ``Allow`` reads each route's methods.
+    """
+    app.get("/health")(health)
+    app.get("/metrics", response_class=Response,
+            responses={**text_responses("Prometheus text"), **error_responses(401)})(metrics)
+    app.post("/run", responses=error_responses(401, 413, 422, 503))(_run_route(run_model))
+
+
+async def health(sandbox: Sandbox) -> Response:
+    return json_response(sandbox.health())
+
+
+async def metrics(sandbox: Sandbox) -> Response:
+    return Response(generate_latest(sandbox.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _run_route(run_model: type[BaseModel]) -> Callable[..., Awaitable[Response]]:
+    """The endpoint of ``POST /run`` for a server whose body model is ``run_model``."""
+
+    async def run(body: Any, sandbox: Sandbox) -> Response:
+        return json_response((await sandbox.run(body)).to_dict())
 
     # The body model carries this server's maxima, so it is set as an object: a string annotation
     # would be looked up in the module's globals.
-    run.__annotations__ = {"body": run_model, "return": Response}
-    app.post("/run", responses=error_responses(401, 413, 422, 503))(run)
-
-    return GuardMiddleware(app, token=token, max_body_bytes=max_body_bytes)
+    run.__annotations__ = {"body": run_model, "sandbox": Sandbox, "return": Response}
+    return run
 
 
 def serve(host: str = "127.0.0.1", port: int = 8100, *, backend: str = "auto", pool_size: int = 2,
