@@ -89,7 +89,29 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
     if (isinstance(num_entities, bool) or not isinstance(num_entities, int)
             or not 20 <= num_entities <= 2_000_000):
         raise ConfigError(f"num_entities must be an integer in [20, 2000000], got {num_entities!r}")
+    # One generator for the whole set, drawn from in a fixed order (world, then questions): the same
+    # arguments give the same corpus, byte for byte.
     rng = np.random.default_rng([seed, num_entities, 0x5EA7C4])
+    world = _invent_world(rng, num_entities)
+    docs = _describe(world)
+    return docs, _ask_questions(rng, world, docs, num_entities)
+
+
+@dataclass
+class _World:
+    """The entities of a corpus, each a dict of its facts; facts that name another entity hold its index."""
+
+    countries: list[dict[str, Any]]
+    cities: list[dict[str, Any]]
+    people: list[dict[str, Any]]
+    companies: list[dict[str, Any]]
+
+    def country_of(self, city: int) -> dict[str, Any]:
+        return self.countries[self.cities[city]["country"]]
+
+
+def _invent_world(rng: np.random.Generator, num_entities: int) -> _World:
+    """``num_entities`` entities: about 1/40 countries, 1/8 cities, 1/5 companies, the rest people."""
     used: set[str] = set()
     num_countries = max(3, num_entities // 40)
     num_cities = max(6, num_entities // 8)
@@ -118,77 +140,96 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
             person["employer"] = int(rng.integers(num_companies))
             if companies[person["employer"]]["founder"] != number or num_companies == 1:
                 break
+    return _World(countries, cities, people, companies)
 
-    def doc_id(kind: str, i: int) -> str:
-        return f"{kind}-{i:06d}"
 
+def _doc_id(kind: str, i: int) -> str:
+    return f"{kind}-{i:06d}"
+
+
+def _describe(world: _World) -> list[dict[str, str]]:
+    """One document per entity (countries, cities, companies, people, in that order), each stating
+    only the facts of its own subject."""
+    countries, cities, people, companies = world.countries, world.cities, world.people, world.companies
     docs: list[dict[str, str]] = []
     for i, c in enumerate(countries):
         capital = cities[c["capital"]]["name"]
-        docs.append({"id": doc_id("country", i), "title": c["name"],
+        docs.append({"id": _doc_id("country", i), "title": c["name"],
                      "text": f"{c['name']} is a country. Its official language is {c['language']} and its "
                              f"capital is {capital}."})
     for i, city in enumerate(cities):
-        docs.append({"id": doc_id("city", i), "title": city["name"],
+        docs.append({"id": _doc_id("city", i), "title": city["name"],
                      "text": f"{city['name']} is a city in {countries[city['country']]['name']}. "
                              f"{city['name']} was founded in the year {city['founded']}."})
     for i, co in enumerate(companies):
-        docs.append({"id": doc_id("company", i), "title": co["name"],
+        docs.append({"id": _doc_id("company", i), "title": co["name"],
                      "text": f"{co['name']} is a {co['field']} company founded in {co['year']} by "
                              f"{people[co['founder']]['name']}. {co['name']} is headquartered in "
                              f"{cities[co['city']]['name']}."})
     for i, p in enumerate(people):
-        docs.append({"id": doc_id("person", i), "title": p["name"],
+        docs.append({"id": _doc_id("person", i), "title": p["name"],
                      "text": f"{p['name']} is {p['job']} born in {p['born']} in {cities[p['city']]['name']}. "
                              f"{p['name']} works for {companies[p['employer']]['name']}."})
+    return docs
 
-    def country_of(city: int) -> dict[str, Any]:
-        return countries[cities[city]["country"]]
 
-    # Each template: (hops, question, answer, [(doc id, search query) per hop]).
-    def person_questions(i: int) -> list[tuple[str, str, list[tuple[str, str]]]]:
-        p = people[i]
-        city, co = cities[p["city"]], companies[p["employer"]]
-        pd, cd = (doc_id("person", i), p["name"]), (doc_id("city", p["city"]), city["name"])
-        kd = (doc_id("company", p["employer"]), co["name"])
-        country = country_of(p["city"])
-        return [
-            (f"In which city was {p['name']} born?", city["name"], [pd]),
-            (f"In which year was {p['name']} born?", str(p["born"]), [pd]),
-            (f"In which country was {p['name']} born?", country["name"], [pd, cd]),
-            (f"Who founded the company that {p['name']} works for?", people[co["founder"]]["name"], [pd, kd]),
-            (f"In which city is the employer of {p['name']} headquartered?", cities[co["city"]]["name"],
-             [pd, kd]),
-            (f"What is the official language of the country where {p['name']} was born?", country["language"],
-             [pd, cd, (doc_id("country", cities[p["city"]]["country"]), country["name"])]),
-            (f"In which country is the employer of {p['name']} headquartered?",
-             country_of(co["city"])["name"],
-             [pd, kd, (doc_id("city", co["city"]), cities[co["city"]]["name"])]),
-        ]
+#: A question that can be asked: (question, answer, [(doc id, search query) per hop]).
+_Option = tuple[str, str, list[tuple[str, str]]]
 
-    def company_questions(i: int) -> list[tuple[str, str, list[tuple[str, str]]]]:
-        co = companies[i]
-        founder = people[co["founder"]]
-        kd, fd = (doc_id("company", i), co["name"]), (doc_id("person", co["founder"]), founder["name"])
-        hq = (doc_id("city", co["city"]), cities[co["city"]]["name"])
-        birth = (doc_id("city", founder["city"]), cities[founder["city"]]["name"])
-        return [
-            (f"Who founded {co['name']}?", founder["name"], [kd]),
-            (f"In which year was {co['name']} founded?", str(co["year"]), [kd]),
-            (f"In which country is {co['name']} headquartered?", country_of(co["city"])["name"], [kd, hq]),
-            (f"In which city was the founder of {co['name']} born?", cities[founder["city"]]["name"],
-             [kd, fd]),
-            (f"In which country was the founder of {co['name']} born?", country_of(founder["city"])["name"],
-             [kd, fd, birth]),
-        ]
 
+def _person_questions(world: _World, i: int) -> list[_Option]:
+    """The questions about person ``i``: 1 to 3 hops, starting at their document."""
+    people, cities = world.people, world.cities
+    p = people[i]
+    city, co = cities[p["city"]], world.companies[p["employer"]]
+    pd, cd = (_doc_id("person", i), p["name"]), (_doc_id("city", p["city"]), city["name"])
+    kd = (_doc_id("company", p["employer"]), co["name"])
+    country = world.country_of(p["city"])
+    return [
+        (f"In which city was {p['name']} born?", city["name"], [pd]),
+        (f"In which year was {p['name']} born?", str(p["born"]), [pd]),
+        (f"In which country was {p['name']} born?", country["name"], [pd, cd]),
+        (f"Who founded the company that {p['name']} works for?", people[co["founder"]]["name"], [pd, kd]),
+        (f"In which city is the employer of {p['name']} headquartered?", cities[co["city"]]["name"],
+         [pd, kd]),
+        (f"What is the official language of the country where {p['name']} was born?", country["language"],
+         [pd, cd, (_doc_id("country", cities[p["city"]]["country"]), country["name"])]),
+        (f"In which country is the employer of {p['name']} headquartered?",
+         world.country_of(co["city"])["name"],
+         [pd, kd, (_doc_id("city", co["city"]), cities[co["city"]]["name"])]),
+    ]
+
+
+def _company_questions(world: _World, i: int) -> list[_Option]:
+    """The questions about company ``i``: 1 to 3 hops, starting at its document."""
+    cities = world.cities
+    co = world.companies[i]
+    founder = world.people[co["founder"]]
+    kd, fd = (_doc_id("company", i), co["name"]), (_doc_id("person", co["founder"]), founder["name"])
+    hq = (_doc_id("city", co["city"]), cities[co["city"]]["name"])
+    birth = (_doc_id("city", founder["city"]), cities[founder["city"]]["name"])
+    return [
+        (f"Who founded {co['name']}?", founder["name"], [kd]),
+        (f"In which year was {co['name']} founded?", str(co["year"]), [kd]),
+        (f"In which country is {co['name']} headquartered?", world.country_of(co["city"])["name"], [kd, hq]),
+        (f"In which city was the founder of {co['name']} born?", cities[founder["city"]]["name"],
+         [kd, fd]),
+        (f"In which country was the founder of {co['name']} born?", world.country_of(founder["city"])["name"],
+         [kd, fd, birth]),
+    ]
+
+
+def _ask_questions(rng: np.random.Generator, world: _World, docs: list[dict[str, str]],
+                   num_entities: int) -> list[QAItem]:
+    """One question for each of up to ``num_entities`` companies and people, in a shuffled order."""
     texts = {doc["id"]: f"{doc['title']} {doc['text']}" for doc in docs}
-    subjects = [("company", i) for i in range(num_companies)] + [("person", i) for i in range(num_people)]
+    subjects = ([("company", i) for i in range(len(world.companies))]
+                + [("person", i) for i in range(len(world.people))])
     order = rng.permutation(len(subjects))[:num_entities].tolist()
     questions: list[QAItem] = []
     for number, which in enumerate(order):
         kind, i = subjects[which]
-        options = company_questions(i) if kind == "company" else person_questions(i)
+        options = _company_questions(world, i) if kind == "company" else _person_questions(world, i)
         # Drop chains whose answer already shows up in an earlier hop's document by coincidence
         # (a person born in the city where their employer sits): those need fewer hops than they claim.
         options = [o for o in options if not any(o[1] in texts[d] for d, _ in o[2][:-1])]
@@ -200,7 +241,7 @@ def generate_corpus(num_entities: int = 200, seed: int = 0) -> tuple[list[dict[s
             id=f"synqa-{number:06d}", question=text, golden_answers=[answer], hops=len(chain),
             supporting_docs=[d for d, _ in chain], search_queries=[q for _, q in chain],
         ))
-    return docs, questions
+    return questions
 
 
 def write_jsonl(docs: list[dict[str, str]], questions: list[QAItem],
