@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -377,61 +378,122 @@ def evaluate(
 ) -> None:
     """Evaluate policies on envs: success (95% CI), return, turns, tokens, invalid actions, pass@k, paired
     comparisons. Writes results.json, report.md, report.html and every trajectory as JSONL."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from agentgym.eval.harness import Evaluation
-    from agentgym.eval.plan import EvalPlan
-    from agentgym.eval.policies import parse_policy
-
+    flags = _EvalFlags(policy=policy, envs=envs, episodes=episodes, seeds=seeds, split=split,
+                       task_range=task_range, samples=samples, concurrency=concurrency,
+                       temperature=temperature, sampling_seed=sampling_seed, max_turns=max_turns,
+                       env_arg=env_arg, harness=harness, tasks=tasks, judge=judge, env_url=env_url, out=out,
+                       resume=resume)
     try:
-        if resume and out is None:
-            raise ConfigError("--resume needs --out DIR, the folder of the evaluation to complete")
-        if out is not None:
-            _check_out(Path(out))
-        if resume:  # checked even when --policy restates the plan: a damaged plan.json is named here
-            saved_plan = _saved_plan(Path(out), concurrency)  # type: ignore[arg-type]
-        if resume and not policy:
-            plan = saved_plan
-        else:
-            specs = [parse_policy(p) for p in policy]
-            if not specs:
-                raise ConfigError("give at least one --policy (random, expert, a model directory, a run "
-                                  "folder or an http://HOST:PORT/v1 endpoint)")
-            flags = {"envs": envs, "max_turns": max_turns, "seeds": seeds, "split": split, "judge": judge}
-            given = {k for k, v in flags.items() if v is not None}  # before split may come from a run
-            if split is None and envs is None and seeds is None:
-                split = _runs_held_out_split(specs)
-            task_seeds = _task_seeds(specs, seeds, episodes, split, task_range)
-            judge_settings = read_judge(judge) if judge is not None else None
-            plan = EvalPlan(tuple(specs), tuple(env_entries(envs, env_arg, env_url, split, max_turns, specs,
-                                                                  harness, tasks, judge_settings)),
-                            tuple(task_seeds), samples, temperature if temperature is not None else
-                            (0.0 if samples == 1 else 1.0), sampling_seed, concurrency)
+        plan = flags.plan()
         out_dir = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     except AgentGymError as exc:
         fail(exc)
-    total = len(plan.seeds) * plan.samples
-
-    def count(n: int, word: str) -> str:
-        return f"{n} {word}{'' if n == 1 else 's'}"
-
-    err_console.print(f"[bold]agentgym eval[/] "
-                      f"{count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
-                      f"{count(len(plan.envs), 'env')} × {count(total, 'episode')} → {out_dir}")
-    command = shlex.join(["agentgym", *sys.argv[1:]])
-
-    def note(text: str) -> None:
-        err_console.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True, highlight=False)
-
-    if policy:  # a served run's settings are applied like a run folder's: say which, so none pass unseen
-        for line in served_run_notes(plan, env_arg, given):
-            note(line)
-
+    _announce(plan, out_dir, flags)
     if resume:
         try:
-            EvalStore(out_dir, on_notice=note).mend()  # cut last lines set aside before anything is appended
+            EvalStore(out_dir, on_notice=_note).mend()  # cut last lines set aside before anything is appended
         except AgentGymError as exc:
             fail(exc)
+    results = _play(plan, out_dir, resume=resume, env_token=env_token)
+    _print_results(results, out_dir)
+    _print_early_ends(results, out_dir)
+    if say_missing(results, out_dir):
+        raise typer.Exit(code=1)
+
+
+@dataclass(frozen=True)
+class _EvalFlags:
+    """The flags of one ``agentgym eval`` that choose what it plays (see ``evaluate`` for each)."""
+
+    policy: list[str]
+    envs: str | None
+    episodes: int | None
+    seeds: str | None
+    split: str | None
+    task_range: str | None
+    samples: int
+    concurrency: int
+    temperature: float | None
+    sampling_seed: int
+    max_turns: int | None
+    env_arg: list[str]
+    harness: str | None
+    tasks: str | None
+    judge: str | None
+    env_url: list[str]
+    out: str | None
+    resume: bool
+
+    def given(self) -> set[str]:
+        """The flags set on the command line whose settings win over a served run's (``served_run_notes``)."""
+        flags = {"envs": self.envs, "max_turns": self.max_turns, "seeds": self.seeds, "split": self.split,
+                 "judge": self.judge}
+        return {k for k, v in flags.items() if v is not None}
+
+    def plan(self) -> Any:
+        """The ``EvalPlan`` to play: the one saved in ``--out`` (``--resume`` without ``--policy``), or the
+        flags' own.
+
+        Raises:
+            AgentGymError: a flag, a policy, an env or a file it names is wrong (the message says which).
+        """
+        from agentgym.eval.plan import EvalPlan
+        from agentgym.eval.policies import parse_policy
+
+        if self.resume and self.out is None:
+            raise ConfigError("--resume needs --out DIR, the folder of the evaluation to complete")
+        if self.out is not None:
+            _check_out(Path(self.out))
+        if self.resume:  # checked even when --policy restates the plan: a damaged plan.json is named here
+            saved_plan = _saved_plan(Path(self.out), self.concurrency)  # type: ignore[arg-type]
+            if not self.policy:
+                return saved_plan
+        specs = [parse_policy(p) for p in self.policy]
+        if not specs:
+            raise ConfigError("give at least one --policy (random, expert, a model directory, a run "
+                              "folder or an http://HOST:PORT/v1 endpoint)")
+        split = self.split
+        if split is None and self.envs is None and self.seeds is None:
+            split = _runs_held_out_split(specs)
+        task_seeds = _task_seeds(specs, self.seeds, self.episodes, split, self.task_range)
+        judge_settings = read_judge(self.judge) if self.judge is not None else None
+        entries = env_entries(self.envs, self.env_arg, self.env_url, split, self.max_turns, specs,
+                              self.harness, self.tasks, judge_settings)
+        temperature = self.temperature
+        if temperature is None:  # greedy for one sample; several samples of a greedy policy would be one
+            temperature = 0.0 if self.samples == 1 else 1.0
+        return EvalPlan(tuple(specs), tuple(entries), tuple(task_seeds), self.samples, temperature,
+                        self.sampling_seed, self.concurrency)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _note(text: str) -> None:
+    err_console.print(f"[yellow]note:[/] {escape(text)}", soft_wrap=True, highlight=False)
+
+
+def _announce(plan: Any, out_dir: Path, flags: _EvalFlags) -> None:
+    """Say what the evaluation plays and where it writes, before it starts."""
+    total = len(plan.seeds) * plan.samples
+    err_console.print(f"[bold]agentgym eval[/] "
+                      f"{_count(len(plan.policies), 'policy').replace('policys', 'policies')} × "
+                      f"{_count(len(plan.envs), 'env')} × {_count(total, 'episode')} → {out_dir}")
+    # A served run's settings are applied like a run folder's: say which, so none pass unseen.
+    if flags.policy:
+        for line in served_run_notes(plan, flags.env_arg, flags.given()):
+            _note(line)
+
+
+def _play(plan: Any, out_dir: Path, *, resume: bool, env_token: str | None) -> dict[str, Any]:
+    """Play the plan's episodes (those not saved yet, with ``resume``) with a progress bar per env and
+    policy, and return the results; an error, a full disk or Ctrl-C ends the command with one line."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentgym.eval.harness import Evaluation
+
+    command = shlex.join(["agentgym", *sys.argv[1:]])
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console) as progress:
         bars: dict[tuple[str, str], Any] = {}
@@ -444,9 +506,9 @@ def evaluate(
 
         evaluation = Evaluation(plan, out_dir, resume=resume, env_token=env_token, on_progress=on_progress,
                                 command=command)
-        evaluation.store.on_notice = note
+        evaluation.store.on_notice = _note
         try:
-            results = evaluation.run()
+            return evaluation.run()
         except AgentGymError as exc:
             progress.stop()
             fail(exc)
@@ -460,7 +522,3 @@ def evaluate(
             err_console.print(f"[yellow]interrupted[/]: finished episodes are saved in {out_dir}; "
                               f"`agentgym eval --out {out_dir} --resume` plays the rest")
             raise typer.Exit(code=130) from None
-    _print_results(results, out_dir)
-    _print_early_ends(results, out_dir)
-    if say_missing(results, out_dir):
-        raise typer.Exit(code=1)
