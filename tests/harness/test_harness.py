@@ -382,6 +382,34 @@ def test_a_waiting_request_gets_410_when_its_rollout_ends(proxy: RolloutProxy) -
     assert errors and errors[0].status_code == 410
 
 
+def test_a_reset_naming_no_task_still_ends_the_run_in_progress(proxy: RolloutProxy) -> None:
+    """An unknown task id raises, and the agent waiting on its call is answered 410 there and then, not left
+    waiting until the next reset; the episode it was playing takes no more steps."""
+    answers: list[int] = []
+    refused = threading.Event()
+
+    def agent(task: dict[str, Any], base_url: str, api_key: str, model: str) -> float:
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        try:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": task["q"]}])
+        except openai.APIStatusError as exc:
+            answers.append(exc.status_code)
+            refused.set()
+        return 0.0
+
+    env = HarnessEnv(agent, [{"id": "a", "q": "first?"}, {"id": "b", "q": "second?"}], proxy=proxy)
+    assert env.reset(seed=1)[1]["task_id"] == "b"
+    with pytest.raises(ConfigError, match="no task has id 'c'; ids look like 'a'"):
+        env.reset(options={"task_id": "c"})
+    with pytest.raises(ConfigError, match="episode that is over"):
+        env.step("an answer")
+    refused.wait(10)  # the agent's own thread records the answer its waiting call got
+    assert answers == [410]
+    obs, info = env.reset(options={"task_id": "a"})
+    assert (obs, info["task_id"]) == ("first?", "a")
+    env.close()
+
+
 def test_a_command_line_harness_runs_in_a_subprocess(tiny: Any, proxy: RolloutProxy, tmp_path: Path) -> None:
     script = tmp_path / "agent.py"
     script.write_text(
