@@ -164,6 +164,24 @@ def test_service_in_process_errors_and_client(corpus_dir: Path) -> None:
             RetrievalClient("http://testserver", client=http).retrieve(["x"])
 
 
+def test_two_services_in_one_process_answer_from_their_own_index() -> None:
+    """The routes are shared functions: each reaches its own app's index, bounds and metrics."""
+    ships = Index([{"id": "s1", "title": "Ostavia", "text": "A ship."},
+                   {"id": "s2", "title": "Brel", "text": "A boat."}])
+    towns = Index([{"id": "t1", "title": "Ostavia", "text": "A town."}])
+    with TestClient(create_retrieval_app(ships, max_k=2)) as first, \
+            TestClient(create_retrieval_app(towns, max_k=7)) as second:
+        assert first.get("/health").json() == {"status": "ok", "num_docs": 2, "max_k": 2}
+        assert second.get("/health").json() == {"status": "ok", "num_docs": 1, "max_k": 7}
+        for http, doc_id in ((first, "s1"), (second, "t1")):
+            found = http.post("/retrieve", json={"queries": ["Ostavia"], "k": 1}).json()["results"]
+            assert [[hit["id"] for hit in hits] for hits in found] == [[doc_id]]
+        assert first.post("/retrieve", json={"queries": ["Ostavia"], "k": 5}).status_code == 422
+        assert second.post("/retrieve", json={"queries": ["Ostavia"], "k": 5}).status_code == 200
+        assert "agentgym_retrieval_requests_total 1.0" in first.get("/metrics").text
+        assert "agentgym_retrieval_requests_total 2.0" in second.get("/metrics").text
+
+
 def test_service_over_a_real_socket(corpus_dir: Path, tmp_path: Path) -> None:
     build_index(corpus_dir / "corpus.jsonl", tmp_path / "index")
     server = LiveServer(create_retrieval_app(tmp_path / "index"))

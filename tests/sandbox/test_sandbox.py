@@ -373,6 +373,23 @@ def test_warm_pool_spawns_a_fresh_worker_for_another_scratch_size() -> None:
         assert pool.run(code, limits=Limits(disk_mb=24)).stdout == "24\n"
 
 
+def test_two_services_in_one_process_keep_their_own_limits_and_counts() -> None:
+    """The routes are shared functions: each reaches its own app's service (maxima, schema, metrics)."""
+    small = create_sandbox_app(SubprocessBackend(), max_limits=Limits(wall_clock_s=5))
+    large = create_sandbox_app(SubprocessBackend(), max_limits=Limits(wall_clock_s=10))
+    for app, ceiling in ((small, 5), (large, 10)):
+        schema = app.openapi()["components"]["schemas"]["LimitsOverride"]["properties"]["wall_clock_s"]
+        assert schema["anyOf"][0]["maximum"] == ceiling
+        assert sync_client(app).health()["max_limits"]["wall_clock_s"] == ceiling
+    with pytest.raises(RequestRejected, match="less than or equal to 5"):
+        sync_client(small).run("print(1)", limits={"wall_clock_s": 8})
+    assert sync_client(large).run("print(1)", limits={"wall_clock_s": 8}).stdout == "1\n"
+    assert "agentgym_sandbox_runs_total 0.0" in sync_client(small).metrics()
+    assert "agentgym_sandbox_runs_total 1.0" in sync_client(large).metrics()
+    assert 'agentgym_sandbox_errors_total{type="RequestRejected"} 1.0' in sync_client(small).metrics()
+    assert "agentgym_sandbox_errors_total{" not in sync_client(large).metrics()
+
+
 def test_service_health_says_what_bounds_a_run() -> None:
     from agentgym.sandbox.cgroup import memory_cgroup_parent
 
