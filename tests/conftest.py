@@ -348,7 +348,7 @@ def mcp_facts_url() -> Iterator[str]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The wheel-and-extras matrix (tests/test_extras.py): each test records its row as the user property
+# The wheel-and-extras matrix (tests/product/test_extras.py): each test records its row as the user property
 # ``extras_matrix``; the process that reports (under xdist, the controller) prints the table at the end.
 
 _EXTRAS_MATRIX: list[dict[str, Any]] = []

@@ -1,5 +1,5 @@
-"""Run by tests/test_distributed.py, alone or under ``accelerate launch``: one ``PolicyUpdate`` of the tiny
-model on a fixed batch, for several loss settings; the main process saves the resulting weights.
+"""Run by tests/training/run/test_distributed.py, alone or under ``accelerate launch``: one ``PolicyUpdate``
+of the tiny model on a fixed batch, for several loss settings; the main process saves the resulting weights.
 
 Usage: python tests/distributed_worker.py OUT.pt [micro_batch_tokens]
 """

@@ -50,8 +50,8 @@ def overlay_venv(tmp_path_factory: pytest.TempPathFactory, folder: Path) -> Path
     Its dependencies come from this interpreter's site-packages through a path line in a ``.pth`` file: a
     path line adds that folder to ``sys.path`` without running the ``.pth`` files inside it, so the editable
     install's import hook there stays inert and ``agentgym``, ``agentgym.envs`` and ``agentgym.trainers``
-    come from the wheel (asserted). For each extra alone, with its real requirements, tests/test_extras.py
-    installs the wheel into venvs of their own.
+    come from the wheel (asserted). For each extra alone, with its real requirements,
+    tests/product/test_extras.py installs the wheel into venvs of their own.
     """
     venv.EnvBuilder(symlinks=True).create(folder)  # no pip of its own: this interpreter's pip installs
     python = folder / "bin" / "python"

@@ -12,7 +12,7 @@ cache and the shapes of the forward passes, behind one seam:
   ``torch.compile`` — with CUDA graphs on a GPU (``mode="reduce-overhead"``), where launching a step's few
   hundred small kernels, not the arithmetic, is the cost of decoding a small model.
 
-Both give the same tokens and log-probs up to float rounding (``tests/test_decode_steps.py``).
+Both give the same tokens and log-probs up to float rounding (``tests/backends/test_decode_steps.py``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ prompt and instructions (with ``prompt_mode: current`` most of a maze turn's pro
 runs each distinct prompt once and copies its cache rows to the rows that repeat it, and runs the leading
 tokens every prompt shares once, continuing them with each row's own suffix, so the cost is the distinct
 tokens. The key/value cache and last logits equal those of the plain left-padded pass up to float rounding
-(``tests/test_transformers_backend.py`` checks generations against it).
+(``tests/backends/test_transformers_backend.py`` checks generations against it).
 """
 
 from __future__ import annotations

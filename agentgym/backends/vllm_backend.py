@@ -49,8 +49,9 @@ from agentgym.errors import ConfigError
 from agentgym.rollout.policy import Generation, PolicyBase, SamplingParams
 
 SUPPORTED_VLLM = "0.33"
-"""The vLLM release the backends are written against (the ``vllm`` extra; ``tests/test_vllm_api.py`` checks
-every vLLM name, keyword and route they use against the installed release's source)."""
+"""The vLLM release the backends are written against (the ``vllm`` extra;
+``tests/backends/test_vllm_api.py`` checks every vLLM name, keyword and route they use against the installed
+release's source)."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Every attack is safe to run on *any* backend, including the insecure ``subproces
 destructive ones are probes (signal 0 instead of SIGKILL, a fork bomb capped at ``_FORK_PROBE``
 children that sleep, writes to uniquely named files that are deleted afterwards), and nothing
 targets an address off this machine (the network attack connects to a listener the audit itself
-opens on 127.0.0.1). ``tests/test_sandbox_escape.py`` runs the real, unbounded versions on bwrap.
+opens on 127.0.0.1). ``tests/sandbox/test_sandbox_escape.py`` runs the real, unbounded versions on bwrap.
 """
 
 from __future__ import annotations

