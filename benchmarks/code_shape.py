@@ -35,8 +35,9 @@ Everything is read with ``ast`` and regular expressions; nothing is imported or 
   short string, their own name or their class's containing ``episode``, ``trajector``, ``group`` -- not a
   regular expression's ``m.group()`` -- or ``records``) and either write JSON (call
   ``json.dumps``/``json.dump`` and something named ``*write*`` or ``*file*``: a writer) or parse it (call
-  ``json.loads``/``json.load``/``from_json``: a reader). A heuristic: it finds the functions a reader of the
-  code would look at, not a proof. ``record formats`` is the number of modules holding a writer.
+  ``json.loads``/``json.load``: a reader; a ``from_json`` of a dict already parsed is none). A heuristic: it
+  finds the functions a reader of the code would look at, not a proof. ``record formats`` is the number of
+  modules holding a writer.
 * ``longest functions``: the 10 longest ``def``s in agentgym/, envs/, trainers/ (lines from ``def`` to its
   last line, nested functions included) with a cyclomatic complexity estimate: 1 + the number of
   ``if``/conditional expressions, ``for``, ``while``, ``try``, ``except`` clauses, boolean operators (each
@@ -385,7 +386,8 @@ def episode_io(root: Path) -> dict[str, Any]:
             calls = _calls(func)
             if calls & {"json.dumps", "json.dump"} and any("write" in c or "file" in c for c in calls):
                 writers.append(f"{rel} {name}")
-            if calls & {"json.loads", "json.load", "from_json"}:
+            # Parsing stored text, not rebuilding a record from a dict already parsed (``from_json``).
+            if calls & {"json.loads", "json.load"}:
                 readers.append(f"{rel} {name}")
     formats = sorted({w.split(" ")[0] for w in writers})
     return {"record_formats": len(formats), "writer_modules": formats, "episode_writers": writers,
