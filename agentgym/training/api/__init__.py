@@ -48,6 +48,7 @@ from agentgym.training.api.terms import (
     register_loss_term,
 )
 from agentgym.training.api.turn_table import (
+    Batch,
     NormMode,
     TurnTable,
     discounted_returns,
@@ -61,9 +62,9 @@ from agentgym.training.api.turn_table import (
 _WITH_TORCH = {"Aggregation": "aggregation", "TokenBatch": "batch"}
 
 __all__ = [
-    "AdvantageEstimator", "Aggregation", "Algorithm", "AlgorithmNeeds", "ForwardOutputs", "HookOption",
-    "LossTerm", "NormMode", "Phase", "PluginSet", "PolicyLoss", "RunContext", "TokenBatch", "TurnTable",
-    "UpdatePlan", "discounted_returns", "episode_advantages", "get_algorithm", "get_hook_option",
+    "AdvantageEstimator", "Aggregation", "Algorithm", "AlgorithmNeeds", "Batch", "ForwardOutputs",
+    "HookOption", "LossTerm", "NormMode", "Phase", "PluginSet", "PolicyLoss", "RunContext", "TokenBatch",
+    "TurnTable", "UpdatePlan", "discounted_returns", "episode_advantages", "get_algorithm", "get_hook_option",
     "get_loss_term", "get_policy_loss", "group_mean_std", "last_turns", "list_algorithms",
     "list_hook_options",
     "list_loss_terms", "list_policy_losses", "normalize", "register_algorithm", "register_hook_option",
